@@ -415,7 +415,7 @@ UNINDEXED_SQL = """sha256(json_array(
 )::VARCHAR)"""
 
 
-def _identities(root: Path) -> str:
+def _identities(root: Path, con: duckdb.DuckDBPyConnection) -> str:
     """The `fingerprints` of dataset.json `j` at `root`: every fingerprint its documents have had
     (data_identities), by which `data inspect RUN` and `verify RUN` tell a run's data (`dataset`'s
     fingerprint alone said "another build" of a run's re-indexed or converted dataset: review RV32d
@@ -425,12 +425,11 @@ def _identities(root: Path) -> str:
     given only while `j`'s other fields are these (UNINDEXED_SQL). After `data index` they are (the
     --db written before it said "another build" of the run's own data: review RV32g B); after a
     rebuild they are not, and where `j` has one before an index, null says this --db cannot tell
-    (write it again)."""
+    (write it again). `con`: the views' connection (another costs 0.1 s)."""
     try:
         text = (root / DATASET_JSON).read_text(encoding="utf-8")
         unindexed = sql_str(fingerprint_without_index(json.loads(text)))
-        with duckdb.connect() as con:
-            (now,) = con.execute(f"SELECT {UNINDEXED_SQL} FROM (SELECT ?::JSON AS j)", [text]).fetchone()
+        (now,) = con.execute(f"SELECT {UNINDEXED_SQL} FROM (SELECT ?::JSON AS j)", [text]).fetchone()
     except (OSError, ValueError, KeyError, TypeError, AttributeError, duckdb.Error):
         unindexed, now = "NULL", None  # no fingerprint to give: null while `data index` says one
     converted = "coalesce(TRY_CAST(j->'converted_from'->'fingerprints' AS VARCHAR[]), [])"
@@ -450,7 +449,7 @@ def _empty_source(view: FileView) -> str | None:
     return None
 
 
-def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
+def view_sql(name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBPyConnection) -> str | None:
     """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out."""
     view = FILE_VIEWS[name]
     parts = []
@@ -466,7 +465,7 @@ def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
         elif empty is not None and view.schema is not None:
             # files written before a column was added read as null in it (e.g. an older manifest)
             src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
-        identities = _identities(root) if "{identities}" in view.sql else ""
+        identities = _identities(root, con) if "{identities}" in view.sql else ""
         body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities)
         parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
     return "\nUNION ALL BY NAME\n".join(parts)
@@ -475,7 +474,7 @@ def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
 def create_views(con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[str]) -> list[str]:
     created = []
     for name in FILE_VIEWS:
-        sql = view_sql(name, roots, names)
+        sql = view_sql(name, roots, names, con)
         if sql is not None:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
             created.append(name)
