@@ -476,6 +476,22 @@ class TaskPlan:
             if member in index
         }
 
+    def own_config(self, group: str, member: str, variant: dict[str, Any]) -> dict[str, Any] | None:
+        """lm-eval's config of task `member` as it is, as this eval records it: `variant` (the config
+        lm-eval recorded of `group`'s variant of it) with the member's own value of each key where the
+        group's overrides give another (a load of each: what lm-eval adds while scoring, num_fewshot,
+        is the variant's). None where lm-eval cannot load them here. Asked of an older entry only
+        (eval_results.variants_replaced: review RV32f B4)."""
+        try:
+            with self.cache(group):
+                own = self.task_manager.load([member])["tasks"][member].dump_config()
+                overridden = self.task_manager.load([group])["tasks"][member].dump_config()
+        except Exception:  # not loadable here: the entry's config is not vouched for as the member's own
+            return None
+        differ = {k for k in own.keys() | overridden.keys() if own.get(k) != overridden.get(k)}
+        kept = {k: v for k, v in variant.items() if k not in differ}
+        return {**kept, **{k: own[k] for k in differ if k in own}}
+
     def forget_documents(self) -> None:
         """Read the tasks' documents again at the next documents_sha256 (after each planned name's marks)."""
         self._documents.clear()
@@ -1083,7 +1099,7 @@ def evaluate_step(
 
         results = evaluate_lm(lm, plan, cfg, on_task=show, log_file=log_file)
     label_results(results, run_dir, step, str(export.resolve()), plan)
-    out = write_step_json(run_dir, step, dict(results), merged, still=still)
+    out = write_step_json(run_dir, step, dict(results), merged, still=still, own_config=plan.own_config)
     if out is None:
         _discarded(run_dir, step, export if made else None, scored)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")

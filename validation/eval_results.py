@@ -61,6 +61,9 @@ HELDOUT_TASKS = frozenset(local_task_names()) | frozenset(RENAMED)
 # Table rows and plot panels: bits per byte first (comparable across tokenizers), then the other
 # perplexities, then accuracies; other metrics after these, by name.
 METRIC_ORDER = ("bits_per_byte", "byte_perplexity", "word_perplexity", "acc", "acc_norm")
+# (group, task, the config lm-eval recorded of group's variant of task) -> task's own config as recorded
+# beside it, None where unknown (validation/eval.py TaskPlan.own_config)
+OwnConfig = Callable[[str, str, dict[str, Any]], dict[str, Any] | None]
 
 
 def _json_default(v: Any) -> Any:
@@ -231,14 +234,16 @@ def describe_metric(row: dict[str, Any]) -> str:
     return f"{row['metric']}{filt} = {row['value']}"
 
 
-def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def merge_results(
+    old: dict[str, Any], new: dict[str, Any], own_config: OwnConfig | None = None
+) -> dict[str, Any]:
     """Two lm-eval results dicts as one: the per-task sections joined (`new`'s tasks win), the
     rest (model config, date, environment) from `new`. `old`'s tasks keep what its header said of
     them (the model and the held-out documents scored) in their own record, where they have none:
     the header becomes `new`'s (review R17f F1: an old file's scores took the newest eval's labels).
-    An old task that held a group's variant of it, which `new` holds as `GROUP::task`, is dropped
-    (`variants_replaced`: they were never the task's own scores)."""
-    if dropped := variants_replaced(old, new):
+    An old task recorded by a group that `new` scores as `GROUP::task` is dropped unless its config is
+    the task's own (`variants_replaced`, `own_config`: they were never the task's own scores)."""
+    if dropped := variants_replaced(old, new, own_config):
         old = {
             key: {t: v for t, v in section.items() if t not in dropped}
             if key in _PER_TASK_KEYS and isinstance(section, dict)
@@ -302,13 +307,15 @@ def write_step_json(
     results: dict[str, Any],
     merged: bool = False,
     still: Callable[[], bool] | None = None,
+    own_config: OwnConfig | None = None,
 ) -> Path | None:
     """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's) and
     rebuild RUN/eval.parquet, in one acquisition of the eval lock (an audit between the two refused the
     table as stale: review R31b F1); a table that cannot be rebuilt is a warning line said, the
     scores written (review RV32e F5). None, nothing written, where `still()`, asked under the lock
     that a rewind sets eval/ aside under too, is False: the weights scored were a discarded
-    timeline's (training/run/record.py `_set_aside`)."""
+    timeline's (training/run/record.py `_set_aside`). `own_config`: TaskPlan.own_config, for an older
+    entry a group recorded under its member's name (`variants_replaced`)."""
     out = eval_dir(run_dir, step, merged) / RESULTS_JSON
     with eval_lock(run_dir):
         if still is not None and not still():
@@ -316,14 +323,14 @@ def write_step_json(
         out.parent.mkdir(parents=True, exist_ok=True)
         old = read_step_results(run_dir, step, merged)
         if old:
-            replaced = replaced_settings(merge_results(old, {}), results)
+            replaced = replaced_settings(merge_results(old, {}), results, own_config)
             if replaced:  # eval.parquet is rebuilt from results.json; metrics.jsonl is the trainer's log
                 say(
                     f"note: step {step}{' (merged weights)' if merged else ''} scored again under other "
                     f"settings: {replaced}; these scores replace those in {out} and eval.parquet "
                     "(metrics.jsonl keeps any the training run logged)"
                 )
-            results = merge_results(old, results)
+            results = merge_results(old, results, own_config)
         # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
         text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
         text = json.dumps(sealed_results(json.loads(text)), indent=2, ensure_ascii=False, allow_nan=True)
@@ -406,7 +413,7 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
     return panels
 
 
-def replaced_settings(old: dict[str, Any], new: dict[str, Any]) -> str:
+def replaced_settings(old: dict[str, Any], new: dict[str, Any], own_config: OwnConfig | None = None) -> str:
     """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
     settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
     none. A group's members go with their group where `old` holds them as that same group's scores
@@ -421,12 +428,8 @@ def replaced_settings(old: dict[str, Any], new: dict[str, Any]) -> str:
         for m in subs
         if (_scored_by(old, m) == _scored_by(new, m) if _scored_by(old, m) else m in was_in.get(g, ()))
     }
-    variants = variants_replaced(old, new)
-    parts = [
-        f"{task} (held {group}'s variant's scores, recorded before GROUP::task names; scored again as "
-        f"{group}::{task})"
-        for task, group in variants.items()
-    ]
+    variants = variants_replaced(old, new, own_config)
+    parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
         was, now = _parsed(settings_of(old, task)), _parsed(settings_of(new, task))
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
@@ -467,15 +470,16 @@ def _recorded_by_group(results: dict[str, Any], task: str) -> str | None:
     )
 
 
-def variants_replaced(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
-    """{task: group} of each task of `old` (a step's results dict) that held group's variant of it (the
-    scores of the task with the group's overrides, recorded under the task's own name by a gristmill
-    before `GROUP::task` names: review RV30c S2), where `new` scores that variant as `GROUP::task`: as
-    the entry itself says, recorded by that group (`_recorded_by_group`) with the config lm-eval
-    recorded of the variant (`configs`). One the group scored as the task is, before it overrode it,
-    holds the task's own scores and is kept (RV31a 7: the group's overrides today dropped it); so is
-    one that does not say (no config), and one of overrides edited since (the task's own watch scores
-    it again: it is recorded under the group's definition)."""
+def variants_replaced(
+    old: dict[str, Any], new: dict[str, Any], own_config: OwnConfig | None = None
+) -> dict[str, str]:
+    """{task: what it held, for the note} of each task of `old` (a step's results dict) recorded by a
+    group (`_recorded_by_group`) that `new` scores as `GROUP::task`: a gristmill before these names
+    recorded the group's variant of a task (its scores with the group's overrides) under the task's own
+    name (review RV30c S2). Such an entry is kept as the task's own only where its config (`configs`,
+    lm-eval's of what it scored) is the task's own (`own_config`: TaskPlan.own_config), as when the
+    group named it as it is (RV31a 7); it is dropped where its config is the variant's of today, any
+    other (overrides edited since: RV32f B4), or none recorded (its scores unknown)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
@@ -483,8 +487,17 @@ def variants_replaced(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str
             if task == sub or task not in old.get("results", {}) or _recorded_by_group(old, task) != group:
                 continue
             config = old.get("configs", {}).get(task)
-            if config is not None and _as_written(config) == _as_written(new.get("configs", {}).get(sub)):
-                out[task] = group
+            variant = new.get("configs", {}).get(sub)
+            own = own_config(group, task, variant) if own_config and isinstance(variant, dict) else None
+            if config is None:
+                held = f"no config recorded: whether it held {group}'s variant's scores or its own is unknown"
+            elif _as_written(config) == _as_written(variant):
+                held = f"held {group}'s variant's scores"
+            elif own is not None and _as_written(config) == _as_written(own):
+                continue  # the task's own scores: the group scored it as it is
+            else:
+                held = f"held the scores of a config neither {task}'s own nor {group}'s variant's of today"
+            out[task] = f"{held}, recorded before GROUP::task names; scored again as {sub}"
     return out
 
 

@@ -1929,7 +1929,9 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     its name in results.json, eval.parquet and the audit, unnamed (review RV30c S2). The group is done
     only where `ovr::own_mc` is; scoring it drops the old own_mc entry, with a note saying what it held,
     where the entry says it held it (lm-eval's config of the variant): one ovr scored when it named own_mc
-    as it is holds own_mc's own scores, and was dropped for ovr's overrides of today (RV31a 7)."""
+    as it is holds own_mc's own scores, and was dropped for ovr's overrides of today (RV31a 7). One of
+    ovr's overrides as they were before an edit was kept as own_mc's, no note (RV32f B4): only an entry
+    whose config is own_mc's own is kept; another, or none recorded, is dropped with a note saying so."""
     from validation.eval import evaluate_missing, load_eval_config, score_settings
     from validation.eval_results import write_step_json
 
@@ -1948,24 +1950,34 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     both = {"ovr": {"settings": old}, "own_mc": {"settings": old}}
     results = {"results": {t: {"acc,none": 0.25} for t in both}, "group_subtasks": {"ovr": ["own_mc"]}}
 
-    def scored_after(config: dict) -> dict:  # the step's file once ovr is scored on the old one
+    def scored_after(config: dict | None) -> dict:  # the step's file once ovr is scored on the old one
         shutil.rmtree(eval_dir(run, 5), ignore_errors=True)
-        write_step_json(run, 5, {**results, "configs": {"own_mc": config}, "gristmill_tasks": both})
+        configs = {"configs": {"own_mc": config}} if config is not None else {}
+        write_step_json(run, 5, {**results, **configs, "gristmill_tasks": both})
         assert evaluate_missing(run, cfg, plan, show=False) == [5]
         return json.loads((eval_dir(run, 5) / "results.json").read_text())
 
-    # scored when ovr named own_mc as it is: lm-eval's config of own_mc itself
-    got = scored_after(plan.task_manager.load("own_mc")["tasks"]["own_mc"].dump_config())
+    # scored when ovr named own_mc as it is: lm-eval's config of own_mc itself, as it records it (the
+    # task's config, num_fewshot 0 where the task sets none)
+    own = dict(plan.task_manager.load("own_mc")["tasks"]["own_mc"].dump_config(), num_fewshot=0)
+    got = scored_after(own)
     assert got["results"]["own_mc"] == {"acc,none": 0.25} and "ovr::own_mc" in got["results"]
-    assert "held ovr's variant's scores" not in capsys.readouterr().out
-    got = scored_after(got["configs"]["ovr::own_mc"])  # the variant's, as lm-eval records it
-    assert (
-        "scored again under other settings: own_mc (held ovr's variant's scores, recorded before GROUP::task "
-        "names; scored again as ovr::own_mc), ovr ("
-    ) in capsys.readouterr().out
-    for section in ("results", "configs", "gristmill_tasks"):
-        assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
-    assert evaluate_missing(run, cfg, plan, show=False) == []
+    assert "own_mc (" not in capsys.readouterr().out
+    variant = got["configs"]["ovr::own_mc"]  # the variant's, as lm-eval records it
+    edited = {**variant, "doc_to_text": "yyy yyy {{context}}"}  # ovr's overrides before an edit
+    for config, held in [
+        (variant, "held ovr's variant's scores"),
+        (edited, "held the scores of a config neither own_mc's own nor ovr's variant's of today"),
+        (None, "no config recorded: whether it held ovr's variant's scores or its own is unknown"),
+    ]:
+        got = scored_after(config)
+        assert (
+            f"scored again under other settings: own_mc ({held}, recorded before GROUP::task names; scored "
+            "again as ovr::own_mc), ovr ("
+        ) in capsys.readouterr().out
+        for section in ("results", "configs", "gristmill_tasks"):
+            assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
+        assert evaluate_missing(run, cfg, plan, show=False) == []
 
 
 def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
