@@ -13,6 +13,7 @@ Only what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parq
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -431,7 +432,8 @@ def replaced_settings(old: dict[str, Any], new: dict[str, Any], own_config: OwnC
     variants = variants_replaced(old, new, own_config)
     parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
-        was, now = _parsed(settings_of(old, task)), _parsed(settings_of(new, task))
+        was = _parsed(settings_of(old, task), old["results"][task])
+        now = _parsed(settings_of(new, task), new["results"][task])
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
         changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
@@ -511,26 +513,54 @@ def _as_written(value: Any) -> Any:
 SETTINGS_BEFORE: dict[str, Any] = {"bootstrap_iters": 1000}
 
 
-def as_used(settings: dict[str, Any]) -> dict[str, Any]:
+def as_used(settings: dict[str, Any], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """A task's recorded `settings` (or a parsed settings line) with SETTINGS_BEFORE where they predate
     it: the value they were scored under, so one unchanged since is no other setting (it was `?`, and
-    the note and the plot said the step's scores were another's); none recorded stays none."""
-    return {**SETTINGS_BEFORE, **settings} if settings else settings
+    the note and the plot said the step's scores were another's); none recorded stays none. Where its
+    scores (`metrics`, the task's results entry) show they were scored without stderrs, bootstrap_iters
+    was 0 (`gristmill eval --set bootstrap_iters=0` before it was recorded: review RV32f B3)."""
+    if not settings:
+        return settings
+    before = {**SETTINGS_BEFORE, "bootstrap_iters": 0} if _without_stderrs(metrics or {}) else SETTINGS_BEFORE
+    return {**before, **settings}
 
 
-def _parsed(settings: str | None) -> dict[str, str]:
-    """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`); {"settings":
-    "?"} for none recorded."""
+def _without_stderrs(metrics: dict[str, Any]) -> bool:
+    """Whether a task's results entry was scored under bootstrap_iters 0: every stderr "N/A", of one
+    metric at least that lm-eval gives one under any other value (heldout_ppl's have none: its entries
+    scored under 1000 hold only "N/A" too)."""
+    stderrs = {k.split(",")[0].removesuffix("_stderr"): v for k, v in metrics.items() if "_stderr," in k}
+    return bool(stderrs) and all(v == "N/A" for v in stderrs.values()) and any(map(_has_stderr, stderrs))
+
+
+@functools.cache
+def _has_stderr(metric: str) -> bool:
+    """Whether lm-eval gives `metric` a stderr under bootstrap_iters > 0: its registered aggregation has one
+    (acc's mean does, word_perplexity's weighted perplexity never). False where it is not registered."""
+    try:
+        from lm_eval.api import metrics  # registers the aggregations
+        from lm_eval.api.registry import METRIC_AGGREGATION_REGISTRY
+
+        aggregation = METRIC_AGGREGATION_REGISTRY.get(metric)
+    except (ImportError, KeyError):
+        return False
+    return aggregation is not None and metrics.stderr_for_metric(aggregation, 1000) is not None
+
+
+def _parsed(settings: str | None, metrics: dict[str, Any] | None = None) -> dict[str, str]:
+    """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`, of the task's
+    `metrics`); {"settings": "?"} for none recorded."""
     if not settings:
         return {"settings": "?"}
-    return {k: str(v) for k, v in as_used(dict(kv.split("=", 1) for kv in settings.split(", "))).items()}
+    parsed = dict(kv.split("=", 1) for kv in settings.split(", "))
+    return {k: str(v) for k, v in as_used(parsed, metrics).items()}
 
 
 def settings_apart(rows: list[dict[str, Any]]) -> str:
     """Where `rows` (one task's metric over steps, raw and merged) were scored under other settings
     (eval.parquet's `settings`), the settings that differ and the steps of each (`m`: the merged
     weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree."""
-    parsed = {id(r): _parsed(r.get("settings")) for r in rows}
+    parsed = {id(r): _parsed(r.get("settings"), _row_metrics(r)) for r in rows}
     keys = sorted({k for d in parsed.values() for k in d})
     differ = [k for k in keys if len({d.get(k) for d in parsed.values()}) > 1]
     if not differ:
@@ -541,6 +571,15 @@ def settings_apart(rows: list[dict[str, Any]]) -> str:
         label = " ".join(f"{k}={d.get(k, '?')}" for k in differ)
         steps.setdefault(label, []).append(f"{r['step']}{'m' if r.get('merged') else ''}")
     return "; ".join(f"{label} at {', '.join(at)}" for label, at in steps.items())
+
+
+def _row_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """An eval.parquet row's metric and stderr as its results entry holds them (`as_used`): a row without
+    a stderr had "N/A" (lm-eval writes one for each metric)."""
+    if "metric" not in row:
+        return {}
+    stderr = row.get("stderr")
+    return {f"{row['metric']}_stderr,{row['filter']}": "N/A" if stderr is None else stderr}
 
 
 def _label(value: float, stderr: float | None) -> str:

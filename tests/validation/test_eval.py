@@ -502,7 +502,9 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     """bootstrap_iters decides the stderrs (none at 0), yet was no recorded setting: a watch under another
     value counted the step done, and rows of two stderr regimes shared one settings string (review R30a
     m1). It is recorded; scores recorded before it was are of the value every eval used then, 1000 (they
-    were done under any, and the note and the plot said `bootstrap_iters ? → 1000`: RV31a 6)."""
+    were done under any, and the note and the plot said `bootstrap_iters ? → 1000`: RV31a 6), unless their
+    stderrs say 0: all "N/A" where lm-eval computes them under any other (acc's; perplexities have none,
+    and their "N/A" is 1000's too). Such a record was read as 1000 (RV32f B3)."""
     from training.contract.eval_table import read_step_results, settings_of
     from validation.eval import evaluated, score_settings
     from validation.eval_results import settings_apart, write_step_json
@@ -510,9 +512,9 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     off = EvalConfig(bootstrap_iters=0)
     before = {k: v for k, v in score_settings(off).items() if k != "bootstrap_iters"}  # as recorded before
 
-    def write(step: int, settings: dict) -> None:
+    def write(step: int, settings: dict, metrics: dict | None = None) -> None:
         tasks = {"hellaswag": {"settings": settings}}
-        write_step_json(tmp_path, step, {"results": {"hellaswag": {}}, "gristmill_tasks": tasks})
+        write_step_json(tmp_path, step, {"results": {"hellaswag": metrics or {}}, "gristmill_tasks": tasks})
 
     write(3, score_settings(off))
     write(4, before)
@@ -530,6 +532,21 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     write(4, before)
     write(4, score_settings(off))
     assert "hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out
+    # an older record's own stderrs: none of acc's (0), none of a perplexity's (1000 as well)
+    for metric, was_off in [("acc", True), ("word_perplexity", False)]:
+        metrics = {f"{metric},none": 0.5, f"{metric}_stderr,none": "N/A"}
+        write(6, before, metrics)
+        assert evaluated(tmp_path, 6, ["hellaswag"], [], None, off) is was_off
+        assert evaluated(tmp_path, 6, ["hellaswag"], [], None, EvalConfig()) is not was_off
+        row = {"step": 6, "metric": metric, "filter": "none", "stderr": None}
+        old = settings_of(read_step_results(tmp_path, 6), "hellaswag")
+        capsys.readouterr()
+        write(6, score_settings(off), metrics)
+        assert ("hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out) is not was_off
+        now = settings_of(read_step_results(tmp_path, 6), "hellaswag")
+        assert (
+            settings_apart([{**row, "settings": old}, {**row, "step": 7, "settings": now}]) == ""
+        ) is was_off
 
 
 def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
