@@ -106,6 +106,7 @@ from validation.eval_data import (
     check_no_local_names,
     checked_task_manager,
     damaged_task_files,
+    documents_before,
     files_sha256,
     inline_members,
     local_data_cache,
@@ -491,6 +492,14 @@ class TaskPlan:
         differ = {k for k in own.keys() | overridden.keys() if own.get(k) != overridden.get(k)}
         kept = {k: v for k, v in variant.items() if k not in differ}
         return {**kept, **{k: own[k] for k in differ if k in own}}
+
+    def documents_before(self, task: str) -> str | None:
+        """The `documents` digest an older gristmill recorded of lm-eval task `task`'s files as they are now
+        (eval_data.documents_before), for the note on scores replaced (eval_results.replaced_settings)."""
+        if task not in self.task_manager.task_index:
+            return None
+        files = self.data_files[task] if task in self.data_files else task_data_files(self.task_manager, task)
+        return documents_before(self.task_manager, task, files.files)
 
     def forget_documents(self) -> None:
         """Read the tasks' documents again at the next documents_sha256 (after each planned name's marks)."""
@@ -1099,7 +1108,15 @@ def evaluate_step(
 
         results = evaluate_lm(lm, plan, cfg, on_task=show, log_file=log_file)
     label_results(results, run_dir, step, str(export.resolve()), plan)
-    out = write_step_json(run_dir, step, dict(results), merged, still=still, own_config=plan.own_config)
+    out = write_step_json(
+        run_dir,
+        step,
+        dict(results),
+        merged,
+        still=still,
+        own_config=plan.own_config,
+        documents_before=plan.documents_before,
+    )
     if out is None:
         _discarded(run_dir, step, export if made else None, scored)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")

@@ -270,6 +270,50 @@ def files_sha256(paths: Sequence[Path]) -> str:
     return json_sha256(digests)
 
 
+# the most bytes documents_before reads for a note: a folder holding a run's checkpoints is not hashed for
+# one (its older digest changed at every step anyway: review RV31a 3)
+DOCUMENTS_BEFORE_BYTES = 256 << 20
+
+
+def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str | None:
+    """The `documents` digest a gristmill before 1388e61 recorded of task `name`'s data as its files are
+    now: each local dataset_path folder's every file, hidden ones aside, beside `files` (TaskData.files,
+    those datasets reads), each resolved. An older record that equals it was taken of these same files
+    by the old rule, not of other data (review RV32f B6: its note said the documents changed). None for
+    a task without such a folder (the rule was the same), and past DOCUMENTS_BEFORE_BYTES."""
+    folders = _dataset_folders(_definition(task_manager, name, set()))
+    if not folders:
+        return None
+    every = {Path(f).resolve() for f in files} | {
+        p.resolve()
+        for base in folders
+        for p in base.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts)
+    }
+    if sum(_size(p) for p in every) > DOCUMENTS_BEFORE_BYTES:
+        return None
+    return files_sha256(sorted(every))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _dataset_folders(value: Any) -> list[Path]:
+    """The local dataset_path folders of a task's resolved config, at every depth."""
+    if isinstance(value, list):
+        return [f for v in value for f in _dataset_folders(v)]
+    if not isinstance(value, dict):
+        return []
+    source = value.get("dataset_path")
+    root = Path(source).expanduser() if isinstance(source, str) and not _packaged_builder(source) else None
+    mine = [root] if root is not None and root.is_dir() else []
+    return mine + [f for v in value.values() for f in _dataset_folders(v)]
+
+
 @contextlib.contextmanager
 def local_data_cache(documents: str | None) -> Iterator[None]:
     """datasets' cache for a task read from local files alone (`task_data_files`) in a folder of its own

@@ -309,6 +309,7 @@ def write_step_json(
     merged: bool = False,
     still: Callable[[], bool] | None = None,
     own_config: OwnConfig | None = None,
+    documents_before: Callable[[str], str | None] | None = None,
 ) -> Path | None:
     """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's) and
     rebuild RUN/eval.parquet, in one acquisition of the eval lock (an audit between the two refused the
@@ -316,7 +317,8 @@ def write_step_json(
     scores written (review RV32e F5). None, nothing written, where `still()`, asked under the lock
     that a rewind sets eval/ aside under too, is False: the weights scored were a discarded
     timeline's (training/run/record.py `_set_aside`). `own_config`: TaskPlan.own_config, for an older
-    entry a group recorded under its member's name (`variants_replaced`)."""
+    entry a group recorded under its member's name (`variants_replaced`); `documents_before`:
+    TaskPlan.documents_before, for the note on an older record's documents (`replaced_settings`)."""
     out = eval_dir(run_dir, step, merged) / RESULTS_JSON
     with eval_lock(run_dir):
         if still is not None and not still():
@@ -324,7 +326,7 @@ def write_step_json(
         out.parent.mkdir(parents=True, exist_ok=True)
         old = read_step_results(run_dir, step, merged)
         if old:
-            replaced = replaced_settings(merge_results(old, {}), results, own_config)
+            replaced = replaced_settings(merge_results(old, {}), results, own_config, documents_before)
             if replaced:  # eval.parquet is rebuilt from results.json; metrics.jsonl is the trainer's log
                 say(
                     f"note: step {step}{' (merged weights)' if merged else ''} scored again under other "
@@ -414,14 +416,22 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
     return panels
 
 
-def replaced_settings(old: dict[str, Any], new: dict[str, Any], own_config: OwnConfig | None = None) -> str:
+def replaced_settings(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    own_config: OwnConfig | None = None,
+    documents_before: Callable[[str], str | None] | None = None,
+) -> str:
     """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
     settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
     none. A group's members go with their group where `old` holds them as that same group's scores
     (`scored_by`; before it was recorded: listed under the group); scores of the task alone or of another
     group's that a group's replaces are named (R30a F2, RV30c m3: none was). A task recorded under a
     group's definition by a gristmill before members recorded their own says so, not `definition X → Y`
-    (an edit nobody made: RV30c m4); one that held a group's variant of it is named as such (RV30c S2)."""
+    (an edit nobody made: RV30c m4); one that held a group's variant of it is named as such (RV30c S2).
+    Documents recorded by the rule before 1388e61 of the files as they are (`documents_before`: a
+    dataset_path folder's every file) are said to be the same files, recorded as datasets reads them
+    now, not data that changed (RV32f B6)."""
     was_in = old.get("group_subtasks", {})
     members = {
         m
@@ -437,8 +447,20 @@ def replaced_settings(old: dict[str, Any], new: dict[str, Any], own_config: OwnC
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
         changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
+        same_files = (  # asked only where the documents differ: it reads the folder's every file
+            "documents" in differ
+            and documents_before is not None
+            and was.get("documents") == (documents_before(task) or "")[:8]
+        )
+        said = (
+            {"documents": " (the same files, now recorded as datasets reads its folder)"}
+            if same_files
+            else {}
+        )
         changes += [
-            f"{k} {was.get(k, '?')} → {now.get(k, '?')}" for k in differ if not (group and k == "definition")
+            f"{k} {was.get(k, '?')} → {now.get(k, '?')}{said.get(k, '')}"
+            for k in differ
+            if not (group and k == "definition")
         ]
         if changes:
             parts.append(f"{task} ({', '.join(changes)})")

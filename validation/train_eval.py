@@ -283,7 +283,14 @@ class TrainingEval:
         # results.json and eval.parquet, in one acquisition of the eval lock. From here the scores stand
         # (review R26a F3: a plot that could not be written made an eval "failed" whose scores
         # eval.parquet listed).
-        write_step_json(self.run_dir, step, dict(results), merged, own_config=plan.own_config)
+        write_step_json(
+            self.run_dir,
+            step,
+            dict(results),
+            merged,
+            own_config=plan.own_config,
+            documents_before=plan.documents_before,
+        )
         seconds = time.perf_counter() - t0
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds

@@ -2227,7 +2227,9 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     assert scored()[1] == 5  # the file's rows, not the cache's
 
 
-def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(eval_run, tmp_path):
+def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
+    eval_run, tmp_path, capsys
+):
     """A task's `documents` were taken when the eval began: a file replaced while an earlier task was
     scored was read new and recorded under the old digest (review RV30c m1); and only the files a glob
     matched then were watched, so a file joining `own_mc-test*.jsonl` during a watch was read at the next
@@ -2235,7 +2237,9 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     digests are taken just before it is scored, and the plan watches the patterns: a new match is a
     change. A dataset_path folder named without data_files is the files datasets reads of it (its
     split-named ones), not its every file (a cache or a run's files in it changed it: RV31a 3). A link on
-    the way re-pointed leads to other files: a change (RV32f B1: the patterns' resolution was kept)."""
+    the way re-pointed leads to other files: a change (RV32f B1: the patterns' resolution was kept). A
+    record of such a folder by the rule before (its every file) of the files as they are is scored again
+    with a note saying so, not that its documents changed (RV32f B6)."""
     from validation.eval import evaluated, load_eval_config
     from validation.eval_data import files_sha256
     from validation.eval_results import write_step_json
@@ -2294,6 +2298,25 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     assert plan.data_files["own_f"].files == sorted(folder.resolve().glob("own_f-*.jsonl"))
     (folder / "cache").mkdir()
     (folder / "cache" / "state.json").write_text("{}\n")  # datasets reads the split-named files only
+    assert done()
+    # recorded by the rule before of these files (the cache's too): the same files; of others: other data
+    before = plan.documents_before("own_f")
+    assert before == files_sha256(
+        sorted([*plan.data_files["own_f"].files, (folder / "cache/state.json").resolve()])
+    )
+    for recorded, said in [
+        (before, " (the same files, now recorded as datasets reads its folder)"),
+        ("0" * 64, ""),
+    ]:
+        old = json.loads(json.dumps(results, default=str))
+        old["gristmill_tasks"]["own_f"]["settings"]["documents"] = recorded
+        write_step_json(run, 5, old)
+        capsys.readouterr()
+        write_step_json(run, 5, results, documents_before=plan.documents_before)
+        assert (
+            f"own_f (documents {recorded[:8]} → {plan.contents['own_f'][:8]}{said})"
+            in capsys.readouterr().out
+        )
     assert done()
     v2 = tmp_path / "data-v2"  # another version, the link re-pointed as `ln -sfn data-v2 data` does
     shutil.copytree(real, v2)
