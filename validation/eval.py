@@ -102,6 +102,7 @@ from validation.eval_data import (
     EvalError,
     TaskData,
     build_task_data,
+    check_data_folders,
     check_include_path,
     check_no_local_names,
     checked_task_manager,
@@ -336,6 +337,7 @@ class TaskPlan:
         self.task_manager = (
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
         )
+        self.run_dir = run_dir
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
         # Per phase, its first step and seq_len: the longest a step's weights trained on (None for a
@@ -401,6 +403,8 @@ class TaskPlan:
         }
         hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
         self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
+        for name, data in self.data_files.items():
+            check_data_folders(name, data, self.run_dir)
         self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self._files = self._watched()

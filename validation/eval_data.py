@@ -110,6 +110,9 @@ class TaskData(NamedTuple):
     """The paths as the config writes them (a dataset_path, the folders before a pattern's first
     wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
     other files that no pattern of the old resolution matches (review RV32f B1)."""
+    folders: list[str]
+    """Its dataset_path folders named without data_files, as the config writes them: datasets chooses
+    which of their files it reads (`_folder_data`, `check_data_folders`)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -121,8 +124,15 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     files: set[Path] = set()
     leaves: list[bool] = []
     anchors: list[str] = []
-    _data_files(_definition(task_manager, name, set()), patterns, files, leaves, anchors)
-    return TaskData(sorted(files), bool(leaves) and all(leaves), sorted(set(patterns)), sorted(set(anchors)))
+    folders: list[str] = []
+    _data_files(_definition(task_manager, name, set()), patterns, files, leaves, anchors, folders)
+    return TaskData(
+        sorted(files),
+        bool(leaves) and all(leaves),
+        sorted(set(patterns)),
+        sorted(set(anchors)),
+        sorted(set(folders)),
+    )
 
 
 def local_files(patterns: Sequence[str]) -> list[Path]:
@@ -133,11 +143,16 @@ def local_files(patterns: Sequence[str]) -> list[Path]:
 
 
 def _data_files(
-    value: Any, patterns: list[str], files: set[Path], leaves: list[bool], anchors: list[str]
+    value: Any,
+    patterns: list[str],
+    files: set[Path],
+    leaves: list[bool],
+    anchors: list[str],
+    folders: list[str],
 ) -> None:
     if isinstance(value, list):
         for v in value:
-            _data_files(v, patterns, files, leaves, anchors)
+            _data_files(v, patterns, files, leaves, anchors, folders)
     if not isinstance(value, dict):
         return
     if isinstance(source := value.get("dataset_path"), str):
@@ -155,6 +170,7 @@ def _data_files(
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
             watched, found = _folder_data(base)
             mine += watched
+            folders.append(str(root))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
@@ -162,7 +178,7 @@ def _data_files(
         files.update(found)
         leaves.append(bool(found) and _all_local(data_files, root, base))
     for v in value.values():
-        _data_files(v, patterns, files, leaves, anchors)
+        _data_files(v, patterns, files, leaves, anchors, folders)
 
 
 def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
@@ -210,6 +226,37 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
         file_names=_MODULE_TO_METADATA_FILE_NAMES[module],
     )
     return watched, sorted({Path(f) for fs in data.values() for f in fs})
+
+
+def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
+    """Refuse task `name` where a dataset_path folder it names without data_files holds the run directory
+    or datasets' cache where datasets looks (not under a `.` or `__` folder, which it skips): the eval
+    writes RUN/eval/ (a split folder to datasets) and local_data_cache writes data-test.arrow, … into
+    the cache, so the task's next read took them for its documents: "no data files" after the first eval
+    (review RV32f B2), or a watch that scored the cache's rows and never ended (B8)."""
+    import datasets
+
+    kept = [  # what lies in the folder, its path, what datasets makes of it, how to take it out
+        ("the run directory", run_dir, "its eval/ (made at the first eval) for a split", "move the run out"),
+        (
+            "datasets' cache (HF_DATASETS_CACHE)",
+            Path(datasets.config.HF_DATASETS_CACHE),
+            "the .arrow files cached there (data-test.arrow, …) for the task's documents",
+            "set HF_DATASETS_CACHE outside it",
+        ),
+    ]
+    for folder in data.folders:
+        base = Path(folder).resolve()
+        for what, path, taken, fix in kept:
+            inside = path.resolve()
+            if inside.is_relative_to(base) and not any(
+                part.startswith((".", "__")) for part in inside.relative_to(base).parts
+            ):
+                raise EvalError(
+                    f"task {name} reads dataset_path {folder} without data_files, and {what} {path} lies "
+                    f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
+                    f"files, relative to {folder}) or {fix}"
+                )
 
 
 def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:

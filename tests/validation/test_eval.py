@@ -2171,6 +2171,8 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     directory is not the `json` builder's data (RV30c M1); a dataset_path folder's files are those
     datasets reads, never the run directory in it (its every file was taken: the step was due again
     after each eval, and the watch never ended: RV31a 3)."""
+    import datasets
+
     from pipelines.cli import main
     from validation.eval import load_eval_config
 
@@ -2225,6 +2227,26 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     assert test.stat().st_size == st.st_size and test.stat().st_mtime_ns == st.st_mtime_ns
     assert main(watch) == 0
     assert scored()[1] == 5  # the file's rows, not the cache's
+    if layout == "data_files":
+        return
+    # Without data_files datasets chooses the folder's files: the run directory in it (RUN/eval/ a split
+    # to datasets after the first eval: "no data files", RV32f B2) and datasets' cache in it (the
+    # data-test.arrow it caches, scored as the task's, again at every poll: B8) are refused, one line.
+    yaml.write_text(re.sub(r"dataset_kwargs:\n  data_files:\n(    .*\n)+", "", yaml.read_text()))
+    capsys.readouterr()
+    assert main(watch) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (
+        f"task own_mc reads dataset_path {data} without data_files, and the run directory {run} lies" in err
+    )
+    watch[1] = str(run.rename(tmp_path / "run"))
+    results = eval_dir(tmp_path / "run", 5) / "results.json"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / "hf")
+    assert main(watch) == 2
+    assert f"and datasets' cache (HF_DATASETS_CACHE) {data / 'hf'} lies in it" in capsys.readouterr().err
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")  # hidden: datasets skips it
+    assert main(watch) == 0 and "own_mc: 5 docs" in capsys.readouterr().err  # the YAML edited
+    assert main(watch) == 0 and "own_mc: 5 docs" not in capsys.readouterr().err
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
