@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import glob
 import hashlib
 import inspect
@@ -33,6 +34,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import yaml
+from fsspec.utils import glob_translate
 from tokenizers import Tokenizer
 
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
@@ -135,11 +137,60 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     )
 
 
-def local_files(patterns: Sequence[str]) -> list[Path]:
+def local_files(
+    patterns: Sequence[str], walk: Callable[[str, int | None], list[str]] | None = None
+) -> list[Path]:
     """The files `patterns` (TaskData.patterns, `_rooted`: their folders resolved as they were made) match
-    now, each once, in order: datasets reads a data_files entry as a glob when it loads the task, so a
-    file that joins a pattern is read."""
-    return sorted({Path(f) for p in patterns for f in glob.glob(p, recursive=True) if os.path.isfile(f)})
+    now, each once, in order, as datasets reads a data_files entry when it loads the task (a file that
+    joins a pattern is read): what fsspec's glob matches (`_glob_root`, `_walk`) less what resolve_pattern
+    leaves out of a match (a `__` or hidden folder or file the pattern does not name, README.md, …: Python's
+    glob kept them, review RV32f B7). Each folder the patterns start from is walked once (`walk`: how; a
+    walk per pattern was 64 of a 20k-file dataset_path folder at every poll, 2 s: RV32f B5)."""
+    from datasets.data_files import FILES_TO_IGNORE
+
+    def kinds(path: str) -> tuple[int, int]:  # its `__` folders, its hidden parts: as datasets counts them
+        parts = path.split("/")
+        return (
+            sum(part.startswith("__") for part in parts[:-1]),
+            sum(part.startswith(".") and set(part) != {"."} for part in parts),
+        )
+
+    walked = walk or functools.cache(_walk)
+    found: set[str] = set()
+    for pattern in patterns:
+        if not glob.has_magic(pattern):
+            found.update([pattern] if os.path.isfile(pattern) else [])
+    groups: dict[tuple[str, int | None, tuple[int, int], frozenset[str]], list[str]] = {}
+    for pattern in filter(glob.has_magic, patterns):
+        ignored = frozenset(FILES_TO_IGNORE) - {os.path.basename(pattern)}
+        groups.setdefault((*_glob_root(pattern), kinds(pattern), ignored), []).append(glob_translate(pattern))
+    for (root, depth, counts, ignored), regexes in groups.items():
+        match = re.compile("|".join(f"(?:{r})" for r in regexes)).match
+        for path in walked(root, depth):
+            if match(path) and kinds(path) == counts and os.path.basename(path) not in ignored:
+                found.add(path)
+    return sorted(Path(f) for f in found if os.path.isfile(f))
+
+
+def _glob_root(pattern: str) -> tuple[str, int | None]:
+    """The folder fsspec's glob lists for `pattern` (one with a wildcard), and to what depth (None: all),
+    as LocalFileSystem.glob chooses them."""
+    first = min([i for i in map(pattern.find, "*?[") if i >= 0] + [len(pattern)])
+    cut = pattern.rfind("/", 0, first)
+    depth = None if "**" in pattern else pattern[cut + 1 :].count("/") + 1
+    return pattern[: cut + 1].rstrip("/") or "/", depth
+
+
+def _walk(root: str, depth: int | None) -> list[str]:
+    """Every path under folder `root` but its folders, `depth` levels deep (None: all), as fsspec's find
+    lists them for a glob: a link to a folder is not followed."""
+    paths = []
+    top = root.count("/")
+    for folder, dirs, names in os.walk(root):
+        if depth is not None and folder.count("/") - top + 1 >= depth:
+            dirs.clear()
+        paths += [os.path.join(folder, name) for name in names]
+    return paths
 
 
 def _data_files(
@@ -192,7 +243,8 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
         ALL_DEFAULT_PATTERNS,
         SPLIT_PATTERN_SHARDED,
         DataFilesDict,
-        get_data_patterns,
+        DataFilesList,
+        _get_data_files_patterns,
     )
     from datasets.load import _ALL_ALLOWED_EXTENSIONS, infer_module_for_data_files
     from datasets.packaged_modules import (
@@ -203,19 +255,41 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
 
     base = base.resolve()  # as datasets does, once (RV31a 5)
     under = glob.escape(str(base))
+    walk = functools.cache(_walk)  # one walk for the 68 patterns datasets tries (RV32f B5)
+
+    def resolve(pattern: str, extensions: Sequence[str] | None = None) -> list[str]:
+        """datasets' resolve_pattern(pattern, base), from the one walk."""
+        found = [
+            str(f)
+            for f in local_files([os.path.join(str(base), pattern)], walk)
+            if extensions is None or any(f".{suffix}" in extensions for suffix in f.name.split(".")[1:])
+        ]
+        if not found:
+            raise FileNotFoundError(pattern)
+        return found
+
+    def listed(patterns: list[str]) -> DataFilesList:
+        """DataFilesList.from_patterns(patterns, base, its extensions), from the one walk."""
+        files: list[str] = []
+        for pattern in patterns:
+            try:
+                files += resolve(pattern, _ALL_ALLOWED_EXTENSIONS)
+            except FileNotFoundError:
+                if not glob.has_magic(pattern):
+                    raise
+        return DataFilesList(files, [()] * len(files))
+
     kinds = [[SPLIT_PATTERN_SHARDED.replace("{split}", "*")]]
     kinds += [[p for ps in kind.values() for p in ps] for kind in ALL_DEFAULT_PATTERNS]
     try:
-        chosen = get_data_patterns(str(base))
+        chosen = _get_data_files_patterns(resolve)  # get_data_patterns(base)
     except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
         return [os.path.join(under, p) for kind in kinds for p in kind], []
     mine = {p for ps in chosen.values() for p in ps}
     last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
     watched = [os.path.join(under, p) for p in sorted(mine.union(*kinds[: last + 1]))]
     try:
-        data = DataFilesDict.from_patterns(
-            chosen, base_path=str(base), allowed_extensions=_ALL_ALLOWED_EXTENSIONS
-        )
+        data = DataFilesDict({split: listed(patterns) for split, patterns in chosen.items()})
         module, _ = infer_module_for_data_files(data, path=str(base))
     except (FileNotFoundError, ValueError):  # none it can read, or two formats: datasets refuses it too
         return watched, []
