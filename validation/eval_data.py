@@ -113,8 +113,8 @@ class TaskData(NamedTuple):
     wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
     other files that no pattern of the old resolution matches (review RV32f B1)."""
     folders: list[str]
-    """Its dataset_path folders named without data_files, as the config writes them: datasets chooses
-    which of their files it reads (`_folder_data`, `check_data_folders`)."""
+    """Its dataset_path folders named without data_files (their data_dir, where given), as the config
+    writes them: datasets chooses which of their files it reads (`_folder_data`, `check_data_folders`)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -214,6 +214,8 @@ def _data_files(
         # for here, not found, and the task read through datasets' stale cache under a new digest)
         root = None if _packaged_builder(source) else Path(source).expanduser()
         base = root if root is not None and root.is_dir() else None
+        if base is not None and isinstance(kwargs.get("data_dir"), str):  # datasets reads that folder of it
+            base = base / kwargs["data_dir"]
         mine = _globs(data_files, base, anchors)
         if root is not None:
             anchors.append(str(root))
@@ -221,7 +223,7 @@ def _data_files(
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
             watched, found = _folder_data(base)
             mine += watched
-            folders.append(str(root))
+            folders.append(str(base))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
@@ -321,6 +323,12 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
     ]
     for folder in data.folders:
         base = Path(folder).resolve()
+        if card := _card_data_files(base):
+            raise EvalError(
+                f"task {name} reads dataset_path {folder} without data_files, and {card} names data_files "
+                f"in its `configs`: datasets reads those, not the files the eval records; give {name} "
+                "dataset_kwargs: data_files (the card's)"
+            )
         for what, path, taken, fix in kept:
             inside = path.resolve()
             if inside.is_relative_to(base) and not any(
@@ -331,6 +339,29 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
                     f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
                     f"files, relative to {folder}) or {fix}"
                 )
+
+
+def _card_data_files(folder: Path) -> str | None:
+    """The dataset card in `folder` (README.md's YAML, .huggingface.yaml) whose `configs` name data_files,
+    which datasets reads in place of the split patterns' files (LocalDatasetModuleFactory); None if none."""
+    from datasets import config
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard, DatasetCardData
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    cards = [folder / config.REPOCARD_FILENAME, folder / config.REPOYAML_FILENAME]
+    for card in filter(Path.is_file, cards):
+        text = card.read_text(encoding="utf-8", errors="replace")
+        try:
+            if card.name == config.REPOCARD_FILENAME:  # without a YAML block: none (and no warning of it)
+                data = DatasetCard(text).data if REGEX_YAML_BLOCK.search(text) else DatasetCardData()
+            else:
+                data = DatasetCardData(**(yaml.safe_load(text) or {}))
+        except Exception:  # a card datasets cannot read either: its load of the task says so
+            continue
+        if any("data_files" in c for c in MetadataConfigs.from_dataset_card_data(data).values()):
+            return str(card)
+    return None
 
 
 def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:

@@ -2247,6 +2247,18 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")  # hidden: datasets skips it
     assert main(watch) == 0 and "own_mc: 5 docs" in capsys.readouterr().err  # the YAML edited
     assert main(watch) == 0 and "own_mc: 5 docs" not in capsys.readouterr().err
+    # a dataset card's `configs` data_files are what datasets reads there: refused (it was the split files)
+    card = "configs:\n- config_name: default\n  data_files:\n  - split: test\n    path: own_mc-train.jsonl\n"
+    (data / "README.md").write_text(f"---\n{card}---\n")
+    assert main(watch) == 2
+    assert f"{data / 'README.md'} names data_files in its `configs`" in capsys.readouterr().err
+    (data / "README.md").unlink()
+    (data / "sub").mkdir()  # dataset_kwargs' data_dir: datasets reads that folder's files alone
+    for split in ("train", "test"):
+        shutil.copy(data / f"own_mc-{split}.jsonl", data / "sub" / f"own_mc-{split}.jsonl")
+    yaml.write_text(yaml.read_text() + "dataset_kwargs:\n  data_dir: sub\n")
+    read = TaskPlan(tmp_path / "run", load_eval_config(None, _own_args(tasks)[3:], "own_mc")).data_files
+    assert read["own_mc"].files == sorted((data / "sub").resolve().glob("*.jsonl"))
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
