@@ -918,8 +918,7 @@ def check_finite_weights(lm: Any, export: Path, dtype: str) -> None:
         hint = " (float16 cannot hold values beyond ±65504: try dtype=bfloat16)" if dtype == "float16" else ""
         raise EvalError(
             f"export {export} holds non-finite weights as loaded in {dtype}{hint}: {bad}; nothing was "
-            "evaluated. Evaluate another step, or delete the export and re-export it from its checkpoint "
-            "(gristmill export RUN --step N checks the checkpoint's weights)"
+            f"evaluated. Evaluate another step, or {export_fix(export, 'model.safetensors')}"
         )
 
 

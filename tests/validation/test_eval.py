@@ -1231,6 +1231,9 @@ def test_damaged_or_nonfinite_export_is_refused_before_evaluation(eval_run, tmp_
         assert str(export_dir(run, 5)) in errors[0]
         if run != nan:
             assert f"{export_dir(run, 5) / 'model.safetensors'}: " in errors[0]
+        else:  # its checkpoint is gone: never "delete the export" (export_fix; review RV32f A6)
+            assert "keep the export meanwhile: its checkpoint is gone" in errors[0], errors[0]
+        assert "delete" not in errors[0], errors[0]
         assert not (eval_dir(run, 5) / "results.json").exists() and not (run / "eval.parquet").exists()
 
 

@@ -863,8 +863,8 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     if not record.is_file():
         if not (path / "model.safetensors").is_file():
             raise ExportError(
-                f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
-                "again (gristmill export RUN --step N)"
+                f"{path} is not an export: no model.safetensors (a partial copy?); "
+                f"{export_fix(path, 'its model.safetensors')}"
             )
         if exported_with_checksums(path):  # deleted: its weights would be scored unchecked (R17b M5)
             raise ExportError(
@@ -949,16 +949,18 @@ def _export_again(path: Path) -> tuple[str, bool] | None:
     )
 
 
-def export_fix(path: Path, what: str) -> str:
-    """How to replace export `path`'s damaged or unloadable `what`: from its checkpoint while the run
-    keeps it (_export_again); else from a copy only."""
+def export_fix(path: Path, what: str | None) -> str:
+    """How to replace export `path`'s damaged or unloadable `what` (None: the export is no good as a
+    whole, another base's: nothing of it to restore): from its checkpoint while the run keeps it
+    (_export_again); else from a copy only. The one home of this advice: an export may be the only
+    copy of its weights, so it is never "delete" (review RV32f A6)."""
     again = _export_again(path)
     if again is None:
         return (
-            f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone or "
-            "damaged, so its weights are nowhere else"
+            f"restore {what or path.name} from a copy of the export; keep the export meanwhile: its "
+            "checkpoint is gone or damaged, so its weights are nowhere else"
         )
-    return f"{again[0]}; or restore {what} from a copy" if again[1] else again[0]
+    return f"{again[0]}; or restore {what} from a copy" if again[1] and what is not None else again[0]
 
 
 def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> str:
@@ -1477,7 +1479,7 @@ def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | Non
         meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ExportError(
-            f"{export / EXPORT_META} is unreadable ({e}); delete {export} and export step 0 again"
+            f"{export / EXPORT_META} is unreadable ({e}); {export_fix(export, EXPORT_META)}"
         ) from None
     checked = [
         ("init_from_sha256", record["init_from_sha256"]),
@@ -1491,7 +1493,7 @@ def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | Non
         if meta.get(key) != want:
             raise ExportError(
                 f"{export} holds another base than {run_dir} started from ({key} differs from "
-                f"{run_dir / BASE_DIR / BASE_JSON}); delete it and export step 0 again"
+                f"{run_dir / BASE_DIR / BASE_JSON}); {export_fix(export, None)}"
             )
 
 
