@@ -110,6 +110,7 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     EXPORTS_DIR,
+    MERGED_PREFIX,
     abandoned_copies,
     abandoned_name,
     checkpoint_dir,
@@ -924,16 +925,23 @@ def export_command(
     )  # fmt: skip
 
 
+def _step_export(path: Path) -> tuple[Path, int, bool] | None:
+    """(run, step, merged) of a run's step export `path` (RUN/exports/step-N, merged-step-N), else None."""
+    try:
+        step = step_of(path.with_name(path.name.removeprefix(MERGED_PREFIX)))
+    except ValueError:
+        return None
+    return path.parent.parent, step, path.name.startswith(MERGED_PREFIX)
+
+
 def _export_again(path: Path) -> tuple[str, bool] | None:
     """How to write export `path` again, and whether from the run's base (step 0, RUN/base's record):
     moved aside, never deleted (retention keeps exports whose checkpoints it deleted: review R14f F1,
     RV31L F4), then exported from its checkpoint while that verifies; None where its weights are
     nowhere else."""
-    merged, run = path.name.startswith("merged-"), path.parent.parent
-    try:
-        step = step_of(path.with_name(path.name.removeprefix("merged-")))
-    except ValueError:
+    if (of := _step_export(path)) is None:
         return None
+    run, step, merged = of
     if step == 0 and not merged:
         return (
             f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
@@ -967,8 +975,11 @@ def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> s
     """What to do with export `export` whose tokenizer files transformers `version` reads otherwise than
     its tokenizer.json: written again where its weights are elsewhere (_export_again), after
     `base_edit` of RUN/base's file where the new export would read the same entry; else kept (its
-    weights are only there). A transformers it was exported with, other than `version`, is named
-    where gristmill_export.json records one; never one it was exported without (review RV32l F3)."""
+    weights are only there) and copied from itself with tokenizer files written as an export writes
+    them now (`gristmill export --out` from the export, whose checkpoint is gone), the copy taking its
+    place: an older export of a base's tokenizer_class was otherwise never scored again (review RV32f
+    A5). A transformers it was exported with, other than `version`, is named where
+    gristmill_export.json records one; never one it was exported without (review RV32l F3)."""
     try:
         meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -978,17 +989,21 @@ def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> s
     again = _export_again(export)
     if again is not None:
         fix = again[0] if base_edit is None else f"{base_edit}, then {again[0]}"
-        return fix if other is None else f"{fix}; or score it under {other}"
-    keep = f"keep {export} (its checkpoint is gone or damaged: its weights are only there)"
-    if other is not None:
-        return f"{keep} and score it under {other}"
-    if isinstance(meta, dict) and "transformers" in meta and wrote is None:
-        unknown = "it was exported without transformers"
-    elif not wrote:
-        unknown = "the transformers it was exported with is not recorded (an export of before the record)"
     else:
-        return keep  # exported under this version: gristmill's own files, unchecked then
-    return f"{keep}; {unknown}: no version is known to read its tokenizer files as its tokenizer.json"
+        fix = f"keep {export} (its checkpoint is gone or damaged: its weights are only there)"
+        if (of := _step_export(export)) is not None:
+            run, step, merged = of
+            copy = export.with_name(f"{export.name}.retokenized")
+            ckpt = checkpoint_dir(run, step)
+            steps = [] if base_edit is None else [base_edit]
+            if incomplete_reason(ckpt) is None:  # complete but damaged: the copy would read it
+                steps.append(f"move the damaged {ckpt} aside")
+            steps.append(
+                f"copy it with its tokenizer files written again ({export_command(run, step, merged, copy)}, "
+                "which needs the run's dataset at hand)"
+            )
+            fix += f"; {', then '.join(steps)}, then move {export} aside and {copy} into its place"
+    return fix if other is None else f"{fix}; or score it under {other}"
 
 
 def newest_complete_step(run_dir: str | Path) -> int | None:
