@@ -362,7 +362,8 @@ def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset
     text = 'He said "hi"! then ."quoted" text!!'
     trained = Tokenizer.from_file(str(data_tok)).encode(text, add_special_tokens=False).ids
     assert 3 in trained  # '"' alone, one of the ids the model trains on
-    own = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "!", "eos_token": '"', "pad_token": '"'}
+    own = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "!", "eos_token": '"', "pad_token": '"',
+           "clean_up_tokenization_spaces": True}  # fmt: skip
     added = {"content": '"', "special": True, "__type": "AddedToken"}  # transformers' other spelling
     ids, spec_map = {"bos_token_id": 2, "eos_token_id": 3}, {"eos_token": added, "bos_token": "!"}
     out = _export_of(tmp_path, built_dataset, "f1", ids, tokenizer_config=own, special_tokens_map=spec_map)
@@ -373,6 +374,9 @@ def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token) == (0, 0, None)
     kept = json.loads((out / "tokenizer_config.json").read_text())
     assert kept["tokenizer_class"] == "PreTrainedTokenizerFast" and kept["eos_token"] == "<|endoftext|>"
+    # answers decode as tokenizer.json decodes them, under any transformers (4.x cleaned up "42 ." to
+    # "42." after a BPE's decoder too, 5 a forced BPE's and any other model's: review RV32f A4)
+    assert kept["clean_up_tokenization_spaces"] is False
     base = tmp_path / "f1"
     (notes,) = check_base_data(base, built_dataset, info, vocab_size)
     assert "config.json has bos_token_id 2, eos_token_id 3" in notes, notes

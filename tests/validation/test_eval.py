@@ -1313,7 +1313,9 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     still special); a pad token past the vocabulary was refused for a false reason. F3/F5: the advice
     names no transformers the export was not checked under, never RUN/base's file where no export is
     written from it again, and a pasteable command. Review RV32f A5: an export whose checkpoint is
-    gone had no fix ("no version is known", where 4.x reads a base's class right)."""
+    gone had no fix ("no version is known", where 4.x reads a base's class right). A4:
+    clean_up_tokenization_spaces (transformers' clean-up after tokenizer.json's decoder: 4.x for every
+    model, 5 for all but BPE unless forced) changed eval's generated answers and passed."""
     import shlex
 
     import transformers
@@ -1377,6 +1379,20 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     assert line is None and not differ, line
     line, export, _ = check("pad", {"pad_token": "<pad>"})
     assert line is not None and "has pad_token '<pad>', id 512, past the model's vocabulary (512 ids)" in line
+    # RV32f A4: refused wherever AutoTokenizer's decoding is not tokenizer.json's (the key set to false)
+    force = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    for name, cleanup in [("cleanup", {}), ("forced", {force: True})]:
+        line, export, differ = check(name, {"clean_up_tokenization_spaces": True} | cleanup)
+        tok = transformers.AutoTokenizer.from_pretrained(export)
+        data = Tokenizer.from_file(str(export / "tokenizer.json"))
+        ids = data.encode("It 's 42 , isn't it ?", add_special_tokens=False).ids
+        decoded = tok.decode(ids, skip_special_tokens=True) != data.decode(ids, skip_special_tokens=True)
+        assert not differ and decoded == (name == "forced" or not five) and (line is not None) == decoded, (
+            name
+        )
+        if line is not None:
+            assert line.startswith(f"{export}: clean_up_tokenization_spaces of {export / config}: "), line
+            assert "decodes as" in line and line.endswith(rescoring_fix(export, transformers.__version__))
     # an ordinary 'hi' (refused), as exports of three records name what they were written under; its
     # checkpoint gone, a copy from the export with its tokenizer files written again (RV32f A5: no fix,
     # and "no version is known" where 4.x reads a base's class right)

@@ -38,7 +38,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -132,6 +132,17 @@ EXPORT_FORMAT = "gristmill-hf-export/1"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "PreTrainedTokenizerFast"  # transformers' class that encodes with tokenizer.json as it is
+# The tokenizer_config.json entries an export sets where they say otherwise, so that AutoTokenizer
+# encodes and decodes as tokenizer.json does: {key: (its value, what transformers ≥ 4.45, the eval
+# extra's floor, takes where it is absent)}. A base's class (GPT2Tokenizer, LlamaTokenizer) makes
+# AutoTokenizer rebuild the tokenizer from its vocabulary, dropping tokenizer.json's pre-tokenizer or
+# normaliser (eval scored ids the model never trained on); clean_up_tokenization_spaces true rewrites
+# every decoded text after tokenizer.json's decoder ("42 ." as "42."; transformers 4.x for every
+# model, 5 for all but BPE: eval's generated answers were not tokenizer.json's, review RV32f A4).
+SET_ENTRIES: dict[str, tuple[Any, Any]] = {
+    "tokenizer_class": (FAST_TOKENIZER, None),
+    "clean_up_tokenization_spaces": (False, False),
+}
 
 
 class ExportError(GristmillError):
@@ -328,13 +339,11 @@ def write_tokenizer(
         (out_dir / TOKENIZER_JSON).write_bytes(data if kept is text else kept.encode("utf-8"))
     config = out_dir / TOKENIZER_CONFIG
     if config.is_file() and (out_dir / TOKENIZER_JSON).is_file():
-        # The data was encoded by tokenizer.json itself. A base's class (GPT2Tokenizer, LlamaTokenizer)
-        # makes AutoTokenizer rebuild the tokenizer from its vocabulary and drop tokenizer.json's
-        # pre-tokenizer or normaliser: eval then scored the model on ids it never trained on.
+        # The data was encoded by tokenizer.json itself, and answers decode as it decodes (SET_ENTRIES).
         spec = json.loads(config.read_text(encoding="utf-8"))
-        if spec.get("tokenizer_class") != FAST_TOKENIZER:
-            spec["tokenizer_class"] = FAST_TOKENIZER
-            config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+        unset = {key: value for key, (value, absent) in SET_ENTRIES.items() if spec.get(key, absent) != value}
+        if unset:
+            config.write_text(json.dumps(spec | unset, indent=2) + "\n", encoding="utf-8")
         # A run checked these bytes before step 1 (check_run_tokenizer): its own exports (async ones
         # too, in the same process) pass from the memo; `gristmill export` checks them here.
         if _brings_tokenizer_files(base):
@@ -351,8 +360,9 @@ def _brings_tokenizer_files(base: dict[str, Path]) -> bool:
 
 # What of tokenizer.json decides gristmill eval's ids and answers: how a text is cut into ids
 # (normalizer, pre_tokenizer, model: its vocab, merges and settings) and how generated ids become an
-# answer's text (decoder). Not the post-processor (eval never asks for specials) nor added tokens,
-# whose serialized flags can say otherwise than encoding does (_added_token_problems).
+# answer's text (decoder; what transformers does to its text after it is judged by a decoded probe,
+# _DECODE_PROBE). Not the post-processor (eval never asks for specials) nor added tokens, whose
+# serialized flags can say otherwise than encoding does (_added_token_problems).
 ENCODING_SECTIONS = ("normalizer", "pre_tokenizer", "model", "decoder")
 _ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized")
 # Tokenizer files (their sha256s, and transformers') that passed check_export_tokenizer in this process:
@@ -370,7 +380,8 @@ def check_export_tokenizer(
     data's tokenizer.json: another normalizer, pre-tokenizer, model or decoder than the file's (its
     loaded backend compared with the file, section by section: no probe text shows every difference,
     review RV32l F1), added or special tokens other than exactly tokenizer.json's, a pad id past the
-    model's vocabulary, or none (it cannot load them). split_token_entries is the rule for the keys
+    model's vocabulary, a decoded text other than the decoder's (transformers' clean-up after it:
+    _DECODE_PROBE), or none (it cannot load them). split_token_entries is the rule for the keys
     transformers reads today; this holds what a later (or earlier) transformers makes of others.
     Nothing to check without transformers (a training box without the eval extra loads no tokenizer)
     or without tokenizer.json (a synthetic dataset's). One home: an export (write_tokenizer), every
@@ -398,9 +409,9 @@ def check_export_tokenizer(
     pipeline = _pipeline(data)
     vocab_size = _model_vocab_size(out_dir, data)
 
-    def refused(folder: Path) -> tuple[str, str | None, bool] | None:  # the first, or first scored
+    def refused(folder: Path) -> Problem | None:  # the first, or first scored
         problems = _tokenizer_problems(transformers, folder, data, pipeline, vocab_size)
-        return next((p for p in problems if p[2] or not scoring), None)
+        return next((p for p in problems if p.scored or not scoring), None)
 
     problem = refused(out_dir)
     if problem is None:
@@ -414,7 +425,12 @@ def check_export_tokenizer(
         shown = [str(out_dir / n) for n in own]
         base = (named or {}).get(file) if key is not None else None
         base_edit = None
-        if base is not None and Path(base).parent != out_dir and _same_entry(Path(base), out_dir / file, key):
+        if (
+            base is not None
+            and key not in SET_ENTRIES  # a new export writes those as tokenizer.json reads (write_tokenizer)
+            and Path(base).parent != out_dir
+            and _same_entry(Path(base), out_dir / file, key)
+        ):
             base_edit = _edit(key, base)
         fix = rescoring_fix(Path(export), transformers.__version__, base_edit)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
@@ -428,10 +444,10 @@ def check_export_tokenizer(
 
 
 def _edit(key: str, file: Path | str) -> str:
-    """The edit of `file` that takes `key`'s effect away: tokenizer_class names the class that encodes
-    with tokenizer.json as it is (without it, transformers picks config.json's model type's class)."""
-    if key == "tokenizer_class":
-        return f"set tokenizer_class to {FAST_TOKENIZER} in {file}"
+    """The edit of `file` that takes `key`'s effect away: a SET_ENTRIES key set to its value (without
+    tokenizer_class, transformers picks config.json's model type's class), any other key left out."""
+    if key in SET_ENTRIES:
+        return f"set {key} to {json.dumps(SET_ENTRIES[key][0])} in {file}"
     return f"leave {key} out of {file}"
 
 
@@ -489,31 +505,40 @@ _KEPT = (
     "lm-eval keeps its text in the answers gristmill's eval generates (a special token of the data's only)"
 )
 _DECODED = "lm-eval decodes the answers gristmill's eval generates otherwise than the data's tokenizer.json"
+# A text whose decoding shows what AutoTokenizer does to tokenizer.json's decoded text after its
+# decoder (transformers' clean_up_tokenization: " ." as ".", " 's" as "'s", … ; review RV32f A4)
+_DECODE_PROBE = "a . b ? c ! d , e ' f n't g 'm h 's i 've j 're k"
+
+
+class Problem(NamedTuple):
+    """One thing AutoTokenizer reads otherwise than tokenizer.json (_tokenizer_problems)."""
+
+    what: str  # in words
+    token: str | None  # the token concerned, if one
+    scored: bool  # whether it changes gristmill eval's scores
 
 
 def _tokenizer_problems(
     transformers: Any, folder: Path, data: Any, pipeline: Mapping[str, Any], vocab_size: int
-) -> Iterator[tuple[str, str | None, bool]]:
+) -> Iterator[Problem]:
     """Each thing AutoTokenizer reads otherwise from the tokenizer files in `folder` than tokenizer.json
-    (`data`; `pipeline`: its ENCODING_SECTIONS, _pipeline) is: (what, the token concerned, whether it
-    changes gristmill eval's scores); none where it reads them as tokenizer.json is. The loaded
-    backend's pipeline is compared with the file's whole (a class transformers rebuilds, GPT2Tokenizer or
-    Qwen2Tokenizer, gets its own pre-tokenizer or normalizer: review RV32l F1); then the added and
-    special tokens (_added_token_problems) and the pad id (lm-eval pads generated batches with it)."""
+    (`data`; `pipeline`: its ENCODING_SECTIONS, _pipeline) is; none where it reads them as tokenizer.json
+    is. The loaded backend's pipeline is compared with the file's whole (a class transformers rebuilds,
+    GPT2Tokenizer or Qwen2Tokenizer, gets its own pre-tokenizer or normalizer: review RV32l F1); then
+    the added and special tokens (_added_token_problems), the pad id (lm-eval pads generated batches
+    with it), and the decoding of _DECODE_PROBE (lm-eval decodes generated answers with AutoTokenizer,
+    which may rewrite what tokenizer.json's decoder gives)."""
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # whatever a transformers version raises: eval could not load it either
         first = next(iter(str(e).strip().splitlines()), "")  # one line (a missing library's is five)
-        yield (
-            f"cannot load its tokenizer files ({type(e).__name__}: {first}): neither can eval or its users",
-            None,
-            True,
-        )
+        what = f"cannot load its tokenizer files ({type(e).__name__}: {first}): neither can eval or its users"
+        yield Problem(what, None, True)
         return
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:  # a class of its own (sentencepiece, Python): tokenizer.json is not read at all
         what = f"loads them as {type(tok).__name__}, which does not encode with {TOKENIZER_JSON}"
-        yield f"{what}: {_differ_words(True, True)}", None, True
+        yield Problem(f"{what}: {_differ_words(True, True)}", None, True)
         return
     loaded = _pipeline(backend)
     for section in ENCODING_SECTIONS:
@@ -522,17 +547,23 @@ def _tokenizer_problems(
                 section, *(json.loads(p or "null") for p in (loaded[section], pipeline[section]))
             )
             words = _DECODED if section == "decoder" else _differ_words(True, True)
-            yield f"{what}: {words}", None, True
+            yield Problem(f"{what}: {words}", None, True)
             return  # the rest follows from the same class or key
     yield from _added_token_problems(tok, data, vocab_size)
     pad = tok.pad_token_id
     if pad is not None and pad >= vocab_size:
-        yield (
+        yield Problem(
             f"has pad_token {tok.pad_token!r}, id {pad}, past the model's vocabulary ({vocab_size} ids): "
             "lm-eval pads the prompts of gristmill's eval's generating tasks with it, which the model "
             "cannot embed (the eval stops there)",
             tok.pad_token,
             True,
+        )
+    ids = data.encode(_DECODE_PROBE, add_special_tokens=False).ids
+    ours, theirs = data.decode(ids, skip_special_tokens=True), tok.decode(ids, skip_special_tokens=True)
+    if theirs != ours:  # as lm-eval's tok_decode: without special tokens
+        yield Problem(
+            f"decodes as {theirs!r} what {TOKENIZER_JSON} decodes as {ours!r}: {_DECODED}", None, True
         )
 
 
@@ -564,7 +595,7 @@ def _section_difference(section: str, loaded: Any, ours: Any) -> str:
     return f"builds the {section} {theirs} where {TOKENIZER_JSON} has {mine}"
 
 
-def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[tuple[str, str | None, bool]]:
+def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[Problem]:
     """The added and special tokens AutoTokenizer (`tok`) treats otherwise than tokenizer.json
     (`data`), judged by what its encoding and decoding do, not by the flags it reports (transformers 5
     reports '<|begin_of_text|>' ordinary where its backend still takes it as special: review RV32l F2).
@@ -596,7 +627,7 @@ def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[tupl
             what += str(getattr(ours, flag))
         else:  # every flag as recorded, yet eval's encoding does not give its id (a bare next() raised)
             what = f"does not encode {token!r} as its id {i}, as {TOKENIZER_JSON} does"
-        yield f"{what}: {_SPLIT if scored else _differ_words(not same, False)}", token, scored
+        yield Problem(f"{what}: {_SPLIT if scored else _differ_words(not same, False)}", token, scored)
     for i in sorted((want.keys() | got.keys() | set(tok.all_special_ids)) - {None}):
         if i >= vocab_size:
             continue
@@ -605,17 +636,12 @@ def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[tupl
             continue
         token = tok.convert_ids_to_tokens(i)
         if dropped:
-            yield (
-                f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}: {_DROPPED}",
-                token,
-                True,
-            )
+            what = f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}: {_DROPPED}"
         else:
-            yield (
-                f"takes {token!r} (id {i}) for an ordinary token, a special one of {TOKENIZER_JSON}: {_KEPT}",
-                token,
-                True,
+            what = (
+                f"takes {token!r} (id {i}) for an ordinary token, a special one of {TOKENIZER_JSON}: {_KEPT}"
             )
+        yield Problem(what, token, True)
 
 
 def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
@@ -631,10 +657,10 @@ def _naming(
     out_dir: Path, token: str | None, passes: Callable[[Path], bool]
 ) -> tuple[str | None, str | None]:
     """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json that names
-    `token`, else the one key whose removal alone makes the files pass (`passes`, a reload per key:
-    on the refusing path only; tokenizer_class first, set to PreTrainedTokenizerFast rather than left
-    out: an older export's base class is the usual cause of another pipeline, review RV32l F3), else
-    (None, None)."""
+    `token`, else the one key whose edit alone (_edit: left out, or a SET_ENTRIES key set to its
+    value) makes the files pass (`passes`, a reload per key: on the refusing path only; SET_ENTRIES
+    first: an older export's base class is the usual cause of another pipeline, review RV32l F3),
+    else (None, None)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
@@ -652,12 +678,12 @@ def _naming(
             return key, name
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
         for name, spec in specs.items():
-            for key in sorted(spec, key=lambda k: k != "tokenizer_class"):
+            for key in sorted(spec, key=lambda k: k not in SET_ENTRIES):
                 edited = {k: v for k, v in spec.items() if k != key}
-                if key == "tokenizer_class":
-                    if spec[key] == FAST_TOKENIZER:
+                if key in SET_ENTRIES:
+                    if spec[key] == SET_ENTRIES[key][0]:
                         continue
-                    edited[key] = FAST_TOKENIZER
+                    edited[key] = SET_ENTRIES[key][0]
                 folder = Path(tmp) / f"{name}-{len(os.listdir(tmp))}"
                 shutil.copytree(out_dir, folder)
                 (folder / name).write_text(json.dumps(edited), encoding="utf-8")
