@@ -1315,7 +1315,8 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     written from it again, and a pasteable command. Review RV32f A5: an export whose checkpoint is
     gone had no fix ("no version is known", where 4.x reads a base's class right). A4:
     clean_up_tokenization_spaces (transformers' clean-up after tokenizer.json's decoder: 4.x for every
-    model, 5 for all but BPE unless forced) changed eval's generated answers and passed."""
+    model, 5 for all but BPE unless forced) changed eval's generated answers and passed. A2: a pad
+    problem named added_tokens_decoder, whose removal was refused again."""
     import shlex
 
     import transformers
@@ -1377,8 +1378,11 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
             assert part in line and "\n" not in line, line
     line, _, differ = check("bot", {"added_tokens_decoder": {"1": {"content": "<|begin_of_text|>"}}})
     assert line is None and not differ, line
-    line, export, _ = check("pad", {"pad_token": "<pad>"})
+    # the pad token named by added_tokens_decoder too: pad_token named, whose removal passes (RV32f A2)
+    pad = {"pad_token": "<pad>", "added_tokens_decoder": {"512": {"content": "<pad>", "special": True}}}
+    line, export, _ = check("pad", pad)
     assert line is not None and "has pad_token '<pad>', id 512, past the model's vocabulary (512 ids)" in line
+    assert line.startswith(f"{export}: pad_token of {export / config}: "), line
     # RV32f A4: refused wherever AutoTokenizer's decoding is not tokenizer.json's (the key set to false)
     force = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
     for name, cleanup in [("cleanup", {}), ("forced", {force: True})]:

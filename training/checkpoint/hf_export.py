@@ -656,11 +656,15 @@ def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
 def _naming(
     out_dir: Path, token: str | None, passes: Callable[[Path], bool]
 ) -> tuple[str | None, str | None]:
-    """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json that names
-    `token`, else the one key whose edit alone (_edit: left out, or a SET_ENTRIES key set to its
-    value) makes the files pass (`passes`, a reload per key: on the refusing path only; SET_ENTRIES
-    first: an older export's base class is the usual cause of another pipeline, review RV32l F3),
-    else (None, None)."""
+    """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json whose edit
+    alone (_edit: left out, or a SET_ENTRIES key set to its value) makes the files pass (`passes`: a
+    reload per key tried, on the refusing path only): of the keys that name `token`
+    (added_tokens_decoder first, the key that carries a token's flags: a flag's difference named
+    bos_token, whose removal changed nothing, review RV31L F3), else of every key (SET_ENTRIES first:
+    an older export's base class is the usual cause of another pipeline, review RV32l F3). Where no
+    one edit does, the first key that names `token`, else (None, None). Not the first key that names
+    it: added_tokens_decoder holds every added token, and leaving it out of a pad problem's files was
+    refused again, by pad_token (review RV32f A2)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
@@ -671,25 +675,36 @@ def _naming(
     for name in TOKENIZER_FILES[1:]:
         path = out_dir / name
         specs[name] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        # added_tokens_decoder first: the key that carries a token's flags (a flag's difference named
-        # bos_token, whose removal changed nothing: review RV31L F3)
-        keys = sorted(specs[name].items(), key=lambda kv: kv[0] != "added_tokens_decoder")
-        if token is not None and (key := next((k for k, v in keys if holds(v)), None)):
-            return key, name
+    holding = [
+        (key, name)
+        for name, spec in specs.items()
+        for key in sorted(spec, key=lambda k: k != "added_tokens_decoder")
+        if token is not None and holds(spec[key])
+    ]
+    every = [
+        (key, name)
+        for name, spec in specs.items()
+        for key in sorted(spec, key=lambda k: k not in SET_ENTRIES)
+    ]
+    if len(holding) == 1:  # named whether or not its edit passes: no reload
+        return holding[0]
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        for name, spec in specs.items():
-            for key in sorted(spec, key=lambda k: k not in SET_ENTRIES):
-                edited = {k: v for k, v in spec.items() if k != key}
-                if key in SET_ENTRIES:
-                    if spec[key] == SET_ENTRIES[key][0]:
-                        continue
-                    edited[key] = SET_ENTRIES[key][0]
-                folder = Path(tmp) / f"{name}-{len(os.listdir(tmp))}"
-                shutil.copytree(out_dir, folder)
-                (folder / name).write_text(json.dumps(edited), encoding="utf-8")
-                if passes(folder):
-                    return key, name
-    return None, None
+        for key, name in holding or every:
+            spec = specs[name]
+            edited = {k: v for k, v in spec.items() if k != key}
+            if key in SET_ENTRIES:
+                if spec[key] == SET_ENTRIES[key][0]:
+                    continue
+                edited[key] = SET_ENTRIES[key][0]
+            folder = Path(tmp) / str(len(os.listdir(tmp)))
+            folder.mkdir()
+            for file in out_dir.iterdir():  # linked, not copied: an export's weights are gigabytes
+                if file.name != name:
+                    (folder / file.name).symlink_to(file.resolve())
+            (folder / name).write_text(json.dumps(edited), encoding="utf-8")
+            if passes(folder):
+                return key, name
+    return holding[0] if holding else (None, None)
 
 
 def check_run_tokenizer(
