@@ -1312,11 +1312,11 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     same ids was refused by a flag transformers reports ('<|begin_of_text|>' ordinary, its backend
     still special); a pad token past the vocabulary was refused for a false reason. F3/F5: the advice
     names no transformers the export was not checked under, never RUN/base's file where no export is
-    written from it again, and a pasteable command. Review RV32f A5: an export whose checkpoint is
-    gone had no fix ("no version is known", where 4.x reads a base's class right). A4:
-    clean_up_tokenization_spaces (transformers' clean-up after tokenizer.json's decoder: 4.x for every
-    model, 5 for all but BPE unless forced) changed eval's generated answers and passed. A2: a pad
-    problem named added_tokens_decoder, whose removal was refused again."""
+    written from it again, and a pasteable command. Review RV32f: A4, clean_up_tokenization_spaces
+    (transformers' clean-up after tokenizer.json's decoder: 4.x for every model, 5 for all but BPE
+    unless forced) changed eval's generated answers and passed; A2, a pad problem named
+    added_tokens_decoder, whose removal was refused again; A5, an export whose checkpoint is gone had
+    no fix; A3, a vocab giving one id to two tokens was said to build "another model"."""
     import shlex
 
     import transformers
@@ -1397,6 +1397,13 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
         if line is not None:
             assert line.startswith(f"{export}: clean_up_tokenization_spaces of {export / config}: "), line
             assert "decodes as" in line and line.endswith(rescoring_fix(export, transformers.__version__))
+    # RV32f A3: 40 ids that name two tokens each (encoding agrees; which token decodes is per load)
+    model = json.loads((export_dir(src, 5) / "tokenizer.json").read_text())["model"]
+    shared = model | {"vocab": model["vocab"] | {f"zzz{i}": i for i in range(300, 340)}}
+    line, export, differ = check("shared", {}, model=shared)
+    assert not differ and line is not None and "\n" not in line, line
+    assert line.startswith(f"{export}: model.vocab of {export / 'tokenizer.json'}: "), line
+    assert "gives one id to several tokens (id 300: " in line and "another model" not in line, line
     # an ordinary 'hi' (refused), as exports of three records name what they were written under; its
     # checkpoint gone, a copy from the export with its tokenizer files written again (RV32f A5: no fix,
     # and "no version is known" where 4.x reads a base's class right)

@@ -417,8 +417,11 @@ def check_export_tokenizer(
     if problem is None:
         _PASSED.add((*passed, "scoring") if scoring else passed)
         return
-    what, token, _ = problem
-    key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
+    what, token, _, own_key = problem
+    if own_key is not None:  # an entry of tokenizer.json itself: no key of the other files changes it
+        key, file = own_key, TOKENIZER_JSON
+    else:
+        key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
     version = f"AutoTokenizer (transformers {transformers.__version__})"
     own = [n for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()] if key is None else [file]
     if scoring:  # the export's own files, which eval read; RUN/base's only where a new export reads it
@@ -445,9 +448,12 @@ def check_export_tokenizer(
 
 def _edit(key: str, file: Path | str) -> str:
     """The edit of `file` that takes `key`'s effect away: a SET_ENTRIES key set to its value (without
-    tokenizer_class, transformers picks config.json's model type's class), any other key left out."""
+    tokenizer_class, transformers picks config.json's model type's class), tokenizer.json's vocab
+    (VOCAB) one token an id, any other key left out."""
     if key in SET_ENTRIES:
         return f"set {key} to {json.dumps(SET_ENTRIES[key][0])} in {file}"
+    if key == VOCAB:
+        return f"give each id of {VOCAB} in {file} one token"
     return f"leave {key} out of {file}"
 
 
@@ -508,6 +514,7 @@ _DECODED = "lm-eval decodes the answers gristmill's eval generates otherwise tha
 # A text whose decoding shows what AutoTokenizer does to tokenizer.json's decoded text after its
 # decoder (transformers' clean_up_tokenization: " ." as ".", " 's" as "'s", … ; review RV32f A4)
 _DECODE_PROBE = "a . b ? c ! d , e ' f n't g 'm h 's i 've j 're k"
+VOCAB = "model.vocab"  # tokenizer.json's vocabulary, as a refusal names it
 
 
 class Problem(NamedTuple):
@@ -516,6 +523,7 @@ class Problem(NamedTuple):
     what: str  # in words
     token: str | None  # the token concerned, if one
     scored: bool  # whether it changes gristmill eval's scores
+    key: str | None = None  # the entry of tokenizer.json that causes it; None: a key of the other files
 
 
 def _tokenizer_problems(
@@ -543,6 +551,9 @@ def _tokenizer_problems(
     loaded = _pipeline(backend)
     for section in ENCODING_SECTIONS:
         if loaded[section] != pipeline[section]:
+            if section == "model" and (shared := _shared_ids(folder / TOKENIZER_JSON)):
+                yield Problem(_shared_ids_words(shared), None, True, VOCAB)
+                return
             what = _section_difference(
                 section, *(json.loads(p or "null") for p in (loaded[section], pipeline[section]))
             )
@@ -565,6 +576,33 @@ def _tokenizer_problems(
         yield Problem(
             f"decodes as {theirs!r} what {TOKENIZER_JSON} decodes as {ours!r}: {_DECODED}", None, True
         )
+
+
+def _shared_ids(tokenizer_json: Path) -> list[tuple[int, list[str]]]:
+    """The ids `tokenizer_json`'s vocab (a BPE, WordPiece or WordLevel model's: token -> id) gives to
+    more than one token, with their tokens: tokenizers keeps one token an id, either one, another at
+    each load of the same file (review RV32f A3). Read on the refusing path only."""
+    try:
+        vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(vocab, dict):  # Unigram's is a list: an id is a position
+        return []
+    tokens: dict[Any, list[str]] = {}
+    for token, i in vocab.items():
+        tokens.setdefault(i, []).append(token)
+    return sorted((i, names) for i, names in tokens.items() if len(names) > 1 and isinstance(i, int))
+
+
+def _shared_ids_words(shared: list[tuple[int, list[str]]]) -> str:
+    """The problem of tokenizer.json's ids that name several tokens (_shared_ids), in words."""
+    i, tokens = shared[0]
+    more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
+    return (
+        f"reads a vocab that gives one id to several tokens (id {i}: {', '.join(map(repr, tokens))}{more}): "
+        "tokenizers decodes such an id as either token, another at each load of the same file, so the "
+        "answers gristmill's eval generates are no one text"
+    )
 
 
 def _pipeline(tokenizer: Any) -> dict[str, bytes | None]:
