@@ -432,6 +432,8 @@ def test_no_entry_of_a_bases_tokenizer_files_adds_a_token(tmp_path, built_datase
     assert 3 not in tok.added_tokens_decoder and 3 not in tok.all_special_ids
     kept = json.loads((out / "tokenizer_config.json").read_text())
     assert kept.get(key) == left, kept  # '"' left out, the rest kept
+    # the base leaves it to transformers' default: true in 4.45.0, which the eval extra allows (RV33c F1)
+    assert kept["clean_up_tokenization_spaces"] is False
     base = tmp_path / "b"
     (note,) = check_base_data(base, built_dataset, info, info["vocab_size"])
     gone = "'\"' (id 3)" if key == "added_tokens_decoder" else "'\"'"
@@ -483,7 +485,8 @@ def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset)
     own = {"added_tokens_decoder": decoder, "bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>",
            "additional_special_tokens": ["<|begin_of_text|>"], "extra_special_tokens": {},
            "chat_template": "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}",
-           "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256}  # fmt: skip
+           "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+           "model_max_length": 256}  # fmt: skip
     spec_map = {"bos_token": named["<|begin_of_text|>"], "eos_token": named["<|endoftext|>"]}
     ids = {"bos_token_id": 1, "eos_token_id": 0}
     out = _export_of(tmp_path, built_dataset, "chat", ids, tokenizer_config=own, special_tokens_map=spec_map)

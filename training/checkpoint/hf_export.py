@@ -132,16 +132,17 @@ EXPORT_FORMAT = "gristmill-hf-export/1"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "PreTrainedTokenizerFast"  # transformers' class that encodes with tokenizer.json as it is
-# The tokenizer_config.json entries an export sets where they say otherwise, so that AutoTokenizer
-# encodes and decodes as tokenizer.json does: {key: (its value, what transformers ≥ 4.45, the eval
-# extra's floor, takes where it is absent)}. A base's class (GPT2Tokenizer, LlamaTokenizer) makes
+# The tokenizer_config.json entries an export sets where they say otherwise or nothing, so that
+# AutoTokenizer encodes and decodes as tokenizer.json does: {key: (its value, what every transformers
+# the eval extra allows takes where it is absent, None where they differ: clean_up's was true in
+# 4.45.0, false from 4.45.1, review RV33c F1)}. A base's class (GPT2Tokenizer, LlamaTokenizer) makes
 # AutoTokenizer rebuild the tokenizer from its vocabulary, dropping tokenizer.json's pre-tokenizer or
 # normaliser (eval scored ids the model never trained on); clean_up_tokenization_spaces true rewrites
 # every decoded text after tokenizer.json's decoder ("42 ." as "42."; transformers 4.x for every
 # model, 5 for all but BPE: eval's generated answers were not tokenizer.json's, review RV32f A4).
 SET_ENTRIES: dict[str, tuple[Any, Any]] = {
     "tokenizer_class": (FAST_TOKENIZER, None),
-    "clean_up_tokenization_spaces": (False, False),
+    "clean_up_tokenization_spaces": (False, None),
 }
 
 
@@ -719,10 +720,13 @@ def _naming(
         for key in sorted(spec, key=lambda k: k != "added_tokens_decoder")
         if token is not None and holds(spec[key])
     ]
-    every = [
+    every = [  # a SET_ENTRIES key tokenizer_config.json leaves to transformers' default is one too
         (key, name)
         for name, spec in specs.items()
-        for key in sorted(spec, key=lambda k: k not in SET_ENTRIES)
+        for key in sorted(
+            [*spec, *(k for k in SET_ENTRIES if k not in spec and name == TOKENIZER_CONFIG)],
+            key=lambda k: k not in SET_ENTRIES,
+        )
     ]
     if len(holding) == 1:  # named whether or not its edit passes: no reload
         return holding[0]
@@ -730,8 +734,8 @@ def _naming(
         for key, name in holding or every:
             spec = specs[name]
             edited = {k: v for k, v in spec.items() if k != key}
-            if key in SET_ENTRIES:
-                if spec[key] == SET_ENTRIES[key][0]:
+            if key in SET_ENTRIES and name == TOKENIZER_CONFIG:
+                if spec.get(key, SET_ENTRIES[key][1]) == SET_ENTRIES[key][0]:
                     continue
                 edited[key] = SET_ENTRIES[key][0]
             folder = Path(tmp) / str(len(os.listdir(tmp)))
