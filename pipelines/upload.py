@@ -39,6 +39,7 @@ from pipelines.task_upload import damaged_objects, is_task_record, mismatch, rea
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
+    DOCUMENTS_SUM,
     DatasetError,
     check_fingerprint,
     dataset_files,
@@ -48,6 +49,7 @@ from training.contract.dataset_format import (
     record_files,
     write_dataset_info,
 )
+from training.contract.dataset_index import sum_doc_hashes_file, wrong_sum
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -133,6 +135,15 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
+    # A recorded sum goes into the bucket, whose readers trust it (they never fetch doc_sha256.bin):
+    # checked here, as every local open checks it. A wrong one uploaded let a mixture of the bucket's
+    # copy with a local one of the same documents in another order train each document twice, exit 0
+    # (review RV33d F0). Before anything is put or removed: a refusal leaves the bucket as it was.
+    recorded = info.get("index", {}).get(DOCUMENTS_SUM)
+    if recorded is not None and (summed := sum_doc_hashes_file(root, info["index"])) not in (None, recorded):
+        raise DatasetError(
+            wrong_sum(root, recorded, summed, None if dataset_json_writable(root) else "read-only")
+        )
     # The documents' sum is recorded in dataset.json once every local file is checked (needed(), then
     # put()), so that a refused upload leaves dataset.json as it was and reads no doc_sha256.bin in vain
     # (minutes at scale: review RV32b F6; a damaged file still to be put was found after it: RV32h N2).

@@ -1547,7 +1547,19 @@ def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path):
     write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=24 << 10)
     write_synthetic_dataset(again, docs[::-1], vocab_size=256, target_bytes=24 << 10)
     info = read_dataset_info(local)
-    total = info["index"].pop(DOCUMENTS_SUM)  # as a build before the record wrote it
+    total = info["index"][DOCUMENTS_SUM]
+    # a wrong recorded sum is refused, not carried into the bucket, where its readers trust it: a mixture
+    # of that copy with `again` trained each document twice, exit 0 (review RV33d F0)
+    write_dataset_info(local, {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 63 + "1"}})
+    with pytest.raises(DatasetError) as refused:
+        upload_dataset(local, s3.url("summed"), log=print)
+    assert str(refused.value) == (
+        f"{local / DATASET_JSON}: index.{DOCUMENTS_SUM} {'0' * 12}… is not the sum of the dataset's "
+        f"documents' sha256 ({total[:12]}…, from index/doc_sha256.bin): edited or stale; `gristmill data "
+        f"index {local}` records it again"
+    )
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="summed/")  # nothing put
+    del info["index"][DOCUMENTS_SUM]  # as a build before the record wrote it
     write_dataset_info(local, info)
     logged: list[str] = []
     upload_dataset(local, s3.url("summed"), log=logged.append)
