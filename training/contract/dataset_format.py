@@ -521,6 +521,13 @@ def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:
         )
 
 
+# The dataset.json keys `gristmill data index` writes (pipelines/data_index.py's indexed_info; the sum
+# it records lies inside "index"): a dataset.json alike in every other key has the same
+# fingerprint_without_index, whatever fields fingerprint() comes to cover (the audit's --db tells a
+# dataset indexed since it was written by that: validation/audit_views.py's UNINDEXED_SQL).
+INDEX_WRITES = ("index", "fingerprint", "fingerprint_before_index")
+
+
 def fingerprint_without_index(info: dict[str, Any]) -> str:
     """The fingerprint of `info`'s fields but its index: the dataset's before `gristmill data index`."""
     return fingerprint({k: v for k, v in info.items() if k != "index"})
