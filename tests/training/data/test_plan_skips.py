@@ -14,7 +14,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
-from training.checkpoint.io import untrained_steps
+from training.checkpoint.io import missing_step_reason, untrained_steps
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import DatasetError
@@ -299,6 +299,9 @@ def test_a_damaged_source_line_leaves_the_rewinds_readable(tmp_path):
     with pytest.raises(DatasetError, match="is damaged \\(sources\\[0\\] has no string 'fingerprint'\\)"):
         recorded_plan(tmp_path)
     assert untrained_steps(tmp_path) == {8, 14} and _rewinds(tmp_path) == set(SKIPS)  # set() and None
+    # every reader of them (recorded_skips): missing_step_reason, so export/eval/verify --step, and
+    # `train --plan` gave the "damaged" line (review RV33d F4)
+    assert missing_step_reason(tmp_path, 8).startswith("step 8 was never trained: rewind ")
 
 
 def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
