@@ -115,6 +115,8 @@ class TaskData(NamedTuple):
     folders: list[str]
     """Its dataset_path folders named without data_files (their data_dir, where given), as the config
     writes them: datasets chooses which of their files it reads (`_folder_data`, `check_data_folders`)."""
+    caches: tuple[str, ...] = ()
+    """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -127,14 +129,38 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     leaves: list[bool] = []
     anchors: list[str] = []
     folders: list[str] = []
-    _data_files(_definition(task_manager, name, set()), patterns, files, leaves, anchors, folders)
+    definition = _definition(task_manager, name, set())
+    try:
+        _data_files(definition, patterns, files, leaves, anchors, folders)
+    except (ValueError, yaml.YAMLError) as e:  # datasets' load of the task refuses it too (RV33b C2)
+        where = getattr(task_manager.task_index.get(name), "yaml_path", None)
+        said = " ".join(str(e).split())
+        raise EvalError(
+            f"task {name}{f' ({where})' if where else ''}: datasets cannot resolve its data files: {said}; "
+            "fix its dataset_kwargs or its dataset_path folder's dataset card"
+        ) from e
     return TaskData(
         sorted(files),
         bool(leaves) and all(leaves),
         sorted(set(patterns)),
         sorted(set(anchors)),
         sorted(set(folders)),
+        tuple(sorted(set(_cache_dirs(definition)))),
     )
+
+
+def _cache_dirs(value: Any) -> Iterator[str]:
+    """The dataset_kwargs cache_dir of a task's config and its members', as written."""
+    if isinstance(value, list):
+        for v in value:
+            yield from _cache_dirs(v)
+    if not isinstance(value, dict):
+        return
+    kwargs = value.get("dataset_kwargs")
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("cache_dir"), str):
+        yield kwargs["cache_dir"]
+    for v in value.values():
+        yield from _cache_dirs(v)
 
 
 def local_files(
@@ -207,22 +233,31 @@ def _data_files(
     if not isinstance(value, dict):
         return
     if isinstance(source := value.get("dataset_path"), str):
+        from datasets.data_files import sanitize_patterns
+
         kwargs = value.get("dataset_kwargs") if isinstance(value.get("dataset_kwargs"), dict) else {}
         data_files = kwargs.get("data_files")
         # `json`, `csv`, … name datasets' own builders, never a folder of that name here (review RV30c M1);
         # a folder's relative data_files lie in it, as datasets reads them (RV30c S3: they were looked
         # for here, not found, and the task read through datasets' stale cache under a new digest)
         root = None if _packaged_builder(source) else Path(source).expanduser()
-        base = root if root is not None and root.is_dir() else None
-        if base is not None and isinstance(kwargs.get("data_dir"), str):  # datasets reads that folder of it
-            base = base / kwargs["data_dir"]
+        data_dir = kwargs.get("data_dir") if isinstance(kwargs.get("data_dir"), str) else None
+        if root is None:  # a builder's relative data_files and split files lie in data_dir (RV33b C3)
+            base = Path(data_dir).expanduser() if data_dir else None
+        else:
+            base = (root / (data_dir or "")) if root.is_dir() else None  # datasets reads that folder of it
         mine = _globs(data_files, base, anchors)
         if root is not None:
             anchors.append(str(root))
         found = local_files(mine)
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
-            watched, found = _folder_data(base)
+            card = {} if data_dir or root is None else _card_config(root, value.get("dataset_name"))
+            base = base / card.get("data_dir", "")
+            chosen = sanitize_patterns(card["data_files"]) if card.get("data_files") is not None else None
+            watched, found = _folder_data(base, chosen, filtered=not card)
             mine += watched
+            if root is not None:  # a card written or edited is a change (RV33b C5)
+                mine += [glob.escape(str(root.resolve() / name)) for name in _CARDS]
             folders.append(str(base))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
@@ -234,13 +269,17 @@ def _data_files(
         _data_files(v, patterns, files, leaves, anchors, folders)
 
 
-def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
+def _folder_data(
+    base: Path, chosen: dict[str, list[str]] | None = None, filtered: bool = True
+) -> tuple[list[str], list[Path]]:
     """The patterns and the files of a dataset_path folder named without data_files, as datasets reads it
     (datasets.load's LocalDatasetModuleFactory): the files of its split patterns (`test/**`,
     `**/*-test.*`, … the first kind that matches any), of the one builder's extensions it infers from
-    them; and the patterns of that kind and of the kinds datasets tries before it, whose new matches
-    change what it reads. Never the folder's every file: a run directory, an eval's outputs or a cache in
-    it changed at every step, and the task's steps were never done (review RV31a 3)."""
+    them (`filtered`: not so for a dataset card's config, create_builder_configs_from_metadata_configs);
+    and the patterns of that kind and of the kinds datasets tries before it, whose new matches
+    change what it reads. `chosen`: the patterns of its dataset card's config ({split: patterns}), in
+    place of the split patterns. Never the folder's every file: a run directory, an eval's outputs or a
+    cache in it changed at every step, and the task's steps were never done (review RV31a 3)."""
     from datasets.data_files import (
         ALL_DEFAULT_PATTERNS,
         SPLIT_PATTERN_SHARDED,
@@ -283,18 +322,24 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
 
     kinds = [[SPLIT_PATTERN_SHARDED.replace("{split}", "*")]]
     kinds += [[p for ps in kind.values() for p in ps] for kind in ALL_DEFAULT_PATTERNS]
-    try:
-        chosen = _get_data_files_patterns(resolve)  # get_data_patterns(base)
-    except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
-        return [os.path.join(under, p) for kind in kinds for p in kind], []
-    mine = {p for ps in chosen.values() for p in ps}
-    last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
-    watched = [os.path.join(under, p) for p in sorted(mine.union(*kinds[: last + 1]))]
+    if chosen is None:
+        try:
+            chosen = _get_data_files_patterns(resolve)  # get_data_patterns(base)
+        except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
+            return [os.path.join(under, p) for kind in kinds for p in kind], []
+        mine = {p for ps in chosen.values() for p in ps}
+        last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
+        mine = mine.union(*kinds[: last + 1])
+    else:
+        mine = {p for ps in chosen.values() for p in ps}
+    watched = [os.path.join(under, p) for p in sorted(mine)]
     try:
         data = DataFilesDict({split: listed(patterns) for split, patterns in chosen.items()})
         module, _ = infer_module_for_data_files(data, path=str(base))
     except (FileNotFoundError, ValueError):  # none it can read, or two formats: datasets refuses it too
         return watched, []
+    if not filtered:
+        return watched, sorted({Path(f) for fs in data.values() for f in fs})
     if module is None:
         return watched, []
     data = data.filter(
@@ -308,27 +353,27 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
     """Refuse task `name` where a dataset_path folder it names without data_files holds the run directory
     or datasets' cache where datasets looks (not under a `.` or `__` folder, which it skips): the eval
     writes RUN/eval/ (a split folder to datasets) and local_data_cache writes data-test.arrow, … into
-    the cache, so the task's next read took them for its documents: "no data files" after the first eval
-    (review RV32f B2), or a watch that scored the cache's rows and never ended (B8)."""
+    the cache (HF_DATASETS_CACHE, or the task's own dataset_kwargs cache_dir), so the task's next read
+    took them for its documents: "no data files" after the first eval (review RV32f B2), or a watch that
+    scored the cache's rows and never ended (B8, RV33b C8)."""
     import datasets
 
+    arrow = "the .arrow files cached there (data-test.arrow, …) for the task's documents"
     kept = [  # what lies in the folder, its path, what datasets makes of it, how to take it out
         ("the run directory", run_dir, "its eval/ (made at the first eval) for a split", "move the run out"),
         (
             "datasets' cache (HF_DATASETS_CACHE)",
             Path(datasets.config.HF_DATASETS_CACHE),
-            "the .arrow files cached there (data-test.arrow, …) for the task's documents",
+            arrow,
             "set HF_DATASETS_CACHE outside it",
+        ),
+        *(  # the task's own (RV33b C8: the watch never ended, as B8's)
+            ("its dataset_kwargs cache_dir", Path(cache).expanduser(), arrow, "set cache_dir outside it")
+            for cache in data.caches
         ),
     ]
     for folder in data.folders:
         base = Path(folder).resolve()
-        if card := _card_data_files(base):
-            raise EvalError(
-                f"task {name} reads dataset_path {folder} without data_files, and {card} names data_files "
-                f"in its `configs`: datasets reads those, not the files the eval records; give {name} "
-                "dataset_kwargs: data_files (the card's)"
-            )
         for what, path, taken, fix in kept:
             inside = path.resolve()
             if inside.is_relative_to(base) and not any(
@@ -341,27 +386,36 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
                 )
 
 
-def _card_data_files(folder: Path) -> str | None:
-    """The dataset card in `folder` (README.md's YAML, .huggingface.yaml) whose `configs` name data_files,
-    which datasets reads in place of the split patterns' files (LocalDatasetModuleFactory); None if none."""
-    from datasets import config
+_CARDS = ("README.md", ".huggingface.yaml")  # datasets.config.REPOCARD_FILENAME, REPOYAML_FILENAME
+
+
+def _card_config(folder: Path, name: str | None) -> dict[str, Any]:
+    """The config of the dataset card in dataset_path `folder` (README.md's YAML, .huggingface.yaml's
+    over it) that datasets builds config `name` (the task's dataset_name; else the card's default) from,
+    as LocalDatasetModuleFactory reads it: its `data_files`, its `data_dir`, which datasets reads in
+    place of the folder's split files (review RV33b C1, C4); {} where the card has no `configs`.
+    ValueError where datasets could not choose one either (no default among several, an unknown name)."""
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard, DatasetCardData
     from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
-    cards = [folder / config.REPOCARD_FILENAME, folder / config.REPOYAML_FILENAME]
-    for card in filter(Path.is_file, cards):
-        text = card.read_text(encoding="utf-8", errors="replace")
-        try:
-            if card.name == config.REPOCARD_FILENAME:  # without a YAML block: none (and no warning of it)
-                data = DatasetCard(text).data if REGEX_YAML_BLOCK.search(text) else DatasetCardData()
-            else:
-                data = DatasetCardData(**(yaml.safe_load(text) or {}))
-        except Exception:  # a card datasets cannot read either: its load of the task says so
-            continue
-        if any("data_files" in c for c in MetadataConfigs.from_dataset_card_data(data).values()):
-            return str(card)
-    return None
+    readme, standalone = (folder / card for card in _CARDS)
+    text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
+    data = DatasetCard(text).data if REGEX_YAML_BLOCK.search(text) else DatasetCardData()
+    if standalone.exists() and (merged := yaml.safe_load(standalone.read_text(encoding="utf-8"))):
+        data = DatasetCardData(**{**data.to_dict(), **merged})
+    configs = MetadataConfigs.from_dataset_card_data(data)
+    if not configs:
+        return {}
+    chosen = name or configs.get_default_config_name()
+    if chosen not in configs:
+        raise ValueError(
+            f"{folder}'s dataset card has no config {chosen!r} in its `configs` ({', '.join(configs)}); "
+            "give the task dataset_name: one of them"
+            if chosen
+            else f"{folder}'s dataset card has several `configs` and none default: give the task dataset_name"
+        )
+    return configs[chosen]
 
 
 def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:
@@ -404,8 +458,8 @@ def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:
     """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
     a local file."""
     patterns, local = _patterns(data_files), _globs(data_files, base)
-    if not patterns:
-        return root is not None and root.exists()
+    if not patterns:  # a folder's (its data_dir's) or a file's own
+        return any(path is not None and path.exists() for path in (base, root))
     return len(local) == len(patterns) and all(local_files([p]) for p in local)
 
 

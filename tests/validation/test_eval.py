@@ -2225,7 +2225,9 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     the old rows scored under the new digest, review RV30c S3); a `json/` folder in the working
     directory is not the `json` builder's data (RV30c M1); a dataset_path folder's files are those
     datasets reads, never the run directory in it (its every file was taken: the step was due again
-    after each eval, and the watch never ended: RV31a 3)."""
+    after each eval, and the watch never ended: RV31a 3); its dataset card's config's files, the card
+    watched (RV33b C1, C4, C5); what datasets cannot resolve, or a cache in it, refused in one line
+    (C2, C8)."""
     import datasets
 
     from pipelines.cli import main
@@ -2302,18 +2304,50 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")  # hidden: datasets skips it
     assert main(watch) == 0 and "own_mc: 5 docs" in capsys.readouterr().err  # the YAML edited
     assert main(watch) == 0 and "own_mc: 5 docs" not in capsys.readouterr().err
-    # a dataset card's `configs` data_files are what datasets reads there: refused (it was the split files)
+    # a dataset card's `configs` are what datasets reads there: its data_files, a config's data_dir's
+    # split files (RV33b C4: refused; C1: the root's files recorded); a card written or edited is a
+    # change to a running plan (C5: never watched)
+    cfg = load_eval_config(None, _own_args(tasks)[3:], "own_mc")
+    plan = TaskPlan(tmp_path / "run", cfg)
+    (data / "v2").mkdir()
+    shutil.copy(test, data / "v2" / "own_mc-test.jsonl")
     card = "configs:\n- config_name: default\n  data_files:\n  - split: test\n    path: own_mc-train.jsonl\n"
     (data / "README.md").write_text(f"---\n{card}---\n")
-    assert main(watch) == 2
-    assert f"{data / 'README.md'} names data_files in its `configs`" in capsys.readouterr().err
-    (data / "README.md").unlink()
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == [(data / "own_mc-train.jsonl").resolve()]
+    (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: v2\n---\n")
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == [(data / "v2" / "own_mc-test.jsonl").resolve()]
+    # what datasets cannot resolve either: one line (RV33b C2: a ValueError's traceback), and the task's
+    # own cache_dir in the folder, refused as HF_DATASETS_CACHE is (C8: the watch never ended)
+    (data / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n    test: x\n---\n"
+    )
+    text = yaml.read_text()
+    for kwargs, said in [
+        ("", "Expected data_files in YAML to be either a string or a list"),
+        ("  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire path"),
+        (f"  cache_dir: {data / 'cache'}\n", f"and its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
+    ]:
+        yaml.write_text(text + f"dataset_kwargs:\n{kwargs}" * bool(kwargs))
+        if kwargs.startswith("  cache_dir"):
+            (data / "README.md").unlink()
+        assert main(watch) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
     (data / "sub").mkdir()  # dataset_kwargs' data_dir: datasets reads that folder's files alone
     for split in ("train", "test"):
         shutil.copy(data / f"own_mc-{split}.jsonl", data / "sub" / f"own_mc-{split}.jsonl")
-    yaml.write_text(yaml.read_text() + "dataset_kwargs:\n  data_dir: sub\n")
-    read = TaskPlan(tmp_path / "run", load_eval_config(None, _own_args(tasks)[3:], "own_mc")).data_files
+    yaml.write_text(text + "dataset_kwargs:\n  data_dir: sub\n")
+    read = TaskPlan(tmp_path / "run", cfg).data_files
     assert read["own_mc"].files == sorted((data / "sub").resolve().glob("*.jsonl"))
+    # and the `json` builder's, its data_dir's (RV33b C3: nothing was recorded)
+    yaml.write_text(
+        text.replace(f"dataset_path: {data}", "dataset_path: json")
+        + "dataset_kwargs:\n  data_dir: ../data/sub\n"
+    )
+    read = TaskPlan(tmp_path / "run", cfg).data_files
+    assert read["own_mc"].files == sorted((data / "sub").resolve().glob("*.jsonl")) and read["own_mc"].alone
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
