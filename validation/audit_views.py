@@ -39,6 +39,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
     SHARDS_DIR,
+    UPLOAD_WRITES,
     DatasetError,
     dataset_files,
     file_sha256,
@@ -403,15 +404,15 @@ def _source(view: FileView, root: Path) -> str | None:
     return f"read_text({files})"
 
 
-# One sha256 of dataset.json `j` but the keys `data index` writes (INDEX_WRITES), as duckdb writes it
-# (minified, keys in the file's order: write_dataset_info sorts them): two dataset.json alike in it have
-# the same fingerprint_without_index, whatever fields fingerprint() covers, so a field added to it never
-# makes two builds alike here; a change no fingerprint covers (`data upload` recording `files`) falls on
-# the side of null, "cannot tell". One pass over the text: a json_each of shard_files took 47 s at 300k
-# shards, at every audit and every query of `dataset` (review RV33d F6, F2).
-UNINDEXED_SQL = (
-    "sha256(json_merge_patch(j, " + sql_str(json.dumps(dict.fromkeys(INDEX_WRITES))) + ")::VARCHAR)"
-)
+# One sha256 of dataset.json `j` but the keys `data index` and `data upload` write (INDEX_WRITES,
+# UPLOAD_WRITES), as duckdb writes it (minified, keys in the file's order: write_dataset_info sorts
+# them): two dataset.json alike in it have the same fingerprint_without_index, whatever fields
+# fingerprint() covers, so a field added to it never makes two builds alike here; any other change
+# no fingerprint covers falls on the side of null, "cannot tell". One pass over the text: a json_each
+# of shard_files took 47 s at 300k shards, at every audit and every query of `dataset` (review RV33d
+# F6, F2).
+_UNINDEXED_PATCH = sql_str(json.dumps(dict.fromkeys(INDEX_WRITES + UPLOAD_WRITES)))
+UNINDEXED_SQL = f"sha256(json_merge_patch(j, {_UNINDEXED_PATCH})::VARCHAR)"
 
 
 def _identities(root: Path, con: duckdb.DuckDBPyConnection) -> str:
