@@ -1163,12 +1163,12 @@ def score_settings(
     return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
 
 
-def _as_now(info: dict[str, Any], want: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+def _as_now(info: dict[str, Any], want: dict[str, Any], results: dict[str, Any], name: str) -> dict[str, Any]:
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
     before the task's definition or its documents' digest was (LATER_SETTINGS) count under any; before
-    bootstrap_iters was, under the value used then (`as_used`, as its `metrics` show it); num_fewshot 0
-    without the n-shot record was the task's own (passed as None: review R23a S3)."""
-    got = as_used(dict(info.get("settings") or {}), metrics)
+    bootstrap_iters was, under the value used then (`as_used`, as task `name`'s record `results` says
+    it); num_fewshot 0 without the n-shot record was the task's own (passed as None: review R23a S3)."""
+    got = as_used(dict(info.get("settings") or {}), results, name)
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)
@@ -1218,10 +1218,10 @@ def evaluated(
         definition = (definitions or {}).get(key)
         if name not in local or heldout is None:
             want = score_settings(cfg, definition=definition, documents=(contents or {}).get(key))
-            got = _as_now(info, want, scored[name]) or want  # no settings: done under any
+            got = _as_now(info, want, results, name) or want  # no settings: done under any
             return {k: v for k, v in got.items() if k in want} == want
         want = {k: v for k, v in score_settings(cfg, heldout, definition).items() if k != "heldout"}
-        got = _as_now(info, want, scored[name])
+        got = _as_now(info, want, results, name)
         whose = got.pop("heldout", info.get("heldout", header))  # its own record, else its file's header
         return heldout.scored(whose) and (not got or got == want)  # no settings: done under any
 

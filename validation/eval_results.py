@@ -266,6 +266,10 @@ def merge_results(
             info["settings"] = {**settings, "heldout": heldout}
         elif settings is None and "heldout" not in info and heldout:
             info["heldout"] = heldout  # scored before settings were recorded
+        # scored before bootstrap_iters was recorded: the header's value, which `recorded_before` reads
+        iters = old.get("config", {}).get("bootstrap_iters") if isinstance(old.get("config"), dict) else None
+        if isinstance(settings, dict) and "bootstrap_iters" not in settings and iters is not None:
+            info.setdefault("config", {"bootstrap_iters": iters})
         kept[task] = info
     old = {**old, GRISTMILL_TASKS: {**tasks, **kept}}
     out = {**old, **new}
@@ -410,7 +414,7 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
                 chance=chance.get(task) if metric.startswith("acc") else None,
                 nonfinite=len(both) - len(finite) - len(merged),
                 merged=merged,
-                other_settings=settings_apart(both),
+                other_settings=settings_apart(both, results_by_step),
             )
         )
     return panels
@@ -442,8 +446,7 @@ def replaced_settings(
     variants = variants_replaced(old, new, own_config)
     parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
-        was = _parsed(settings_of(old, task), old["results"][task])
-        now = _parsed(settings_of(new, task), new["results"][task])
+        was, now = _parsed(settings_of(old, task), old, task), _parsed(settings_of(new, task), new, task)
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
         changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
@@ -535,24 +538,51 @@ def _as_written(value: Any) -> Any:
 SETTINGS_BEFORE: dict[str, Any] = {"bootstrap_iters": 1000}
 
 
-def as_used(settings: dict[str, Any], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+def as_used(
+    settings: dict[str, Any], results: dict[str, Any] | None = None, task: str | None = None
+) -> dict[str, Any]:
     """A task's recorded `settings` (or a parsed settings line) with SETTINGS_BEFORE where they predate
     it: the value they were scored under, so one unchanged since is no other setting (it was `?`, and
     the note and the plot said the step's scores were another's); none recorded stays none. Where its
-    scores (`metrics`, the task's results entry) show they were scored without stderrs, bootstrap_iters
-    was 0 (`gristmill eval --set bootstrap_iters=0` before it was recorded: review RV32f B3)."""
+    record (`results`, the step's results dict holding `task`) says the value itself, that value
+    (`recorded_before`: review RV33a F2, F3); SETTINGS_BEFORE only where it says nothing."""
     if not settings:
         return settings
-    before = {**SETTINGS_BEFORE, "bootstrap_iters": 0} if _without_stderrs(metrics or {}) else SETTINGS_BEFORE
-    return {**before, **settings}
+    return {**SETTINGS_BEFORE, **recorded_before(results or {}, task), **settings}
 
 
-def _without_stderrs(metrics: dict[str, Any]) -> bool:
-    """Whether a task's results entry was scored under bootstrap_iters 0: every stderr "N/A", of one
-    metric at least that lm-eval gives one under any other value (heldout_ppl's have none: its entries
-    scored under 1000 hold only "N/A" too)."""
+def recorded_before(results: dict[str, Any], task: str | None) -> dict[str, Any]:
+    """bootstrap_iters of `task`'s scores in a record that predates its setting, as the record says it:
+    0 where it has stderrs lm-eval computes under any other value (acc's, not a perplexity's) of more
+    than one item, all "N/A" (review RV32f B3; one item's or none's stderr is "N/A" under any: RV33a
+    F2); else the value in lm-eval's header (`config`; a task's own kept where a later eval replaced
+    the header, `merge_results`) unless its stderrs are numbers and it says 0 (another eval's header).
+    {} where the record says nothing."""
+    metrics = results.get("results", {}).get(task) or {}
     stderrs = {k.split(",")[0].removesuffix("_stderr"): v for k, v in metrics.items() if "_stderr," in k}
-    return bool(stderrs) and all(v == "N/A" for v in stderrs.values()) and any(map(_has_stderr, stderrs))
+    numbers = any(v != "N/A" for v in stderrs.values())
+    if stderrs and not numbers and (_items(results, task) or 0) > 1 and any(map(_has_stderr, stderrs)):
+        return {"bootstrap_iters": 0}
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    kept = info.get("config") if isinstance(info, dict) else None
+    header = kept if isinstance(kept, dict) else results.get("config")
+    value = header.get("bootstrap_iters") if isinstance(header, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and (value > 0 or not numbers):
+        return {"bootstrap_iters": value}
+    return {}
+
+
+def _items(results: dict[str, Any], task: str | None, depth: int = 0) -> int | None:
+    """How many documents `task`'s scores are of (lm-eval's n-samples, or the entry's sample_len); a
+    group's, its fewest member's (its stderr is "N/A" where one member's is). None: not recorded."""
+    count = (results.get("n-samples", {}).get(task) or {}).get("effective")
+    if count is None:
+        count = (results.get("results", {}).get(task) or {}).get("sample_len")
+    members = (results.get("group_subtasks", {}).get(task) or []) if depth < 16 else []
+    if count is not None or not members:
+        return count if isinstance(count, int) else None
+    counts = [_items(results, m, depth + 1) for m in members if m != task]
+    return None if None in counts else min(counts)
 
 
 @functools.cache
@@ -569,20 +599,27 @@ def _has_stderr(metric: str) -> bool:
     return aggregation is not None and metrics.stderr_for_metric(aggregation, 1000) is not None
 
 
-def _parsed(settings: str | None, metrics: dict[str, Any] | None = None) -> dict[str, str]:
-    """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`, of the task's
-    `metrics`); {"settings": "?"} for none recorded."""
+def _parsed(
+    settings: str | None, results: dict[str, Any] | None = None, task: str | None = None
+) -> dict[str, str]:
+    """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`, of `task` in
+    its record `results`); {"settings": "?"} for none recorded."""
     if not settings:
         return {"settings": "?"}
     parsed = dict(kv.split("=", 1) for kv in settings.split(", "))
-    return {k: str(v) for k, v in as_used(parsed, metrics).items()}
+    return {k: str(v) for k, v in as_used(parsed, results, task).items()}
 
 
-def settings_apart(rows: list[dict[str, Any]]) -> str:
+def settings_apart(
+    rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]] | None = None
+) -> str:
     """Where `rows` (one task's metric over steps, raw and merged) were scored under other settings
     (eval.parquet's `settings`), the settings that differ and the steps of each (`m`: the merged
-    weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree."""
-    parsed = {id(r): _parsed(r.get("settings"), _row_metrics(r)) for r in rows}
+    weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree. A raw row's
+    record is its step's of `results_by_step` (plot_panels'), a merged row's what the row holds."""
+    parsed = {
+        id(r): _parsed(r.get("settings"), _row_record(r, results_by_step or {}), r.get("task")) for r in rows
+    }
     keys = sorted({k for d in parsed.values() for k in d})
     differ = [k for k in keys if len({d.get(k) for d in parsed.values()}) > 1]
     if not differ:
@@ -595,13 +632,17 @@ def settings_apart(rows: list[dict[str, Any]]) -> str:
     return "; ".join(f"{label} at {', '.join(at)}" for label, at in steps.items())
 
 
-def _row_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    """An eval.parquet row's metric and stderr as its results entry holds them (`as_used`): a row without
-    a stderr had "N/A" (lm-eval writes one for each metric)."""
+def _row_record(row: dict[str, Any], results_by_step: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The record of an eval.parquet row (`as_used`): its step's results dict for a raw row; else its
+    metric, stderr and documents as its results entry holds them (a row without a stderr had "N/A":
+    lm-eval writes one for each metric)."""
+    if not row.get("merged") and row.get("step") in results_by_step:
+        return results_by_step[row["step"]]
     if "metric" not in row:
         return {}
     stderr = row.get("stderr")
-    return {f"{row['metric']}_stderr,{row['filter']}": "N/A" if stderr is None else stderr}
+    entry = {f"{row['metric']}_stderr,{row['filter']}": "N/A" if stderr is None else stderr}
+    return {"results": {row["task"]: entry}, "n-samples": {row["task"]: {"effective": row.get("samples")}}}
 
 
 def _label(value: float, stderr: float | None) -> str:

@@ -512,9 +512,10 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     off = EvalConfig(bootstrap_iters=0)
     before = {k: v for k, v in score_settings(off).items() if k != "bootstrap_iters"}  # as recorded before
 
-    def write(step: int, settings: dict, metrics: dict | None = None) -> None:
+    def write(step: int, settings: dict, metrics: dict | None = None, **record) -> None:
         tasks = {"hellaswag": {"settings": settings}}
-        write_step_json(tmp_path, step, {"results": {"hellaswag": metrics or {}}, "gristmill_tasks": tasks})
+        results = {"results": {"hellaswag": metrics or {}}, "gristmill_tasks": tasks, **record}
+        write_step_json(tmp_path, step, results)
 
     write(3, score_settings(off))
     write(4, before)
@@ -532,21 +533,42 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     write(4, before)
     write(4, score_settings(off))
     assert "hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out
-    # an older record's own stderrs: none of acc's (0), none of a perplexity's (1000 as well)
-    for metric, was_off in [("acc", True), ("word_perplexity", False)]:
+    # an older record's own stderrs: none of acc's of two documents (0), none of a perplexity's (1000 as
+    # well); where its header says (lm-eval's `config`), that: acc of one document has "N/A" under 1000
+    # too (it was read as 0: RV33a F2), a perplexity under 0 (read as 1000: F3)
+    for metric, docs, header, was_off in [
+        ("acc", 2, None, True),
+        ("word_perplexity", 2, None, False),
+        ("acc", 1, 1000, False),
+        ("word_perplexity", 2, 0, True),
+    ]:
         metrics = {f"{metric},none": 0.5, f"{metric}_stderr,none": "N/A"}
-        write(6, before, metrics)
+        record = {"n-samples": {"hellaswag": {"original": docs, "effective": docs}}}
+        record |= {"config": {"bootstrap_iters": header}} if header is not None else {}
+        write(6, before, metrics, **record)
         assert evaluated(tmp_path, 6, ["hellaswag"], [], None, off) is was_off
         assert evaluated(tmp_path, 6, ["hellaswag"], [], None, EvalConfig()) is not was_off
-        row = {"step": 6, "metric": metric, "filter": "none", "stderr": None}
-        old = settings_of(read_step_results(tmp_path, 6), "hellaswag")
+        row = {
+            "step": 6,
+            "task": "hellaswag",
+            "metric": metric,
+            "filter": "none",
+            "stderr": None,
+            "samples": docs,
+        }
+        older = read_step_results(tmp_path, 6)
+        old = settings_of(older, "hellaswag")
         capsys.readouterr()
-        write(6, score_settings(off), metrics)
+        if header is not None:  # a later eval of another task replaces the header: the task keeps its own
+            write_step_json(
+                tmp_path, 6, {"results": {"arc": {}}, "config": {"bootstrap_iters": 1000 - header}}
+            )
+            assert evaluated(tmp_path, 6, ["hellaswag"], [], None, off) is was_off
+        write(6, score_settings(off), metrics, **record)
         assert ("hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out) is not was_off
         now = settings_of(read_step_results(tmp_path, 6), "hellaswag")
-        assert (
-            settings_apart([{**row, "settings": old}, {**row, "step": 7, "settings": now}]) == ""
-        ) is was_off
+        apart = settings_apart([{**row, "settings": old}, {**row, "step": 7, "settings": now}], {6: older})
+        assert (apart == "") is was_off
 
 
 def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
