@@ -506,11 +506,13 @@ def variants_replaced(
     name (review RV30c S2). Such an entry is kept as the task's own only where its config (`configs`,
     lm-eval's of what it scored) is the task's own (`own_config`: TaskPlan.own_config), as when the
     group named it as it is (RV31a 7); it is dropped where its config is the variant's of today, any
-    other (overrides edited since: RV32f B4), or none recorded (its scores unknown)."""
+    other (overrides edited since: RV32f B4), or none recorded (its scores unknown). The task is the last
+    part of the name: a group defined inline in another (`outer::gp`) names its member `outer::own_mc`,
+    not `outer::gp::own_mc` (RV33a F1)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
-            task = sub.removeprefix(f"{group}::")
+            task = sub.rpartition("::")[2]
             if task == sub or task not in old.get("results", {}) or _recorded_by_group(old, task) != group:
                 continue
             config = old.get("configs", {}).get(task)

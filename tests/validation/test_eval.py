@@ -2035,14 +2035,17 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
         'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n'
         "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
     )
-    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "ovr")
-    plan = TaskPlan(run, cfg)
-    # as that gristmill wrote the step: the member under the group's settings, no documents, its name
-    old = {
-        k: v for k, v in score_settings(cfg, None, plan.definitions["ovr"]).items() if k != "bootstrap_iters"
-    }
-    both = {"ovr": {"settings": old}, "own_mc": {"settings": old}}
-    results = {"results": {t: {"acc,none": 0.25} for t in both}, "group_subtasks": {"ovr": ["own_mc"]}}
+
+    def planned(group: str, names: tuple[str, ...], subtasks: dict) -> tuple:
+        """The plan of `group`, and the step as that gristmill wrote it: the members under the group's
+        settings, no documents, by their names."""
+        cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], group)
+        plan = TaskPlan(run, cfg)
+        old = score_settings(cfg, None, plan.definitions[group])
+        both = {t: {"settings": {k: v for k, v in old.items() if k != "bootstrap_iters"}} for t in names}
+        return cfg, plan, both, {"results": {t: {"acc,none": 0.25} for t in both}, "group_subtasks": subtasks}
+
+    cfg, plan, both, results = planned("ovr", ("ovr", "own_mc"), {"ovr": ["own_mc"]})
 
     def scored_after(config: dict | None) -> dict:  # the step's file once ovr is scored on the old one
         shutil.rmtree(eval_dir(run, 5), ignore_errors=True)
@@ -2072,6 +2075,20 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
         for section in ("results", "configs", "gristmill_tasks"):
             assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
         assert evaluate_missing(run, cfg, plan, show=False) == []
+    # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
+    # entry was kept as own_mc's own scores, no note (RV33a F1)
+    (tasks / "outer.yaml").write_text(
+        "group: outer\ntask:\n  - group: gp\n    task:\n      - task: own_mc\n"
+        '        doc_to_text: "zzz zzz {{context}}"\n'
+    )
+    subtasks = {"outer": ["outer::gp"], "outer::gp": ["own_mc"]}
+    cfg, plan, both, results = planned("outer", ("outer", "outer::gp", "own_mc"), subtasks)
+    got = scored_after(edited)
+    held = "held the scores of a config neither own_mc's own nor outer::gp's variant's of today"
+    assert f"own_mc ({held}, recorded before GROUP::task names; scored again as outer::own_mc)" in (
+        capsys.readouterr().out
+    )
+    assert "own_mc" not in got["results"] and "outer::own_mc" in got["results"]
 
 
 def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
