@@ -575,16 +575,17 @@ def recorded_before(results: dict[str, Any], task: str | None) -> dict[str, Any]
 
 
 def _items(results: dict[str, Any], task: str | None, depth: int = 0) -> int | None:
-    """How many documents `task`'s scores are of (lm-eval's n-samples, or the entry's sample_len); a
-    group's, its fewest member's (its stderr is "N/A" where one member's is). None: not recorded."""
+    """How many documents `task`'s scores are of as its stderrs see them (lm-eval's n-samples, or the
+    entry's sample_len); a group's, its fewest member's (its stderr is "N/A" where one member's is; its
+    sample_len is their sum). None: not recorded."""
+    members = (results.get("group_subtasks", {}).get(task) or []) if depth < 16 else []
+    if members:
+        counts = [_items(results, m, depth + 1) for m in members if m != task]
+        return None if None in counts or not counts else min(counts)
     count = (results.get("n-samples", {}).get(task) or {}).get("effective")
     if count is None:
         count = (results.get("results", {}).get(task) or {}).get("sample_len")
-    members = (results.get("group_subtasks", {}).get(task) or []) if depth < 16 else []
-    if count is not None or not members:
-        return count if isinstance(count, int) else None
-    counts = [_items(results, m, depth + 1) for m in members if m != task]
-    return None if None in counts else min(counts)
+    return count if isinstance(count, int) else None
 
 
 @functools.cache

@@ -569,6 +569,20 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
         now = settings_of(read_step_results(tmp_path, 6), "hellaswag")
         apart = settings_apart([{**row, "settings": old}, {**row, "step": 7, "settings": now}], {6: older})
         assert (apart == "") is was_off
+    # a group's stderr is "N/A" where one member's is (of one document), and its sample_len is their sum
+    members = {
+        "a": {"acc,none": 0.5, "acc_stderr,none": 0.2},
+        "b": {"acc,none": 1.0, "acc_stderr,none": "N/A"},
+    }
+    results = {
+        "results": {"g": {"acc,none": 0.6, "acc_stderr,none": "N/A", "sample_len": 7}, **members},
+        "group_subtasks": {"g": ["a", "b"]},
+        "n-samples": {"a": {"effective": 6}, "b": {"effective": 1}},
+        "gristmill_tasks": {t: {"settings": before} for t in ("g", "a", "b")},
+        "config": {"bootstrap_iters": 1000},
+    }
+    write_step_json(tmp_path, 8, results)
+    assert evaluated(tmp_path, 8, ["g"], [], None, EvalConfig())
 
 
 def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
