@@ -127,6 +127,7 @@ from validation.eval_data import (
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
+    DOCUMENTS_RULE,
     EVAL_LOG,
     as_used,
     decontamination_marks,
@@ -699,6 +700,7 @@ def evaluate_lm(
                     settings if own is None else score_settings(cfg, None, own, plan.member_contents[member])
                 )
                 tasks.setdefault(member, {}).setdefault("settings", mine)
+                tasks[member].setdefault("documents_rule", DOCUMENTS_RULE)  # of whatever it scored
                 tasks[member].setdefault("scored_by", name)  # whose scores they are (review RV30c m3)
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():

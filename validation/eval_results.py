@@ -453,6 +453,7 @@ def replaced_settings(
         same_files = (  # asked only where the documents differ: it reads the folder's every file
             "documents" in differ
             and documents_before is not None
+            and _before_folder_rule(old, task)
             and was.get("documents") == (documents_before(task) or "")[:8]
         )
         said = (
@@ -468,6 +469,14 @@ def replaced_settings(
         if changes:
             parts.append(f"{task} ({', '.join(changes)})")
     return ", ".join(parts)
+
+
+def _before_folder_rule(results: dict[str, Any], task: str) -> bool:
+    """Whether `task`'s record can be a gristmill's before 1388e61, which recorded a dataset_path folder's
+    `documents` as its every file: it has no DOCUMENTS_RULE. A record of today's rule that equals the old
+    rule's digest (a glob narrowed, a read file renamed away) is data that changed (review RV33a F4)."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return not (isinstance(info, dict) and info.get("documents_rule") == DOCUMENTS_RULE)
 
 
 def _scored_by(results: dict[str, Any], task: str) -> str | None:
@@ -535,6 +544,10 @@ def _as_written(value: Any) -> Any:
     return json.loads(json.dumps(value, default=_json_default, allow_nan=True))
 
 
+# gristmill_tasks.TASK.documents_rule: what `documents` is the digest of, recorded since its rule changed
+# (1388e61 took a dataset_path folder's every file to the files datasets reads of it). A record without it
+# can be of the rule before (`_before_folder_rule`): no other field dates a record (review RV33a F4).
+DOCUMENTS_RULE = "files datasets reads"
 # A setting recorded since a later gristmill, and the value every eval before it used: EvalConfig's
 # default, the in-training eval's always and `gristmill eval`'s unless set (review RV31a 6)
 SETTINGS_BEFORE: dict[str, Any] = {"bootstrap_iters": 1000}
