@@ -266,10 +266,6 @@ def merge_results(
             info["settings"] = {**settings, "heldout": heldout}
         elif settings is None and "heldout" not in info and heldout:
             info["heldout"] = heldout  # scored before settings were recorded
-        # scored before bootstrap_iters was recorded: the header's value, which `recorded_before` reads
-        iters = old.get("config", {}).get("bootstrap_iters") if isinstance(old.get("config"), dict) else None
-        if isinstance(settings, dict) and "bootstrap_iters" not in settings and iters is not None:
-            info.setdefault("config", {"bootstrap_iters": iters})
         kept[task] = info
     old = {**old, GRISTMILL_TASKS: {**tasks, **kept}}
     out = {**old, **new}
@@ -515,13 +511,12 @@ def variants_replaced(
     name (review RV30c S2). Such an entry is kept as the task's own only where its config (`configs`,
     lm-eval's of what it scored) is the task's own (`own_config`: TaskPlan.own_config), as when the
     group named it as it is (RV31a 7); it is dropped where its config is the variant's of today, any
-    other (overrides edited since: RV32f B4), or none recorded (its scores unknown). The task is the last
-    part of the name: a group defined inline in another (`outer::gp`) names its member `outer::own_mc`,
-    not `outer::gp::own_mc` (RV33a F1)."""
+    other (overrides edited since: RV32f B4), or none recorded (its scores unknown). The task is the
+    name less its group's prefix, or an enclosing group's (_member_name: RV33a F1, RV33g G1)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
-            task = sub.rpartition("::")[2]
+            task = _member_name(group, sub)
             if task == sub or task not in old.get("results", {}) or _recorded_by_group(old, task) != group:
                 continue
             config = old.get("configs", {}).get(task)
@@ -537,6 +532,18 @@ def variants_replaced(
                 held = f"held the scores of a config neither {task}'s own nor {group}'s variant's of today"
             out[task] = f"{held}, recorded before GROUP::task names; scored again as {sub}"
     return out
+
+
+def _member_name(group: str, sub: str) -> str:
+    """`sub`, a member's name under `group`, less the prefix lm-eval gave it: `group::`, or an enclosing
+    group's (a group `outer::gp` defined inline in `outer` names its member `outer::own_mc`: RV33a F1),
+    the longest that leaves a name. Not the last `::` part: a task's own name may hold `::` (RV33g G1)."""
+    parts = group.split("::")
+    for n in range(len(parts), 0, -1):
+        prefix = "::".join(parts[:n]) + "::"
+        if sub.startswith(prefix) and len(sub) > len(prefix):
+            return sub[len(prefix) :]
+    return sub
 
 
 def _as_written(value: Any) -> Any:
@@ -568,23 +575,25 @@ def as_used(
 
 def recorded_before(results: dict[str, Any], task: str | None) -> dict[str, Any]:
     """bootstrap_iters of `task`'s scores in a record that predates its setting, as the record says it:
-    0 where it has stderrs lm-eval computes under any other value (acc's, not a perplexity's) of more
-    than one item, all "N/A" (review RV32f B3; one item's or none's stderr is "N/A" under any: RV33a
-    F2); else the value in lm-eval's header (`config`; a task's own kept where a later eval replaced
-    the header, `merge_results`) unless its stderrs are numbers and it says 0 (another eval's header).
-    {} where the record says nothing."""
+    0 where its scores, or a member's (a group's), have stderrs lm-eval computes under any other value
+    (acc's, not a perplexity's), all "N/A" over more than one document (review RV32f B3; one document's
+    is "N/A" under any: RV33a F2); else {} (SETTINGS_BEFORE). Not lm-eval's header (`config`): an older
+    gristmill merged several evals' results under the newest one's header (review RV33g G2, G3)."""
+    return {"bootstrap_iters": 0} if _scored_without_stderrs(results, task) else {}
+
+
+def _scored_without_stderrs(results: dict[str, Any], task: str | None, depth: int = 0) -> bool:
+    members = (results.get("group_subtasks", {}).get(task) or []) if depth < 16 else []
+    if any(_scored_without_stderrs(results, m, depth + 1) for m in members if m != task):
+        return True
     metrics = results.get("results", {}).get(task) or {}
     stderrs = {k.split(",")[0].removesuffix("_stderr"): v for k, v in metrics.items() if "_stderr," in k}
-    numbers = any(v != "N/A" for v in stderrs.values())
-    if stderrs and not numbers and (_items(results, task) or 0) > 1 and any(map(_has_stderr, stderrs)):
-        return {"bootstrap_iters": 0}
-    info = results.get(GRISTMILL_TASKS, {}).get(task)
-    kept = info.get("config") if isinstance(info, dict) else None
-    header = kept if isinstance(kept, dict) else results.get("config")
-    value = header.get("bootstrap_iters") if isinstance(header, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and (value > 0 or not numbers):
-        return {"bootstrap_iters": value}
-    return {}
+    return (
+        bool(stderrs)
+        and all(v == "N/A" for v in stderrs.values())
+        and (_items(results, task) or 0) > 1
+        and any(map(_has_stderr, stderrs))
+    )
 
 
 def _items(results: dict[str, Any], task: str | None, depth: int = 0) -> int | None:

@@ -534,13 +534,15 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     write(4, score_settings(off))
     assert "hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out
     # an older record's own stderrs: none of acc's of two documents (0), none of a perplexity's (1000 as
-    # well); where its header says (lm-eval's `config`), that: acc of one document has "N/A" under 1000
-    # too (it was read as 0: RV33a F2), a perplexity under 0 (read as 1000: F3)
+    # well); acc of one document has "N/A" under 1000 too (it was read as 0: RV33a F2). Not its header
+    # (lm-eval's `config`): an older gristmill merged evals under the newest one's (RV33g G2, G3), so a
+    # perplexity's under 0 is read as 1000 (its scores are the same under any)
     for metric, docs, header, was_off in [
         ("acc", 2, None, True),
         ("word_perplexity", 2, None, False),
         ("acc", 1, 1000, False),
-        ("word_perplexity", 2, 0, True),
+        ("word_perplexity", 2, 0, False),
+        ("acc", 2, 1000, True),
     ]:
         metrics = {f"{metric},none": 0.5, f"{metric}_stderr,none": "N/A"}
         record = {"n-samples": {"hellaswag": {"original": docs, "effective": docs}}}
@@ -559,7 +561,7 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
         older = read_step_results(tmp_path, 6)
         old = settings_of(older, "hellaswag")
         capsys.readouterr()
-        if header is not None:  # a later eval of another task replaces the header: the task keeps its own
+        if header is not None:  # a later eval of another task replaces the header: nothing changes
             write_step_json(
                 tmp_path, 6, {"results": {"arc": {}}, "config": {"bootstrap_iters": 1000 - header}}
             )
@@ -583,6 +585,29 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     }
     write_step_json(tmp_path, 8, results)
     assert evaluated(tmp_path, 8, ["g"], [], None, EvalConfig())
+    # scored under 0 (a's stderr "N/A" of 6 documents), a later eval's header 1000 merged in: 0, as its
+    # members say (it was done under 1000, a's stderrs never filled in: RV33g G2)
+    results["results"]["a"]["acc_stderr,none"] = "N/A"
+    write_step_json(tmp_path, 9, results)
+    assert evaluated(tmp_path, 9, ["g"], [], None, off)
+    assert not evaluated(tmp_path, 9, ["g"], [], None, EvalConfig())
+
+
+def test_a_variant_of_a_task_whose_name_holds_colons_is_told_by_its_group_s_prefix():
+    """A group's variant of `my::mc` that a gristmill before GROUP::task names recorded as `my::mc` is
+    `gpx::my::mc` now: the member is the name less the group's prefix, not its last `::` part (`mc`,
+    which the record does not hold: the variant's scores were kept as my::mc's own, review RV33g G1)."""
+    from validation.eval_results import variants_replaced
+
+    by_group, own = {"settings": {"definition": "d" * 64}}, {"settings": {"definition": "e" * 64}}
+    old = {
+        "results": {"gpx": {"acc,none": 0.5}, "my::mc": {"acc,none": 0.5}, "mc": {"acc,none": 0.25}},
+        "group_subtasks": {"gpx": ["my::mc"]},
+        "gristmill_tasks": {"gpx": by_group, "my::mc": by_group, "mc": own},
+        "configs": {"my::mc": {"doc_to_text": "zzz"}},
+    }
+    new = {"group_subtasks": {"gpx": ["gpx::my::mc"]}, "configs": {"gpx::my::mc": {"doc_to_text": "zzz"}}}
+    assert list(variants_replaced(old, new)) == ["my::mc"]
 
 
 def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
