@@ -403,6 +403,8 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any]:
     text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
     data = DatasetCard(text).data if REGEX_YAML_BLOCK.search(text) else DatasetCardData()
     if standalone.exists() and (merged := yaml.safe_load(standalone.read_text(encoding="utf-8"))):
+        if not isinstance(merged, dict):  # datasets refuses it too (RV33f F4: a TypeError's traceback)
+            raise ValueError(f"{standalone} is not a mapping of card keys (configs: …)")
         data = DatasetCardData(**{**data.to_dict(), **merged})
     configs = MetadataConfigs.from_dataset_card_data(data)
     if not configs:
@@ -415,7 +417,13 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any]:
             if chosen
             else f"{folder}'s dataset card has several `configs` and none default: give the task dataset_name"
         )
-    return configs[chosen]
+    config = configs[chosen]
+    if not isinstance(config.get("data_dir", ""), str):  # RV33f F4: a TypeError's traceback
+        raise ValueError(
+            f"{folder}'s dataset card gives config {chosen!r} data_dir {config['data_dir']}: "
+            "give it a folder name"
+        )
+    return config
 
 
 def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:

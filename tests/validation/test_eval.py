@@ -2396,17 +2396,21 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: v2\n---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [(data / "v2" / "own_mc-test.jsonl").resolve()]
-    # what datasets cannot resolve either: one line (RV33b C2: a ValueError's traceback), and the task's
+    # what datasets cannot resolve either: one line (RV33b C2: a ValueError's traceback; RV33f F4: a
+    # TypeError's, for a .huggingface.yaml not a mapping or a data_dir not a string), and the task's
     # own cache_dir in the folder, refused as HF_DATASETS_CACHE is (C8: the watch never ended)
     (data / "README.md").write_text(
         "---\nconfigs:\n- config_name: default\n  data_files:\n    test: x\n---\n"
     )
     text = yaml.read_text()
-    for kwargs, said in [
-        ("", "Expected data_files in YAML to be either a string or a list"),
-        ("  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire path"),
-        (f"  cache_dir: {data / 'cache'}\n", f"and its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
+    for standalone, kwargs, said in [
+        ("- a\n", "", f"{data / '.huggingface.yaml'} is not a mapping of card keys"),
+        ("configs:\n- config_name: x\n  data_dir: [1]\n", "", "config 'x' data_dir [1]: give it a folder"),
+        ("", "", "Expected data_files in YAML to be either a string or a list"),
+        ("", "  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire"),
+        ("", f"  cache_dir: {data / 'cache'}\n", f"its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
     ]:
+        (data / ".huggingface.yaml").write_text(standalone)  # over README.md's YAML; empty: README's alone
         yaml.write_text(text + f"dataset_kwargs:\n{kwargs}" * bool(kwargs))
         if kwargs.startswith("  cache_dir"):
             (data / "README.md").unlink()
