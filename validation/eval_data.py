@@ -251,10 +251,11 @@ def _data_files(
             anchors.append(str(root))
         found = local_files(mine)
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
-            card = {} if data_dir or root is None else _card_config(root, value.get("dataset_name"))
-            base = base / card.get("data_dir", "")
-            chosen = sanitize_patterns(card["data_files"]) if card.get("data_files") is not None else None
-            watched, found = _folder_data(base, chosen, filtered=not card)
+            card = None if data_dir or root is None else _card_config(root, value.get("dataset_name"))
+            config = card or {}  # a config of its name alone is a card's still: unfiltered (RV33f F1)
+            base = base / config.get("data_dir", "")
+            chosen = sanitize_patterns(config["data_files"]) if config.get("data_files") is not None else None
+            watched, found = _folder_data(base, chosen, filtered=card is None)
             mine += watched
             if root is not None:  # a card written or edited is a change (RV33b C5)
                 mine += [glob.escape(str(root.resolve() / name)) for name in _CARDS]
@@ -389,11 +390,12 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
 _CARDS = ("README.md", ".huggingface.yaml")  # datasets.config.REPOCARD_FILENAME, REPOYAML_FILENAME
 
 
-def _card_config(folder: Path, name: str | None) -> dict[str, Any]:
+def _card_config(folder: Path, name: str | None) -> dict[str, Any] | None:
     """The config of the dataset card in dataset_path `folder` (README.md's YAML, .huggingface.yaml's
     over it) that datasets builds config `name` (the task's dataset_name; else the card's default) from,
     as LocalDatasetModuleFactory reads it: its `data_files`, its `data_dir`, which datasets reads in
-    place of the folder's split files (review RV33b C1, C4); {} where the card has no `configs`.
+    place of the folder's split files (review RV33b C1, C4); None where the card has no `configs`
+    ({} for a config of its name alone: datasets builds it from the card all the same, RV33f F1).
     ValueError where datasets could not choose one either (no default among several, an unknown name)."""
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard, DatasetCardData
@@ -408,7 +410,7 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any]:
         data = DatasetCardData(**{**data.to_dict(), **merged})
     configs = MetadataConfigs.from_dataset_card_data(data)
     if not configs:
-        return {}
+        return None
     chosen = name or configs.get_default_config_name()
     if chosen not in configs:
         raise ValueError(

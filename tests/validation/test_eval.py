@@ -2387,6 +2387,16 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     # change to a running plan (C5: never watched)
     cfg = load_eval_config(None, _own_args(tasks)[3:], "own_mc")
     plan = TaskPlan(tmp_path / "run", cfg)
+    # a .txt of JSON lines beside: datasets filters the split files by the format it infers without a
+    # card, not for a card's config, one of its name alone too (RV33f F1: taken for no card; F5)
+    stray = data / "own_mc-test.txt"
+    stray.write_text(rows[0] + "\n")
+    plan.refresh_definitions()
+    assert stray.resolve() not in plan.data_files["own_mc"].files
+    (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n---\n")
+    plan.refresh_definitions()
+    assert stray.resolve() in plan.data_files["own_mc"].files
+    stray.unlink()
     (data / "v2").mkdir()
     shutil.copy(test, data / "v2" / "own_mc-test.jsonl")
     card = "configs:\n- config_name: default\n  data_files:\n  - split: test\n    path: own_mc-train.jsonl\n"
