@@ -112,9 +112,10 @@ class TaskData(NamedTuple):
     """The paths as the config writes them (a dataset_path, the folders before a pattern's first
     wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
     other files that no pattern of the old resolution matches (review RV32f B1)."""
-    folders: list[str]
+    folders: list[tuple[str, str]]
     """Its dataset_path folders named without data_files (their data_dir, where given), as the config
-    writes them: datasets chooses which of their files it reads (`_folder_data`, `check_data_folders`)."""
+    writes them, each with the key that names it (`dataset_path`, `data_dir`): datasets chooses which of
+    their files it reads (`_folder_data`, `check_data_folders`)."""
     caches: tuple[str, ...] = ()
     """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
 
@@ -128,13 +129,14 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     files: set[Path] = set()
     leaves: list[bool] = []
     anchors: list[str] = []
-    folders: list[str] = []
+    folders: list[tuple[str, str]] = []
     definition = _definition(task_manager, name, set())
     try:
         _data_files(definition, patterns, files, leaves, anchors, folders)
     except (ValueError, yaml.YAMLError) as e:  # datasets' load of the task refuses it too (RV33b C2)
         where = getattr(task_manager.task_index.get(name), "yaml_path", None)
-        said = " ".join(str(e).split())
+        # datasets' first sentence, not its ~600 characters of examples after it (review RV33f F8)
+        said = " ".join(str(e).split("Examples of data_files in YAML:")[0].split())
         raise EvalError(
             f"task {name}{f' ({where})' if where else ''}: datasets cannot resolve its data files: {said}; "
             "fix its dataset_kwargs or its dataset_path folder's dataset card"
@@ -225,7 +227,7 @@ def _data_files(
     files: set[Path],
     leaves: list[bool],
     anchors: list[str],
-    folders: list[str],
+    folders: list[tuple[str, str]],
 ) -> None:
     if isinstance(value, list):
         for v in value:
@@ -259,7 +261,7 @@ def _data_files(
             mine += watched
             if root is not None:  # a card written or edited is a change (RV33b C5)
                 mine += [glob.escape(str(root.resolve() / name)) for name in _CARDS]
-            folders.append(str(base))
+            folders.append(("data_dir" if data_dir or config.get("data_dir") else "dataset_path", str(base)))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
@@ -373,7 +375,7 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
             for cache in data.caches
         ),
     ]
-    for folder in data.folders:
+    for key, folder in data.folders:
         base = Path(folder).resolve()
         for what, path, taken, fix in kept:
             inside = path.resolve()
@@ -381,7 +383,7 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
                 part.startswith((".", "__")) for part in inside.relative_to(base).parts
             ):
                 raise EvalError(
-                    f"task {name} reads dataset_path {folder} without data_files, and {what} {path} lies "
+                    f"task {name} reads {key} {folder} without data_files, and {what} {path} lies "
                     f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
                     f"files, relative to {folder}) or {fix}"
                 )

@@ -2416,7 +2416,7 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     for standalone, kwargs, said in [
         ("- a\n", "", f"{data / '.huggingface.yaml'} is not a mapping of card keys"),
         ("configs:\n- config_name: x\n  data_dir: [1]\n", "", "config 'x' data_dir [1]: give it a folder"),
-        ("", "", "Expected data_files in YAML to be either a string or a list"),
+        ("", "", "but got {'test': 'x'}; fix its"),  # datasets' first sentence alone (RV33f F8)
         ("", "  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire"),
         ("", f"  cache_dir: {data / 'cache'}\n", f"its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
     ]:
@@ -2440,6 +2440,10 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     )
     read = TaskPlan(tmp_path / "run", cfg).data_files
     assert read["own_mc"].files == sorted((data / "sub").resolve().glob("*.jsonl")) and read["own_mc"].alone
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / "sub" / "hf")  # named by its key (F8)
+    capsys.readouterr()
+    assert main(watch) == 2
+    assert "task own_mc reads data_dir ../data/sub without data_files" in capsys.readouterr().err
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
