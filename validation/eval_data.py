@@ -255,7 +255,7 @@ def _data_files(
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
             card = None if data_dir or root is None else _card_config(root, value.get("dataset_name"))
             config = card or {}  # a config of its name alone is a card's still: unfiltered (RV33f F1)
-            base = base / config.get("data_dir", "")
+            base = base / (config.get("data_dir") or "")  # `data_dir: null` is none, as datasets reads it
             chosen = sanitize_patterns(config["data_files"]) if config.get("data_files") is not None else None
             watched, found = _folder_data(base, chosen, filtered=card is None)
             mine += watched
@@ -422,7 +422,7 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any] | None:
             else f"{folder}'s dataset card has several `configs` and none default: give the task dataset_name"
         )
     config = configs[chosen]
-    if not isinstance(config.get("data_dir", ""), str):  # RV33f F4: a TypeError's traceback
+    if not isinstance(config.get("data_dir") or "", str):  # RV33f F4: a TypeError's traceback
         raise ValueError(
             f"{folder}'s dataset card gives config {chosen!r} data_dir {config['data_dir']}: "
             "give it a folder name"

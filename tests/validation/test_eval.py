@@ -2396,6 +2396,9 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n---\n")
     plan.refresh_definitions()
     assert stray.resolve() in plan.data_files["own_mc"].files
+    (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: null\n---\n")
+    plan.refresh_definitions()  # none, as datasets reads it: not refused as a data_dir not a string (F4)
+    assert stray.resolve() in plan.data_files["own_mc"].files
     stray.unlink()
     (data / "v2").mkdir()
     shutil.copy(test, data / "v2" / "own_mc-test.jsonl")
