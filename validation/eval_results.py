@@ -17,7 +17,7 @@ import functools
 import json
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from textwrap import fill
@@ -516,7 +516,7 @@ def variants_replaced(
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
-            task = _member_name(group, sub)
+            task = _member_name(group, sub, new.get("group_subtasks", {}))
             if task == sub or task not in old.get("results", {}) or _recorded_by_group(old, task) != group:
                 continue
             config = old.get("configs", {}).get(task)
@@ -534,14 +534,17 @@ def variants_replaced(
     return out
 
 
-def _member_name(group: str, sub: str) -> str:
+def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:
     """`sub`, a member's name under `group`, less the prefix lm-eval gave it: `group::`, or an enclosing
     group's (a group `outer::gp` defined inline in `outer` names its member `outer::own_mc`: RV33a F1),
-    the longest that leaves a name. Not the last `::` part: a task's own name may hold `::` (RV33g G1)."""
+    the longest that leaves a name; an enclosing group is one `groups` (the step's group_subtasks)
+    holds, not any `::` part of the group's name (a registered group `my::suite`'s member `my::mc` is
+    no `mc`: RV33h H1). Not the last `::` part: a task's own name may hold `::` (RV33g G1)."""
     parts = group.split("::")
     for n in range(len(parts), 0, -1):
         prefix = "::".join(parts[:n]) + "::"
-        if sub.startswith(prefix) and len(sub) > len(prefix):
+        enclosing = n == len(parts) or prefix[:-2] in groups
+        if enclosing and sub.startswith(prefix) and len(sub) > len(prefix):
             return sub[len(prefix) :]
     return sub
 
@@ -583,17 +586,14 @@ def recorded_before(results: dict[str, Any], task: str | None) -> dict[str, Any]
 
 
 def _scored_without_stderrs(results: dict[str, Any], task: str | None, depth: int = 0) -> bool:
+    metrics = results.get("results", {}).get(task) or {}
+    stderrs = {k.split(",")[0].removesuffix("_stderr"): v for k, v in metrics.items() if "_stderr," in k}
+    if any(v != "N/A" for v in stderrs.values()):  # its own say > 0, whatever a member scored since says
+        return False  # (a member scored alone under 0 later: the group was read as 0, review RV33h H2)
     members = (results.get("group_subtasks", {}).get(task) or []) if depth < 16 else []
     if any(_scored_without_stderrs(results, m, depth + 1) for m in members if m != task):
         return True
-    metrics = results.get("results", {}).get(task) or {}
-    stderrs = {k.split(",")[0].removesuffix("_stderr"): v for k, v in metrics.items() if "_stderr," in k}
-    return (
-        bool(stderrs)
-        and all(v == "N/A" for v in stderrs.values())
-        and (_items(results, task) or 0) > 1
-        and any(map(_has_stderr, stderrs))
-    )
+    return bool(stderrs) and (_items(results, task) or 0) > 1 and any(map(_has_stderr, stderrs))
 
 
 def _items(results: dict[str, Any], task: str | None, depth: int = 0) -> int | None:
