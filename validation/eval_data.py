@@ -410,7 +410,11 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any] | None:
         if not isinstance(merged, dict):  # datasets refuses it too (RV33f F4: a TypeError's traceback)
             raise ValueError(f"{standalone} is not a mapping of card keys (configs: …)")
         data = DatasetCardData(**{**data.to_dict(), **merged})
-    configs = MetadataConfigs.from_dataset_card_data(data)
+    try:  # `configs: [5]`, `config_name: [a]`: datasets refuses them too (a TypeError's traceback: RV33h H3)
+        configs = MetadataConfigs.from_dataset_card_data(data)
+    except (TypeError, AttributeError) as e:
+        what = f"{type(e).__name__}: {e}"
+        raise ValueError(f"{folder}'s dataset card's `configs` cannot be read ({what})") from None
     if not configs:
         return None
     chosen = name or configs.get_default_config_name()

@@ -2428,6 +2428,7 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     for standalone, kwargs, said in [
         ("- a\n", "", f"{data / '.huggingface.yaml'} is not a mapping of card keys"),
         ("configs:\n- config_name: x\n  data_dir: [1]\n", "", "config 'x' data_dir [1]: give it a folder"),
+        ("configs: [5]\n", "", "dataset card's `configs` cannot be read (TypeError: "),  # RV33h H3
         ("", "", "but got {'test': 'x'}; fix its"),  # datasets' first sentence alone (RV33f F8)
         ("", "  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire"),
         ("", f"  cache_dir: {data / 'cache'}\n", f"its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
