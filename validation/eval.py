@@ -339,6 +339,7 @@ class TaskPlan:
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
         )
         self.run_dir = run_dir
+        self.num_fewshot = cfg.num_fewshot  # as passed to lm-eval (`own_config`)
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
         # Per phase, its first step and seq_len: the longest a step's weights trained on (None for a
@@ -485,9 +486,10 @@ class TaskPlan:
     def own_config(self, group: str, member: str, variant: dict[str, Any]) -> dict[str, Any] | None:
         """lm-eval's config of task `member` as it is, as this eval records it: `variant` (the config
         lm-eval recorded of `group`'s variant of it) with the member's own value of each key where the
-        group's overrides give another (a load of each: what lm-eval adds while scoring, num_fewshot,
-        is the variant's). None where lm-eval cannot load them here. Asked of an older entry only
-        (eval_results.variants_replaced: review RV32f B4)."""
+        group's overrides give another (a load of each: what lm-eval sets while scoring, num_fewshot, is
+        the variant's, or where the group overrides it the member's as lm-eval sets it: RV33a L1). None
+        where lm-eval cannot load them here (a group defined inline in another has no name to load by).
+        Asked of an older entry only (eval_results.variants_replaced: review RV32f B4)."""
         try:
             with self.cache(group):
                 own = self.task_manager.load([member])["tasks"][member].dump_config()
@@ -496,7 +498,11 @@ class TaskPlan:
             return None
         differ = {k for k in own.keys() | overridden.keys() if own.get(k) != overridden.get(k)}
         kept = {k: v for k, v in variant.items() if k not in differ}
-        return {**kept, **{k: own[k] for k in differ if k in own}}
+        mine = {k: own[k] for k in differ if k in own}
+        if "num_fewshot" in differ:  # as lm-eval's simple_evaluate sets it while scoring: a group's
+            # override of it left the bare load's none, which lm-eval records as 0 (review RV33a L1)
+            mine["num_fewshot"] = scored_num_fewshot(own.get("num_fewshot"), self.num_fewshot)
+        return {**kept, **mine}
 
     def documents_before(self, task: str) -> str | None:
         """The `documents` digest an older gristmill recorded of lm-eval task `task`'s files as they are now
@@ -717,6 +723,15 @@ def evaluate_lm(
                 on_task(results)
             merged = merge_results(merged, results)
     return merged
+
+
+def scored_num_fewshot(configured: Any, passed: int | None) -> Any:
+    """The num_fewshot lm-eval's simple_evaluate scores a task under whose config says `configured`,
+    `passed` its num_fewshot argument (EvalConfig.num_fewshot): `passed` unless the config says 0;
+    without one, the config's, none as 0."""
+    if passed is not None:
+        return configured if configured == 0 else passed
+    return 0 if configured is None else configured
 
 
 def _reading_failed(error: BaseException) -> bool:

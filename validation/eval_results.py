@@ -511,7 +511,8 @@ def variants_replaced(
     name (review RV30c S2). Such an entry is kept as the task's own only where its config (`configs`,
     lm-eval's of what it scored) is the task's own (`own_config`: TaskPlan.own_config), as when the
     group named it as it is (RV31a 7); it is dropped where its config is the variant's of today, any
-    other (overrides edited since: RV32f B4), or none recorded (its scores unknown). The task is the
+    other (overrides edited since: RV32f B4), or none recorded (its scores unknown); where the task's own
+    cannot be had (`own_config` None: an inline group), the note says it is unknown. The task is the
     name less its group's prefix, or an enclosing group's (_member_name: RV33a F1, RV33g G1)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
@@ -526,7 +527,13 @@ def variants_replaced(
                 held = f"no config recorded: whether it held {group}'s variant's scores or its own is unknown"
             elif _as_written(config) == _as_written(variant):
                 held = f"held {group}'s variant's scores"
-            elif own is not None and _as_written(config) == _as_written(own):
+            elif own is None:  # not told from the task's own (review RV33a L1: the note said neither)
+                held = (
+                    f"held the scores of a config other than {group}'s variant's of today, not compared "
+                    f"with {task}'s own ({group} could not be loaded by name here): whether they were its "
+                    "own is unknown"
+                )
+            elif _as_written(config) == _as_written(own):
                 continue  # the task's own scores: the group scored it as it is
             else:
                 held = f"held the scores of a config neither {task}'s own nor {group}'s variant's of today"
