@@ -383,11 +383,15 @@ def chance_levels(results_by_step: dict[int, dict[str, Any]]) -> dict[str, float
     return out
 
 
-def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]) -> list[Panel]:
-    """What eval.png draws, from eval.parquet's rows and the steps' results dicts: one Panel per
-    (task, metric, filter), in the table's order, the merged weights' rows (`merged`) beside the raw
-    ones; the chance line on accuracies (acc, acc_norm, …)."""
-    chance = chance_levels(results_by_step)
+def plot_panels(
+    rows: list[dict[str, Any]],
+    results_by_step: dict[int, dict[str, Any]],
+    merged_by_step: dict[int, dict[str, Any]] | None = None,
+) -> list[Panel]:
+    """What eval.png draws, from eval.parquet's rows and the steps' results dicts (`merged_by_step`: the
+    merged weights'): one Panel per (task, metric, filter), in the table's order, the merged weights'
+    rows (`merged`) beside the raw ones; the chance line on accuracies (acc, acc_norm, …)."""
+    chance = chance_levels({**(merged_by_step or {}), **results_by_step})
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in sorted(rows, key=metric_order(rows)):
         groups.setdefault((r["task"], r["metric"], r["filter"]), []).append(r)
@@ -410,7 +414,7 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
                 chance=chance.get(task) if metric.startswith("acc") else None,
                 nonfinite=len(both) - len(finite) - len(merged),
                 merged=merged,
-                other_settings=settings_apart(both, results_by_step),
+                other_settings=settings_apart(both, results_by_step, merged_by_step),
             )
         )
     return panels
@@ -643,15 +647,17 @@ def _parsed(
 
 
 def settings_apart(
-    rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]] | None = None
+    rows: list[dict[str, Any]],
+    results_by_step: dict[int, dict[str, Any]] | None = None,
+    merged_by_step: dict[int, dict[str, Any]] | None = None,
 ) -> str:
     """Where `rows` (one task's metric over steps, raw and merged) were scored under other settings
     (eval.parquet's `settings`), the settings that differ and the steps of each (`m`: the merged
     weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree. A raw row's
-    record is its step's of `results_by_step` (plot_panels'), a merged row's what the row holds."""
-    parsed = {
-        id(r): _parsed(r.get("settings"), _row_record(r, results_by_step or {}), r.get("task")) for r in rows
-    }
+    record is its step's of `results_by_step` (plot_panels'), a merged row's of `merged_by_step`; a row
+    whose step is in neither, what the row holds."""
+    records = {False: results_by_step or {}, True: merged_by_step or {}}
+    parsed = {id(r): _parsed(r.get("settings"), _row_record(r, records), r.get("task")) for r in rows}
     keys = sorted({k for d in parsed.values() for k in d})
     differ = [k for k in keys if len({d.get(k) for d in parsed.values()}) > 1]
     if not differ:
@@ -664,12 +670,15 @@ def settings_apart(
     return "; ".join(f"{label} at {', '.join(at)}" for label, at in steps.items())
 
 
-def _row_record(row: dict[str, Any], results_by_step: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The record of an eval.parquet row (`as_used`): its step's results dict for a raw row; else its
-    metric, stderr and documents as its results entry holds them (a row without a stderr had "N/A":
-    lm-eval writes one for each metric)."""
-    if not row.get("merged") and row.get("step") in results_by_step:
-        return results_by_step[row["step"]]
+def _row_record(row: dict[str, Any], records: dict[bool, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """The record of an eval.parquet row (`as_used`): its step's results dict, the raw weights' or the
+    merged (`records[merged]`): a group's row holds no documents (lm-eval's n-samples counts none of a
+    group), its members' entries say what it was scored under (review RV33g G4); else its metric, stderr
+    and documents as its results entry holds them (a row without a stderr had "N/A": lm-eval writes one
+    for each metric)."""
+    step_records = records[bool(row.get("merged"))]
+    if row.get("step") in step_records:
+        return step_records[row["step"]]
     if "metric" not in row:
         return {}
     stderr = row.get("stderr")
@@ -687,13 +696,18 @@ def write_plot(run_dir: str | Path) -> str | None:
     the command that draws it again."""
     plt = agg_pyplot()
     raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
-    fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), {**merged, **raw})
+    fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), raw, merged)
     warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
     # the fix, which the bare "not drawn (Is a directory)" left to guess (review RV26b 5)
     return warning and f"{warning}: once it can be written, `gristmill eval {run_dir} --table` draws it"
 
 
-def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]):
+def eval_figure(
+    plt,
+    rows: list[dict[str, Any]],
+    results_by_step: dict[int, dict[str, Any]],
+    merged_by_step: dict[int, dict[str, Any]] | None = None,
+):
     """One panel per (task, metric) of `rows` (result_rows), value over steps with stderr bars and the
     values written next to the points (readable with a single step), the merged weights' values
     ([merge]) as a dashed line beside them, the chance level of a multiple-choice task's accuracy
@@ -703,7 +717,7 @@ def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict
     with none finite says so."""
     from matplotlib import ticker  # matplotlib only where a plot is drawn (training/plotting.py)
 
-    panels = plot_panels(rows, results_by_step)
+    panels = plot_panels(rows, results_by_step, merged_by_step)
     n = max(1, len(panels))
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)

@@ -510,7 +510,8 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     from validation.eval_results import settings_apart, write_step_json
 
     off = EvalConfig(bootstrap_iters=0)
-    before = {k: v for k, v in score_settings(off).items() if k != "bootstrap_iters"}  # as recorded before
+    off_now = score_settings(off)
+    before = {k: v for k, v in off_now.items() if k != "bootstrap_iters"}  # as recorded before
 
     def write(step: int, settings: dict, metrics: dict | None = None, **record) -> None:
         tasks = {"hellaswag": {"settings": settings}}
@@ -591,6 +592,16 @@ def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, c
     write_step_json(tmp_path, 9, results)
     assert evaluated(tmp_path, 9, ["g"], [], None, off)
     assert not evaluated(tmp_path, 9, ["g"], [], None, EvalConfig())
+    # such a group's merged-weights row (eval.parquet's: no samples, lm-eval counts none of a group) read
+    # its own "N/A" alone, which says nothing: 1000, "other settings" beside a row under 0 (RV33g G4).
+    # It reads its merged step's record, as a raw row its step's
+    row = {"task": "g", "metric": "acc", "filter": "none", "stderr": None, "samples": None}
+    rows = [
+        {**row, "step": 9, "merged": True, "settings": settings_of(results, "g")},
+        {**row, "step": 11, "settings": settings_of({"gristmill_tasks": {"g": {"settings": off_now}}}, "g")},
+    ]
+    assert settings_apart(rows, {}, {9: read_step_results(tmp_path, 9)}) == ""
+    assert settings_apart(rows, {9: read_step_results(tmp_path, 9)}) != ""  # the raw step's is not its
     # the group's own stderr a number (under 1000), a member scored alone under 0 since: 1000 (RV33h H2)
     results["results"]["g"]["acc_stderr,none"] = 0.158
     write_step_json(tmp_path, 10, results)
