@@ -73,10 +73,30 @@ def _assert_equal_scores(in_training: dict, offline: dict) -> None:
         assert in_training[k] == pytest.approx(offline[k], rel=1e-6), k
 
 
-def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(built_dataset, tmp_path, capsys):
+def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(
+    built_dataset, tmp_path, capsys, monkeypatch
+):
+    from validation import train_eval
+    from validation.eval import TaskPlan
+
+    written = []  # each results.json write's keywords; the write itself is the real one
+
+    def write_step_json(*args, **kwargs):
+        written.append(kwargs)
+        return real_write(*args, **kwargs)
+
+    real_write = train_eval.write_step_json
+    monkeypatch.setattr(train_eval, "write_step_json", write_step_json)
     run = tmp_path / "run"
     cfg = load_train_config(TINY, _sets(built_dataset, run))
     train(cfg, evaluator=TrainingEval(cfg))
+    # its record of a step gets what `gristmill eval`'s does for the older entries it merges into: a
+    # group's member's own config and a folder's documents by the rule before (review RV33a L3: untested)
+    assert len(written) == 2, written
+    for kwargs in written:
+        assert kwargs["own_config"].__func__ is TaskPlan.own_config, kwargs
+        assert kwargs["documents_before"].__func__ is TaskPlan.documents_before, kwargs
+        assert kwargs["own_config"].__self__.run_dir == run
     rows = _rows(run)
     # its line: each task's score ± stderr on how many items, from how many held-out documents of
     # which source; a warning for a score on too few to mean anything (issue 47)
