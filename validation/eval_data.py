@@ -493,8 +493,10 @@ def files_sha256(paths: Sequence[Path]) -> str:
 
 
 # the most bytes documents_before reads for a note: a folder holding a run's checkpoints is not hashed for
-# one (its older digest changed at every step anyway: review RV31a 3)
+# one (its older digest changed at every step anyway: review RV31a 3); read under the eval lock, at each
+# step scored again (about 0.5 s for 250 MiB)
 DOCUMENTS_BEFORE_BYTES = 256 << 20
+FOLDER_NOT_READ = ""  # documents_before's answer past DOCUMENTS_BEFORE_BYTES: not told (review RV33a L2)
 
 
 def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str | None:
@@ -502,7 +504,7 @@ def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str
     now: each local dataset_path folder's every file, hidden ones aside, beside `files` (TaskData.files,
     those datasets reads), each resolved. An older record that equals it was taken of these same files
     by the old rule, not of other data (review RV32f B6: its note said the documents changed). None for
-    a task without such a folder (the rule was the same), and past DOCUMENTS_BEFORE_BYTES."""
+    a task without such a folder (the rule was the same); FOLDER_NOT_READ past DOCUMENTS_BEFORE_BYTES."""
     folders = _dataset_folders(_definition(task_manager, name, set()))
     if not folders:
         return None
@@ -513,7 +515,7 @@ def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts)
     }
     if sum(_size(p) for p in every) > DOCUMENTS_BEFORE_BYTES:
-        return None
+        return FOLDER_NOT_READ
     return files_sha256(sorted(every))
 
 

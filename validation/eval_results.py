@@ -40,7 +40,7 @@ from training.contract.eval_table import (
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
-from validation.eval_data import RENAMED, local_task_names
+from validation.eval_data import FOLDER_NOT_READ, RENAMED, local_task_names
 
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -435,7 +435,7 @@ def replaced_settings(
     (an edit nobody made: RV30c m4); one that held a group's variant of it is named as such (RV30c S2).
     Documents recorded by the rule before 1388e61 of the files as they are (`documents_before`: a
     dataset_path folder's every file) are said to be the same files, recorded as datasets reads them
-    now, not data that changed (RV32f B6)."""
+    now, not data that changed (RV32f B6); past the most it reads, that it could not tell (RV33a L2)."""
     was_in = old.get("group_subtasks", {})
     members = {
         m
@@ -450,17 +450,12 @@ def replaced_settings(
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
         changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
-        same_files = (  # asked only where the documents differ: it reads the folder's every file
-            "documents" in differ
-            and documents_before is not None
-            and _before_folder_rule(old, task)
-            and was.get("documents") == (documents_before(task) or "")[:8]
+        before = (  # asked only where the documents differ: it reads the folder's every file
+            documents_before(task)
+            if "documents" in differ and documents_before is not None and _before_folder_rule(old, task)
+            else None
         )
-        said = (
-            {"documents": " (the same files, now recorded as datasets reads its folder)"}
-            if same_files
-            else {}
-        )
+        said = {"documents": _documents_before_said(was.get("documents"), before)}
         changes += [
             f"{k} {was.get(k, '?')} → {now.get(k, '?')}{said.get(k, '')}"
             for k in differ
@@ -469,6 +464,20 @@ def replaced_settings(
         if changes:
             parts.append(f"{task} ({', '.join(changes)})")
     return ", ".join(parts)
+
+
+def _documents_before_said(recorded: str | None, before: str | None) -> str:
+    """What the note adds to an older record's `documents` digest (`recorded`, its first 8 digits), given
+    the rule before 1388e61's digest of the task's files as they are (`before`: documents_before): the
+    same files where they are equal; where its folder holds more than DOCUMENTS_BEFORE_BYTES, that it was
+    not read to tell (the plain note said the data changed: review RV33a L2)."""
+    if before == FOLDER_NOT_READ:
+        return (
+            " (or the same files recorded by the rule before: its folder is too large to read for this note)"
+        )
+    if before and recorded == before[:8]:
+        return " (the same files, now recorded as datasets reads its folder)"
+    return ""
 
 
 def _before_folder_rule(results: dict[str, Any], task: str) -> bool:

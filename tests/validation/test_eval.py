@@ -2494,7 +2494,7 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
-    eval_run, tmp_path, capsys
+    eval_run, tmp_path, capsys, monkeypatch
 ):
     """A task's `documents` were taken when the eval began: a file replaced while an earlier task was
     scored was read new and recorded under the old digest (review RV30c m1); and only the files a glob
@@ -2506,6 +2506,7 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     the way re-pointed leads to other files: a change (RV32f B1: the patterns' resolution was kept). A
     record of such a folder by the rule before (its every file) of the files as they are is scored again
     with a note saying so, not that its documents changed (RV32f B6)."""
+    from validation import eval_data
     from validation.eval import evaluated, load_eval_config
     from validation.eval_data import files_sha256
     from validation.eval_results import write_step_json
@@ -2571,15 +2572,23 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     # recorded by the rule before (by a gristmill that recorded no documents_rule) of these files (the
     # cache's too): the same files; of others: other data; by today's rule, other data too, though equal to
     # the old rule's digest (a glob narrowed, a read file renamed: RV33a F4)
-    before = plan.documents_before("own_f")
-    assert before == files_sha256(
-        sorted([*plan.data_files["own_f"].files, (folder / "cache/state.json").resolve()])
+    # what 58a9e1f (before 1388e61) recorded of this folder: own_f-train/test.jsonl and cache/state.json
+    before = "6020787c586072504f9e62ffbbe299c31a37bee572b3b1f985bfe61436126c65"
+    assert plan.documents_before("own_f") == before
+    # a folder over what documents_before reads (256 MiB; lowered here below this one's files): not read,
+    # and the note says so, not that the data changed (the cap was untested: RV33a L2)
+    cap = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) - 1
+    not_read = (
+        " (or the same files recorded by the rule before: its folder is too large to read for this note)"
     )
-    for recorded, older, said in [
-        (before, True, " (the same files, now recorded as datasets reads its folder)"),
-        ("0" * 64, True, ""),
-        (before, False, ""),
+    for recorded, older, said, most in [
+        (before, True, " (the same files, now recorded as datasets reads its folder)", cap + 1),
+        ("0" * 64, True, "", cap + 1),
+        (before, False, "", cap + 1),
+        (before, True, not_read, cap),
+        (before, False, "", cap),
     ]:
+        monkeypatch.setattr(eval_data, "DOCUMENTS_BEFORE_BYTES", most)
         old = json.loads(json.dumps(results, default=str))
         old["gristmill_tasks"]["own_f"]["settings"]["documents"] = recorded
         if older:
@@ -2591,6 +2600,7 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
             f"own_f (documents {recorded[:8]} → {plan.contents['own_f'][:8]}{said})"
             in capsys.readouterr().out
         )
+    monkeypatch.undo()
     assert done()
     v2 = tmp_path / "data-v2"  # another version, the link re-pointed as `ln -sfn data-v2 data` does
     shutil.copytree(real, v2)
