@@ -2086,16 +2086,13 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     ovr's overrides as they were before an edit was kept as own_mc's, no note (RV32f B4): only an entry
     whose config is own_mc's own is kept; another, or none recorded, is dropped with a note saying so."""
     from validation.eval import evaluate_missing, load_eval_config, score_settings
-    from validation.eval_results import variants_replaced, write_step_json
+    from validation.eval_results import write_step_json
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
-    (tasks / "ovr.yaml").write_text(
-        'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n'
+    (tasks / "ovr.yaml").write_text(  # num_fewshot overridden too: RV33a L1, below
+        'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n    num_fewshot: 1\n'
         "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
-    )
-    (tasks / "ovf.yaml").write_text(
-        'group: ovf\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n    num_fewshot: 1\n'
     )
 
     def planned(group: str, names: tuple[str, ...], subtasks: dict) -> tuple:
@@ -2117,7 +2114,9 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
         return json.loads((eval_dir(run, 5) / "results.json").read_text())
 
     # scored when ovr named own_mc as it is: lm-eval's config of own_mc itself, as it records it (the
-    # task's config, num_fewshot 0 where the task sets none)
+    # task's config, num_fewshot 0 where the task sets none). ovr overrides num_fewshot as well: such an
+    # entry was dropped as "neither own_mc's own nor ovr's variant's", its own num_fewshot taken as the
+    # bare load's none (RV33a L1)
     own = dict(plan.task_manager.load("own_mc")["tasks"]["own_mc"].dump_config(), num_fewshot=0)
     got = scored_after(own)
     assert got["results"]["own_mc"] == {"acc,none": 0.25} and "ovr::own_mc" in got["results"]
@@ -2137,21 +2136,6 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
         for section in ("results", "configs", "gristmill_tasks"):
             assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
         assert evaluate_missing(run, cfg, plan, show=False) == []
-    # ovf, which overrides num_fewshot as well: own_mc's own entry (num_fewshot 0, as lm-eval records a
-    # task that sets none) was dropped as "neither own_mc's own nor ovf's variant's": its own was taken
-    # as the bare load's None (RV33a L1)
-    pre = {"settings": {"definition": "d" * 64}}  # ovf's definition, recorded for both
-    old = {
-        "results": {"ovf": {"acc,none": 0.25}, "own_mc": {"acc,none": 0.25}},
-        "group_subtasks": {"ovf": ["own_mc"]},
-        "gristmill_tasks": {"ovf": pre, "own_mc": pre},
-        "configs": {"own_mc": own},
-    }
-    new = {
-        "group_subtasks": {"ovf": ["ovf::own_mc"]},
-        "configs": {"ovf::own_mc": {**variant, "num_fewshot": 1}},
-    }
-    assert variants_replaced(old, new, plan.own_config) == {}
     # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
     # entry was kept as own_mc's own scores, no note (RV33a F1). outer::gp cannot be loaded by name, so
     # own_mc's own config cannot be had to compare: the note said "neither own_mc's own" of own_mc's own
