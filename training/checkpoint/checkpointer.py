@@ -489,9 +489,11 @@ class Checkpointer:
         return "--resume auto" if other is None else f"--resume {other}"
 
     # -- resume --
-    def resume(self, spec: str) -> int | None:
+    def resume(self, spec: str, check: Callable[[Path | None], None] | None = None) -> int | None:
         """Load the checkpoint `spec` names ("auto" or a path; "" = none); returns its step or None.
-        Also with "": a new run into a directory that holds another run's checkpoints is refused."""
+        Also with "": a new run into a directory that holds another run's checkpoints is refused.
+        `check`, on every rank: given the checkpoint once it is loaded (before the newer ones are set
+        aside: a refusal leaves the run's files as they were), or None where none is resumed."""
         choice, record = None, {}
         if self.rank == 0:
             try:
@@ -512,9 +514,13 @@ class Checkpointer:
         if kind == "error":
             raise CheckpointError(value)
         if value is None:
+            if check is not None:
+                check(None)
             return None
         path = Path(value)
         step = self._load(path)
+        if check is not None:
+            check(path)
         # the next save's size: this one's, not the parameter count's guess (a disk guard after a resume
         # said "estimated from the parameter count" beside the checkpoints it could measure: R23c 4)
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"

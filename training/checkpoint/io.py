@@ -267,14 +267,15 @@ def _saved_plan(path: Path) -> dict[str, Any] | None:
 
 
 def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
-    """The plan a `gristmill train` of run.output_dir `run_dir` with checkpoint.resume `resume` continues
-    (`train --plan` and `train` alike: review RV32b F1): the plan of the checkpoint it resumes, a path
-    (a fork into another directory too), else the newest of `run_dir` whose plan reads (`auto`;
-    without --resume the train is refused there, find_resume). That one, not the newest that verifies,
-    which the resume takes: checking every file's checksums is a read of the whole checkpoint, which
-    find_resume does once later; `where` says which it is (review RV32h N3). None where it starts from
-    step 0: nothing of its sources trained yet, whatever RUN/data_plan.json an earlier start left; one
-    that cannot say (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
+    """The plan `gristmill train --plan` of run.output_dir `run_dir` with checkpoint.resume `resume`
+    takes for the one the train continues: the plan of the checkpoint it resumes, a path (a fork into
+    another directory too), else the newest of `run_dir` whose plan reads (`auto`; without --resume the
+    train is refused there, find_resume). That one, not the newest that verifies, which the resume
+    takes: checking every file's checksums is a read of the whole checkpoint; `where` says which it is
+    (review RV32h N3). `train` itself decides with the checkpoint it loads (training/run/setup.py's
+    _same_documents: review RV33d F1). None where it starts from step 0: nothing of its sources
+    trained yet, whatever RUN/data_plan.json an earlier start left; one that cannot say
+    (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
     from training.data.recipe import TrainedPlan
 
     if resume and resume != "auto":

@@ -661,9 +661,15 @@ class TokenLoader:
         self._generation += 1
 
     @property
+    def saved_plan(self) -> dict[str, Any] | None:
+        """The description of the plan the resumed checkpoint was saved with (None: not resumed)."""
+        return None if self._resumed is None else self._resumed[0]
+
+    @property
     def saved_total_steps(self) -> int | None:
         """The total steps of the plan the resumed checkpoint was saved with (None: not resumed)."""
-        return None if self._resumed is None else data_plan.from_description(self._resumed[0]).total_steps
+        saved = self.saved_plan
+        return None if saved is None else data_plan.from_description(saved).total_steps
 
     def check_trained_through(self, step: int, why: str) -> None:
         """The plan's past, as load_state_dict checks it, up to `step` rather than the checkpoint's: a

@@ -55,8 +55,9 @@ class TrainedPlan:
     where: str
     fingerprints: dict[str, str]
     known: bool = True
-    """False: the checkpoints the run resumes could not be read (TrainedPlan.unknown), so which pairs it
-    trained cannot be told; the resume's own check refuses it, after the sources are opened."""
+    """False (TrainedPlan.unknown): which pairs the run trained cannot be told when the sources are
+    opened, so open_sources leaves them to the resume: a `train` resume's check_same_documents once its
+    checkpoint is loaded, or its refusal of checkpoints that are all unreadable (`train --plan`)."""
 
     @classmethod
     def of(cls, where: str, description: dict[str, Any]) -> TrainedPlan:
@@ -76,8 +77,8 @@ def open_sources(
 ) -> list[DocumentTable]:
     """Each source's training split (in the spec's order); one tokenizer across them, or a DatasetError.
     Sources in a bucket are read through the spec's cache. `trained`: the plan the run has trained
-    (checkpoint/io.trained_plan, or RUN/data_plan.json's): two sources that hold the same documents
-    under two fingerprints, both in it as they are now, are a warning, not a refusal (see below)."""
+    (checkpoint/io.trained_plan, or RUN/data_plan.json's), for check_same_documents; an unknown one
+    leaves that check to the resume."""
     sources = spec.sources
     cache = spec.cache
     tables = [
@@ -91,55 +92,18 @@ def open_sources(
         for s in sources
     ]
     seen: dict[object, tuple[str, DocumentTable]] = {}
-    fractions = {s.name: s.val_fraction for s in sources}
     for src, t in zip(sources, tables):
         # One directory (or a link to it, a byte copy, or a copy `data convert` rewrote) under two
         # names: every window trained twice, and one source's held-out documents trained in the other.
-        # So too the same documents under another fingerprint (a build with other shard settings):
-        # held-out documents are chosen by row, so each source trains on the other's. Their sum
-        # (dataset_index.DOCUMENTS_SUM) tells; a dataset that has none is checked as before.
-        keys: list[object] = [t.root.resolve(), *sorted(data_identities(t.info))]
-        # (one source has nothing to compare: not summed, RV32b F7)
-        if len(sources) > 1 and (documents := t.index.documents_sha256_sum()) is not None:
-            keys.append((DOCUMENTS_SUM, documents))
-        for key in keys:
+        for key in [t.root.resolve(), *sorted(data_identities(t.info))]:
             if key not in seen:
                 seen[key] = (src.name, t)
                 continue
             name, other = seen[key]
-            if isinstance(key, tuple) and trained and not trained.known:
-                continue  # nothing trains: the resume's check refuses its unreadable checkpoints next
-            if (
-                isinstance(key, tuple)
-                and trained
-                and trained.holds(name, other.info)
-                and trained.holds(src.name, t.info)
-            ):
-                # A run that trained such a pair (an older gristmill's, or a sum recorded since it
-                # started: an upload, `data index`) cannot change its past: refusing its resume, fork,
-                # inspect and verify only lost the run (review RV31b F1). Said, and it goes on. Only that
-                # pair: a source added or changed since, or a start from step 0, is a new pair (RV32b F1).
-                held = [f"val/{n}" for n in (name, src.name) if fractions[n] > 0]
-                scored = f", so {' and '.join(held)} score text it trains on" if held else ""
-                say(
-                    f"warning: sources {name!r} and {src.name!r} hold the same documents ({other.location} "
-                    f"and {t.location}: one {DOCUMENTS_SUM}), and the plan this run has trained "
-                    f"({trained.where}) reads both: each document is read twice{scored}; a new run gives "
-                    "one source that dataset"
-                )
-                continue
-            if isinstance(key, tuple):
-                how = (
-                    "the same documents under another fingerprint: each document read by both, and where "
-                    "their order differs, the documents one holds out trained in the other"
-                )
-            else:
-                how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
-            raise DatasetError(
-                f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
-                f"{t.location}, {how}); a mixture reads each dataset once: give one source that "
-                "dataset and raise its mix weight"
-            )
+            how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
+            raise DatasetError(_same_dataset(name, other, src.name, t, how))
+    if trained is None or trained.known:  # else the resume decides, with the plan it takes (see below)
+        check_same_documents([s.name for s in sources], tables, trained)
     first_name, first = sources[0].name, tables[0]
     for src, t in zip(sources[1:], tables[1:]):
         name = src.name
@@ -154,6 +118,54 @@ def open_sources(
         if t.info["tokenizer_sha256"] != first.info["tokenizer_sha256"]:
             _check_same_tokenizer((first_name, sources[0].dataset), (name, src.dataset), cache)
     return tables
+
+
+def check_same_documents(
+    names: Sequence[str], tables: Sequence[DocumentTable], trained: TrainedPlan | None
+) -> None:
+    """Sources `names` (their `tables`) holding the same documents under two fingerprints (a build
+    with other shard settings: held-out documents are chosen by row, so each source trains on the
+    other's), told by their sum (dataset_index.DOCUMENTS_SUM; a dataset that has none is checked by
+    open_sources' keys alone), are refused, but for a pair `trained`, the plan the run has trained,
+    reads as they are now. A `train` resume decides it once the checkpoint is loaded, with that
+    checkpoint's plan (training/run/setup.py: not `train --plan`'s newest whose plan reads, which a
+    resume passes over if its files do not verify: review RV33d F1); None: a start from step 0."""
+    seen: dict[str, tuple[str, DocumentTable]] = {}
+    for name, t in zip(names, tables):
+        # (one source has nothing to compare: not summed, RV32b F7)
+        if len(tables) < 2 or (documents := t.index.documents_sha256_sum()) is None:
+            continue
+        if documents not in seen:
+            seen[documents] = (name, t)
+            continue
+        first, other = seen[documents]
+        if trained and trained.holds(first, other.info) and trained.holds(name, t.info):
+            # A run that trained such a pair (an older gristmill's, or a sum recorded since it
+            # started: an upload, `data index`) cannot change its past: refusing its resume, fork,
+            # inspect and verify only lost the run (review RV31b F1). Said, and it goes on. Only that
+            # pair: a source added or changed since, or a start from step 0, is a new pair (RV32b F1).
+            held = [f"val/{n}" for n, s in ((first, other), (name, t)) if s.val_fraction > 0]
+            scored = f", so {' and '.join(held)} score text it trains on" if held else ""
+            say(
+                f"warning: sources {first!r} and {name!r} hold the same documents ({other.location} "
+                f"and {t.location}: one {DOCUMENTS_SUM}), and the plan this run has trained "
+                f"({trained.where}) reads both: each document is read twice{scored}; a new run gives "
+                "one source that dataset"
+            )
+            continue
+        how = (
+            "the same documents under another fingerprint: each document read by both, and where "
+            "their order differs, the documents one holds out trained in the other"
+        )
+        raise DatasetError(_same_dataset(first, other, name, t, how))
+
+
+def _same_dataset(first: str, other: DocumentTable, name: str, t: DocumentTable, how: str) -> str:
+    return (
+        f"sources {first!r} and {name!r} are the same dataset ({other.location} and "
+        f"{t.location}, {how}); a mixture reads each dataset once: give one source that "
+        "dataset and raise its mix weight"
+    )
 
 
 def _check_same_tokenizer(

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +32,7 @@ from training.checkpoint.base_record import carry_base_record, drop_base_record,
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_export import check_run_tokenizer
 from training.checkpoint.hf_import import load_base_weights
-from training.checkpoint.io import run_data_order, trained_plan
+from training.checkpoint.io import run_data_order
 from training.checkpoint.record import START_SETTINGS
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
@@ -42,7 +42,7 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, kept_rows, run_of_checkpoint
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
-from training.data.recipe import check_run_room, format_plan, open_plan
+from training.data.recipe import TrainedPlan, check_run_room, check_same_documents, format_plan, open_plan
 from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, applied_config, resolve
 from training.merge import MergedWeights, MergePoints
@@ -181,7 +181,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     checkpointer = _checkpointer(
         resolved, env, states, timeline, last_step, model_config, num_params(model), identity, merge
     )
-    resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
+    # before iter(loader): restores its position
+    resumed = checkpointer.resume(cfg.checkpoint.resume, _same_documents(plan, loader, cfg))
     if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
         # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
         if checked.base_dir is None:
@@ -294,7 +295,9 @@ def _data(
     # run: refused before the `gristmill data index` an old dataset's opening would ask for).
     run_dir = Path(cfg.run.output_dir)
     resumed = (run_dir, run_data_order(run_dir)) if cfg.checkpoint.resume else None
-    trained = trained_plan(run_dir, cfg.checkpoint.resume)  # as `train --plan` decides
+    # A resume's sources holding the same documents: decided once its checkpoint is picked and loaded
+    # (_same_documents), with that checkpoint's plan.
+    trained = TrainedPlan.unknown("the checkpoint the resume takes") if cfg.checkpoint.resume else None
     plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab, resumed=resumed, trained=trained)
     settings = loader_settings(cfg, shapes[0], env, device)
     micro = tuple(shape.micro_batch for shape in shapes)
@@ -307,6 +310,26 @@ def _data(
     replace_dataset(env.rank, "opened")
     same_datasets(plan, validation, env)
     return plan, loader, validation, notes
+
+
+def _same_documents(
+    plan: Plan, loader: TokenLoader, cfg: TrainConfig
+) -> Callable[[Path | None], None] | None:
+    """A resume's check of its sources that hold the same documents (recipe.check_same_documents), made
+    with the plan of the checkpoint it loads (the loader's state holds it: no other read), or with none
+    when it starts from step 0. Not `train --plan`'s guess, the newest checkpoint whose plan reads: a
+    resume passes over one whose files do not verify, and a pair only that one trained went on, with a
+    warning naming it, where removing it was refused (review RV33d F1)."""
+    if not cfg.checkpoint.resume:
+        return None  # open_plan decided it: nothing trained
+    names = [s.name for s in plan.sources]
+
+    def check(path: Path | None) -> None:
+        saved = loader.saved_plan if path is not None else None
+        trained = None if saved is None else TrainedPlan.of(f"checkpoint {path}", saved)
+        check_same_documents(names, loader.builder.tables, trained)
+
+    return check
 
 
 def same_datasets(plan: Plan, validation: Validation | None, env: DistEnv) -> None:
