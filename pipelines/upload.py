@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,16 +41,18 @@ from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
     DOCUMENTS_SUM,
+    INDEX_DIR,
     DatasetError,
     check_fingerprint,
     dataset_files,
     dataset_json_writable,
     parse_dataset_info,
     read_dataset_info,
+    read_dataset_json,
     record_files,
     write_dataset_info,
 )
-from training.contract.dataset_index import sum_doc_hashes_file, wrong_sum
+from training.contract.dataset_index import DOC_HASHES, sum_doc_hashes_file, wrong_sum
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -78,7 +81,9 @@ def upload_dataset(
     build's tasks' output, pipelines/task_upload.py), which need no local file and are not uploaded."""
     in_bucket = in_bucket or {}
     root = Path(root)
-    info = read_dataset_info(root)
+    # Read once: what is checked below (the files' sha256, the documents' sum) is what is put at the
+    # commit, not the file as it is by then (a hand edit meanwhile went up unchecked: review RV33e L1).
+    raw, info = read_dataset_json(root)
     check_fingerprint(root, info)
     if "files" not in info:  # built before dataset.json recorded them: the fingerprint stays the same
         # What is recorded now is held as the truth by every reader of the bucket: only once the dataset
@@ -93,6 +98,8 @@ def upload_dataset(
             )
         info["files"] = record_files(root)
         write_dataset_info(root, info)
+        raw, info = read_dataset_json(root)
+        check_fingerprint(root, info)
         log(
             f"{root / DATASET_JSON}: validated, and recorded the sha256 of {len(info['files'])} more files "
             "(fingerprint unchanged)"
@@ -107,6 +114,7 @@ def upload_dataset(
         store.abort_upload(key, upload_id)
         log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
     files = dataset_files(info)
+    hashed, summed = _documents_sum(root, info, in_bucket)
     there = store.list()
     strays = sorted(
         rel for rel in set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(rel)
@@ -122,28 +130,19 @@ def upload_dataset(
         if rel in in_bucket:
             return False
         if not path.is_file():
-            raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
+            raise _missing(path, root)
         if not (rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"])):
             return True  # uploaded: put() checks the file first
         # Skipped only if the file is what dataset.json records, and the object its content: a damaged
         # file whose bytes the bucket held already (an earlier sync) was skipped unchecked, and
         # dataset.json committed over it, exit 0 (review R20b F1).
-        md5, sha = file_digests(path)
+        md5, sha = hashed.get(rel) or file_digests(path)
         if sha != spec["sha256"]:
             raise _not_recorded(path, root)
         return not store.holds(rel, path, digests=(md5, sha))
 
     with ThreadPoolExecutor(THREADS) as pool:
         todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
-    # A recorded sum goes into the bucket, whose readers trust it (they never fetch doc_sha256.bin):
-    # checked here, as every local open checks it. A wrong one uploaded let a mixture of the bucket's
-    # copy with a local one of the same documents in another order train each document twice, exit 0
-    # (review RV33d F0). Before anything is put or removed: a refusal leaves the bucket as it was.
-    recorded = info.get("index", {}).get(DOCUMENTS_SUM)
-    if recorded is not None and (summed := sum_doc_hashes_file(root, info["index"])) not in (None, recorded):
-        raise DatasetError(
-            wrong_sum(root, recorded, summed, None if dataset_json_writable(root) else "read-only")
-        )
     # The documents' sum is recorded in dataset.json once every local file is checked (needed(), then
     # put()), so that a refused upload leaves dataset.json as it was and reads no doc_sha256.bin in vain
     # (minutes at scale: review RV32b F6; a damaged file still to be put was found after it: RV32h N2).
@@ -151,7 +150,7 @@ def upload_dataset(
     # The bucket's validation record describes the objects and the dataset.json it validated: it goes
     # before anything changes (a kill midway leaves no record, never a stale one), whoever changed them
     # (this upload, or a build's tasks: `in_bucket`).
-    changed = adds_sum or committed != (root / DATASET_JSON).read_bytes()
+    changed = adds_sum or committed != raw
     if VALIDATION_JSON in there and (todo or in_bucket or changed):
         store.delete(VALIDATION_JSON)
         log(
@@ -162,7 +161,7 @@ def upload_dataset(
     def put(rel: str) -> int:
         spec, path = files[rel], root / rel
         try:
-            store.put_file(path, rel, expect_sha256=spec["sha256"])
+            store.put_file(path, rel, expect_sha256=spec["sha256"], digests=hashed.get(rel))
         except ValueError:  # hashed before the PUT: a file damaged after the build stays here
             raise _not_recorded(path, root) from None
         return path.stat().st_size
@@ -180,8 +179,14 @@ def upload_dataset(
                 )
             info = record_documents_sum(
                 root, info, log, "uploaded without it, so a mixture with another source of the same "
-                "documents is not refused",
+                "documents is not refused", summed=summed,
             )  # fmt: skip
+            raw, written = read_dataset_json(root)  # under the lock: what the record wrote
+            if written != info:
+                raise DatasetError(
+                    f"{root / DATASET_JSON} changed while this upload recorded the sum: nothing was "
+                    "committed; run the upload again"
+                )
     # Another upload to the prefix that committed meanwhile (two at once: each checked an empty prefix
     # at its start, and the later commit put its dataset.json over the other's objects, both exit 0:
     # review R17e F1): refused. Not a lock; the readers check every object against dataset.json.
@@ -206,7 +211,7 @@ def upload_dataset(
                     f"{target}/{rel} {what}: it changed after the build checked it, and nothing was "
                     "committed; rerun the same `gristmill data build` command (it redoes what changed)"
                 )
-    store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
+    store.put_bytes(raw, DATASET_JSON)  # the commit point: the bytes checked
     if not in_bucket:  # a build's own commit checked its tasks' records against the bucket just above
         _forget_stale_tasks(store, there, log)
     result = Uploaded(len(todo), len(files) - len(todo), sum(sizes))
@@ -217,6 +222,45 @@ def upload_dataset(
         f"{counts['retries']} retried"
     )
     return result
+
+
+DOC_HASHES_FILE = f"{INDEX_DIR}/{DOC_HASHES}"
+
+
+def _documents_sum(
+    root: Path, info: dict, in_bucket: dict[str, dict]
+) -> tuple[dict[str, tuple[str, str]], str | None]:
+    """The sum of the documents' sha256 of the dataset at `root`, from one read of its doc_sha256.bin
+    that also gives that file's (MD5, sha256) for needed() (it was read twice, a minute per upload at
+    1B documents: review RV33e L4), and a recorded sum refused unless the documents give it. It goes
+    into the bucket, whose readers trust it (they never fetch doc_sha256.bin): a wrong one let a mixture
+    of the bucket's copy with a local one of the same documents in another order train each document
+    twice, exit 0 (review RV33d F0). First, before any other file is hashed and anything is put or
+    removed: a refusal leaves the bucket as it was. ({}, None) where no local doc_sha256.bin is recorded."""
+    entry = info.get("index") or {}
+    recorded, spec = entry.get(DOCUMENTS_SUM), entry.get("files", {}).get(DOC_HASHES)
+    if spec is None:
+        if recorded is not None:  # an older layout's index (/1): its documents have no sha256 (RV33e L3)
+            raise DatasetError(
+                f"{root / DATASET_JSON}: index.{DOCUMENTS_SUM} {recorded[:12]}… is recorded, but the index "
+                f"has no {DOC_HASHES_FILE} (an older layout's), so no sum of its documents' sha256 can give "
+                f"it: dataset.json was edited; delete index.{DOCUMENTS_SUM}, or `gristmill data convert` the "
+                "dataset (the copy's index has its documents' sha256 and their sum), then upload"
+            )
+        return {}, None
+    path = root / DOC_HASHES_FILE
+    if not path.is_file():
+        if DOC_HASHES_FILE in in_bucket:  # uploaded by the build that summed it
+            return {}, None
+        raise _missing(path, root)
+    md5 = hashlib.md5()
+    summed = sum_doc_hashes_file(root, entry, md5)
+    if summed is None:  # not the file dataset.json records
+        raise _not_recorded(path, root)
+    if recorded is not None and summed != recorded:
+        unwritable = None if dataset_json_writable(root) else "read-only"
+        raise DatasetError(wrong_sum(root, recorded, summed, unwritable, use_copy="upload the copy"))
+    return {DOC_HASHES_FILE: (md5.hexdigest(), spec["sha256"])}, summed
 
 
 def refuse_nested(url: ObjectURL) -> None:
@@ -277,6 +321,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     upload_dataset(args.dir, args.url)
     return 0
+
+
+def _missing(path: Path, root: Path) -> DatasetError:
+    return DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
 
 
 def _not_recorded(path: Path, root: Path) -> DatasetError:

@@ -34,6 +34,7 @@ from pipelines.task_upload import TaskUpload, TaskUploader
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
+from tests.helpers.legacy_dataset import write_legacy_dataset
 from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.s3_server import (
     BUCKET,
@@ -282,15 +283,15 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=ours)
     # Killed before its commit, the upload leaves the records: the rerun names the objects that differ
     # (removed first, the rerun found the dataset complete over them: review R20c 2)
-    put_file = ObjectStore.put_file
+    put_bytes = ObjectStore.put_bytes
 
-    def killed_at_the_commit(self, path, rel, **kw):
+    def killed_at_the_commit(self, data, rel):
         if rel == DATASET_JSON:
             raise KeyboardInterrupt
-        return put_file(self, path, rel, **kw)
+        return put_bytes(self, data, rel)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ObjectStore, "put_file", killed_at_the_commit)
+        patch.setattr(ObjectStore, "put_bytes", killed_at_the_commit)
         with pytest.raises(KeyboardInterrupt):
             upload_dataset(built_dataset, url, log=lambda *a: None)
     assert {"00000.json", "00001.json"} <= {k.rsplit("/", 1)[-1] for k in s3.keys("built/build/tasks")}
@@ -1538,10 +1539,14 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert re.search(rf"^  shards/{re.escape(name)}: ", printed.out, re.M), printed.out
 
 
-def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path):
+def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path, monkeypatch):
     """A mixture's two sources that hold one corpus in another order are told by the sum of their
     documents' sha256 (review R30b F1), which a reader of the bucket never sums (it fetches no
-    per-document file): dataset.json brings it, recorded by the upload of a dataset indexed before it."""
+    per-document file): dataset.json brings it, recorded by the upload of a dataset indexed before it.
+    A bucket never receives a sum its documents do not give: a wrong one is refused before any file is
+    put (RV33d F0), a damaged doc_sha256.bin too (RV33e L4: it is read first, once), an older layout's
+    index with no doc_sha256.bin to give one (RV33e L3); and what goes up is the dataset.json checked,
+    not one edited while the files were put (RV33e L1)."""
     docs = list(affine_documents(150))
     local, again = tmp_path / "web", tmp_path / "web-reversed"
     write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=24 << 10)
@@ -1559,6 +1564,35 @@ def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path):
         f"index {local}` records it again"
     )
     assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="summed/")  # nothing put
+    hashes = local / "index" / "doc_sha256.bin"
+    good = hashes.read_bytes()  # damaged, the same size: refused before any other file is put
+    hashes.write_bytes(good[:40] + bytes([good[40] ^ 1]) + good[41:])
+    with pytest.raises(DatasetError, match=f"^{re.escape(str(hashes))} is not the file "):
+        upload_dataset(local, s3.url("summed"), log=print)
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="summed/")
+    hashes.write_bytes(good)
+    legacy = tmp_path / "legacy"  # no doc_sha256.bin: the sum cannot be its documents'
+    legacy_info = write_legacy_dataset(legacy, docs, vocab_size=256, target_bytes=24 << 10)
+    legacy_info["index"][DOCUMENTS_SUM] = total
+    write_dataset_info(legacy, legacy_info)
+    with pytest.raises(DatasetError, match="is recorded, but the index has no index/doc_sha256.bin"):
+        upload_dataset(legacy, s3.url("legacy-summed"), log=print)
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="legacy-summed/")
+    write_dataset_info(local, info)
+    put_file, shard = ObjectStore.put_file, min(r for r in dataset_files(info) if r.startswith("shards/"))
+
+    def edited_meanwhile(self, path, rel, **kw):  # a hand edit while the shards go up
+        if rel == shard:
+            write_dataset_info(local, {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 63 + "1"}})
+        return put_file(self, path, rel, **kw)
+
+    monkeypatch.setattr(ObjectStore, "put_file", edited_meanwhile)
+    upload_dataset(local, s3.url("edited-meanwhile"), log=print)
+    monkeypatch.setattr(ObjectStore, "put_file", put_file)
+    bucket_info = json.loads(
+        s3.client.get_object(Bucket=BUCKET, Key=f"edited-meanwhile/{DATASET_JSON}")["Body"].read()
+    )
+    assert bucket_info["index"][DOCUMENTS_SUM] == total
     del info["index"][DOCUMENTS_SUM]  # as a build before the record wrote it
     write_dataset_info(local, info)
     logged: list[str] = []
@@ -1621,6 +1655,17 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     assert f"uploaded {local} to s3://{BUCKET}/ro: " in done.stdout
     assert (local / DATASET_JSON).read_bytes() == before
     assert s3.client.get_object(Bucket=BUCKET, Key=f"ro/{DATASET_JSON}")["Body"].read() == before
+    wrong = {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 63 + "1"}}
+    write_dataset_info(local, wrong)  # refused read-only with the upload's way out (RV33e L2)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec {cmd}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.endswith(
+        f"it cannot be written here (read-only): `gristmill data index {local}` records it again where it "
+        "can be, or copy the dataset, run `gristmill data index` on the copy and upload the copy\n"
+    ), done.stderr
 
 
 def test_an_upload_refuses_a_damaged_file_whose_bytes_the_bucket_holds_already(s3, synthetic, tmp_path):

@@ -600,6 +600,12 @@ def decontaminate_record(root: str | Path, info: dict[str, Any]) -> dict[str, An
 
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
     """Read and sanity-check dataset.json (cheap: no shard is hashed here)."""
+    return read_dataset_json(root)[1]
+
+
+def read_dataset_json(root: str | Path) -> tuple[bytes, dict[str, Any]]:
+    """dataset.json's bytes, and read_dataset_info of them: what a caller that checks the file and
+    then copies it (`gristmill data upload`) copies, not the file as it is by then."""
     root = Path(root)
     path = root / DATASET_JSON
     if not path.is_file() and (unfinished := unfinished_build(root)) is not None:
@@ -612,7 +618,8 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
             "not a gristmill dataset (build one with `gristmill data build`"
             + (", or run the command where that relative path was written)" if relative else ")")
         )
-    return parse_dataset_info(path.read_bytes(), path)
+    raw = path.read_bytes()
+    return raw, parse_dataset_info(raw, path)
 
 
 def tokenizer_problem(

@@ -339,16 +339,23 @@ def sum_hashes(hashes: np.ndarray, total: int = 0) -> int:
     return total % (1 << 256)
 
 
-def wrong_sum(root: Path, recorded: str, summed: str, unwritable: str | None) -> str:
+def wrong_sum(
+    root: Path,
+    recorded: str,
+    summed: str,
+    unwritable: str | None,
+    use_copy: str = "give the copy as the source's dataset",
+) -> str:
     """The line of a local dataset.json whose recorded DOCUMENTS_SUM is not `summed`, the sum of its
     doc_sha256.bin, with its repair: `gristmill data index`, which records it again, where dataset.json
     can be written; where it cannot (`unwritable`: why), that command where it can, or on a copy (on
-    a read-only one, `data index` said only that it could not record a sum: review RV32h N4)."""
+    a read-only one, `data index` said only that it could not record a sum: review RV32h N4), then
+    `use_copy`: what the command refused does with it (a run's source; `data upload`: review RV33e L2)."""
     fix = f"`gristmill data index {root}` records it again"
     if unwritable is not None:
         fix = (
             f"it cannot be written here ({unwritable}): {fix} where it can be, or copy the dataset, run "
-            "`gristmill data index` on the copy and give the copy as the source's dataset"
+            f"`gristmill data index` on the copy and {use_copy}"
         )
     return (
         f"{root / DATASET_JSON}: index.{DOCUMENTS_SUM} {recorded[:12]}… is not the sum of the dataset's "
@@ -356,11 +363,12 @@ def wrong_sum(root: Path, recorded: str, summed: str, unwritable: str | None) ->
     )
 
 
-def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any]) -> str | None:
+def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any], *also: Any) -> str | None:
     """DOCUMENTS_SUM of the documents of the index at `root` whose dataset.json "index" entry is
     `entry`, summed from its doc_sha256.bin (read _SUM_READ bytes at a time, hashed as it is summed)
     where that file is as the entry records it (its sha256); None where it is not (its content is
-    never trusted unchecked: `gristmill data validate` names a damaged one) or the index has none."""
+    never trusted unchecked: `gristmill data validate` names a damaged one) or the index has none.
+    `also`: hashlib objects fed the same bytes (the upload's MD5: one read, review RV33e L4)."""
     spec = entry["files"].get(DOC_HASHES)
     path = Path(root) / INDEX_DIR / DOC_HASHES
     if spec is None or not path.is_file() or path.stat().st_size != spec["bytes"]:
@@ -371,6 +379,8 @@ def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any]) -> str | None:
     with open(path, "rb") as f:
         while chunk := f.read(_SUM_READ):
             digest.update(chunk)
+            for h in also:
+                h.update(chunk)
             total = sum_hashes(np.frombuffer(chunk, _DTYPES["sha256"]), total)
     return f"{total:064x}" if digest.hexdigest() == spec["sha256"] else None
 

@@ -518,17 +518,25 @@ class ObjectStore:
             tmp.unlink(missing_ok=True)
         return got == (digests[1] if digests else _file_digest(path, hashlib.sha256))
 
-    def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
+    def put_file(
+        self,
+        path: Path,
+        rel: str,
+        expect_sha256: str | None = None,
+        digests: tuple[str, str] | None = None,
+    ) -> str:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
         part), with Content-MD5 and the sha256 in the object's metadata; returns the ETag the store gave
         the object (the MD5 of the bytes it stored, on a store that does not encrypt with its own keys).
-        A file whose sha256 is not `expect_sha256` is not uploaded (ValueError)."""
+        A file whose sha256 is not `expect_sha256` is not uploaded (ValueError). `digests`: the file's
+        (MD5, sha256), when the caller hashed it already (file_digests): bytes changed since are refused
+        by the store's check of the Content-MD5."""
         size = path.stat().st_size
         if size > MAX_PUT_BYTES:
             raise ObjectStoreError(
                 f"{path} is {size:,} bytes, more than one PUT takes (5 GiB): lower shards.target_mb"
             )
-        md5, sha = file_digests(path)
+        md5, sha = digests or file_digests(path)
         if expect_sha256 is not None and sha != expect_sha256:
             raise ValueError(f"{path} has sha256 {sha}, not {expect_sha256}")
         return self._put(rel, lambda: open(path, "rb"), size, md5, sha)
