@@ -1465,6 +1465,20 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     line, export, _ = check("pad", pad)
     assert line is not None and "has pad_token '<pad>', id 512, past the model's vocabulary (512 ids)" in line
     assert line.startswith(f"{export}: pad_token of {export / config}: "), line
+    # RV33c F6: '"' made special by two keys, each enough: both named, the one edit that passes
+    quote = {"content": '"', "special": True}
+    both = {"added_tokens_decoder": {"3": quote}, "additional_special_tokens": ['"']}
+    line, export, _ = check("both", both)
+    keys = "added_tokens_decoder and additional_special_tokens"
+    assert line is not None and line.startswith(f"{export}: {keys} of {export / config}: "), line
+    assert "makes '\"' (id 3) a special token, not one of tokenizer.json" in line, line
+    with pytest.raises(ExportError) as refused:  # as a start or `gristmill export` checks it
+        check_export_tokenizer(export, export, {config: export / config})
+    assert str(refused.value).endswith(f"; leave {keys} out of {export / config}"), str(refused.value)
+    (export / config).write_text(
+        json.dumps({k: v for k, v in json.loads((export / config).read_text()).items() if k not in both})
+    )
+    check_export_tokenizer(export, export, None, scoring=True)  # the edit named, followed, passes
     # RV32f A4: refused wherever AutoTokenizer's decoding is not tokenizer.json's (the key set to false)
     force = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
     for name, cleanup in [("cleanup", {}), ("forced", {force: True})]:

@@ -36,7 +36,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -423,31 +423,32 @@ def check_export_tokenizer(
         return
     what, token, _, own_key = problem
     if own_key is not None:  # an entry of tokenizer.json itself: no key of the other files changes it
-        key, file = own_key, TOKENIZER_JSON
-    else:
-        key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
+        keys = [(own_key, TOKENIZER_JSON)]
+    else:  # the one edit that makes them pass: a key, or every key that holds the token (RV33c F6)
+        keys = _naming(out_dir, token, lambda folder: refused(folder) is None)
     # an entry of tokenizer.json is wrong whatever reads it (review RV33c F5); a key of the others, as read
     version = "" if own_key is not None else f" AutoTokenizer (transformers {transformers.__version__})"
-    own = [n for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()] if key is None else [file]
+    own = [n for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()]
+    own = list(dict.fromkeys(file for _, file in keys)) if keys else own
+    named = named or {}
     if scoring:  # the export's own files, which eval read; RUN/base's only where a new export reads it
-        shown = [str(out_dir / n) for n in own]
-        base = (named or {}).get(file) if key is not None else None
-        base_edit = None
-        if (
-            base is not None
+        shown = {n: out_dir / n for n in own}
+        base = [
+            (key, Path(named[file]))
+            for key, file in keys
+            if file in named
             and key not in SET_ENTRIES  # a new export writes those as tokenizer.json reads (write_tokenizer)
-            and Path(base).parent != out_dir
-            and _same_entry(Path(base), out_dir / file, key)
-        ):
-            base_edit = _edit(key, base)
-        fix = rescoring_fix(Path(export), transformers.__version__, base_edit)
+            and Path(named[file]).parent != out_dir
+            and _same_entry(Path(named[file]), out_dir / file, key)
+        ]
+        fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
-        shown = [str((named or {}).get(n, n)) for n in own]
-        fix = f"find the entry that causes it in {' or '.join(shown)} and leave it out"
-        if key is not None:
-            fix = _edit(key, shown[0])
-    where = f" (by no one key of {' or '.join(shown)})" if key is None else ""
-    named_key = "" if key is None else f" {key} of {shown[0]}:"
+        shown = {n: named.get(n, n) for n in own}
+        fix = f"find the entry that causes it in {' or '.join(map(str, shown.values()))} and leave it out"
+        if keys:
+            fix = _edits([(key, shown[file]) for key, file in keys])
+    where = f" (by no one key of {' or '.join(map(str, shown.values()))})" if not keys else ""
+    named_key = f" {_keys_of([(key, shown[file]) for key, file in keys])}:" if keys else ""
     raise ExportError(f"{export}:{named_key}{version} {what}{where}; {fix}")
 
 
@@ -460,6 +461,29 @@ def _edit(key: str, file: Path | str) -> str:
     if key == VOCAB:
         return f"give each id of {VOCAB} in {file} one token"
     return f"leave {key} out of {file}"
+
+
+def _by_file(keys: Sequence[tuple[str, Path | str]]) -> dict[str, list[str]]:
+    """{file: its keys} of (key, file) pairs, in their order."""
+    files: dict[str, list[str]] = {}
+    for key, file in keys:
+        files.setdefault(str(file), []).append(key)
+    return files
+
+
+def _keys_of(keys: Sequence[tuple[str, Path | str]]) -> str:
+    """(key, file) pairs in words: 'added_tokens_decoder and additional_special_tokens of FILE'."""
+    return " and ".join(f"{' and '.join(k)} of {file}" for file, k in _by_file(keys).items())
+
+
+def _edits(keys: Sequence[tuple[str, Path | str]]) -> str:
+    """The one edit (_edit) of every (key, file) pair, the keys left out of one file named together."""
+    edits = []
+    for file, names in _by_file(keys).items():
+        edits += [_edit(key, file) for key in names if key in SET_ENTRIES or key == VOCAB]
+        if out := [key for key in names if key not in SET_ENTRIES and key != VOCAB]:
+            edits.append(f"leave {' and '.join(out)} out of {file}")
+    return " and ".join(edits)
 
 
 def _same_entry(base: Path, export: Path, key: str) -> bool:
@@ -698,18 +722,18 @@ def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
     return ids == [i] and not token.special
 
 
-def _naming(
-    out_dir: Path, token: str | None, passes: Callable[[Path], bool]
-) -> tuple[str | None, str | None]:
-    """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json whose edit
-    alone (_edit: left out, or a SET_ENTRIES key set to its value) makes the files pass (`passes`: a
-    reload per key tried, on the refusing path only): of the keys that name `token`
+def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) -> list[tuple[str, str]]:
+    """The (key, file name) pairs of an export's tokenizer_config.json / special_tokens_map.json whose
+    one edit (_edit: left out, or a SET_ENTRIES key set to its value) makes the files pass (`passes`:
+    a reload per edit tried, on the refusing path only): a key of those that name `token`
     (added_tokens_decoder first, the key that carries a token's flags: a flag's difference named
-    bos_token, whose removal changed nothing, review RV31L F3), else of every key (SET_ENTRIES first:
-    an older export's base class is the usual cause of another pipeline, review RV32l F3). Where no
-    one edit does, the first key that names `token`, else (None, None). Not the first key that names
-    it: added_tokens_decoder holds every added token, and leaving it out of a pad problem's files was
-    refused again, by pad_token (review RV32f A2)."""
+    bos_token, whose removal changed nothing, review RV31L F3), else every one of them together (two
+    keys each adding it: leaving out the one named was refused again by the other, review RV33c F6);
+    with no token, a key of every key (SET_ENTRIES first: an older export's base class is the usual
+    cause of another pipeline, review RV32l F3). A lone key that names `token` is named without a
+    reload; where no edit tried passes, none ([]). Not the first key that names it: added_tokens_decoder
+    holds every added token, and leaving it out of a pad problem's files was refused again, by
+    pad_token (review RV32f A2)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
@@ -720,11 +744,16 @@ def _naming(
     for name in TOKENIZER_FILES[1:]:
         path = out_dir / name
         specs[name] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    def settled(key: str, name: str) -> bool:  # a SET_ENTRIES key already at its value: no edit
+        value, absent = SET_ENTRIES.get(key, (None, None))
+        return key in SET_ENTRIES and name == TOKENIZER_CONFIG and specs[name].get(key, absent) == value
+
     holding = [
         (key, name)
         for name, spec in specs.items()
         for key in sorted(spec, key=lambda k: k != "added_tokens_decoder")
-        if token is not None and holds(spec[key])
+        if token is not None and holds(spec[key]) and not settled(key, name)
     ]
     every = [  # a SET_ENTRIES key tokenizer_config.json leaves to transformers' default is one too
         (key, name)
@@ -733,26 +762,28 @@ def _naming(
             [*spec, *(k for k in SET_ENTRIES if k not in spec and name == TOKENIZER_CONFIG)],
             key=lambda k: k not in SET_ENTRIES,
         )
+        if not settled(key, name)
     ]
     if len(holding) == 1:  # named whether or not its edit passes: no reload
-        return holding[0]
+        return holding
+    trials = [[pair] for pair in holding or every] + ([holding] if holding else [])
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        for key, name in holding or every:
-            spec = specs[name]
-            edited = {k: v for k, v in spec.items() if k != key}
-            if key in SET_ENTRIES and name == TOKENIZER_CONFIG:
-                if spec.get(key, SET_ENTRIES[key][1]) == SET_ENTRIES[key][0]:
-                    continue
-                edited[key] = SET_ENTRIES[key][0]
+        for trial in trials:
+            edited = {name: dict(specs[name]) for name in dict.fromkeys(name for _, name in trial)}
+            for key, name in trial:
+                edited[name].pop(key, None)
+                if key in SET_ENTRIES and name == TOKENIZER_CONFIG:
+                    edited[name][key] = SET_ENTRIES[key][0]
             folder = Path(tmp) / str(len(os.listdir(tmp)))
             folder.mkdir()
             for file in out_dir.iterdir():  # linked, not copied: an export's weights are gigabytes
-                if file.name != name:
+                if file.name not in edited:
                     (folder / file.name).symlink_to(file.resolve())
-            (folder / name).write_text(json.dumps(edited), encoding="utf-8")
+            for name, spec in edited.items():
+                (folder / name).write_text(json.dumps(spec), encoding="utf-8")
             if passes(folder):
-                return key, name
-    return holding[0] if holding else (None, None)
+                return trial
+    return []
 
 
 def check_run_tokenizer(
