@@ -1493,6 +1493,19 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
         if line is not None:
             assert line.startswith(f"{export}: clean_up_tokenization_spaces of {export / config}: "), line
             assert "decodes as" in line and line.endswith(rescoring_fix(export, transformers.__version__))
+    # RV33c F3: an older export's base class and clean_up true, two causes: both set, the one edit (was
+    # "by no one key", after a reload per key of both files)
+    if five:
+        two = {"tokenizer_class": "GPT2Tokenizer", "clean_up_tokenization_spaces": True, force: True}
+        line, export, _ = check("two", two, pre_tokenizer=cl100k_pre)
+        keys = "tokenizer_class and clean_up_tokenization_spaces"
+        assert line is not None and line.startswith(f"{export}: {keys} of {export / config}: "), line
+        with pytest.raises(ExportError) as refused:
+            check_export_tokenizer(export, export, {config: export / config})
+        fix = f'; set tokenizer_class to "PreTrainedTokenizerFast" and {keys.split()[-1]} to false in'
+        assert str(refused.value).endswith(f"{fix} {export / config}"), str(refused.value)
+        edit(export / config, **dict(zip(keys.split(" and "), ["PreTrainedTokenizerFast", False])))
+        check_export_tokenizer(export, export, None, scoring=True)  # the edit named, followed, passes
     # RV32f A3: an id that names two tokens (encoding agrees; which token decodes is per load), refused
     # on every check, not only where two loads kept other tokens for it (RV33c F2: half the checks
     # passed); tokenizer.json's own fault, whatever reads it; RUN/base's edited where it holds the same

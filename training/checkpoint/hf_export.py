@@ -452,17 +452,6 @@ def check_export_tokenizer(
     raise ExportError(f"{export}:{named_key}{version} {what}{where}; {fix}")
 
 
-def _edit(key: str, file: Path | str) -> str:
-    """The edit of `file` that takes `key`'s effect away: a SET_ENTRIES key set to its value (without
-    tokenizer_class, transformers picks config.json's model type's class), tokenizer.json's vocab
-    (VOCAB) one token an id, any other key left out."""
-    if key in SET_ENTRIES:
-        return f"set {key} to {json.dumps(SET_ENTRIES[key][0])} in {file}"
-    if key == VOCAB:
-        return f"give each id of {VOCAB} in {file} one token"
-    return f"leave {key} out of {file}"
-
-
 def _by_file(keys: Sequence[tuple[str, Path | str]]) -> dict[str, list[str]]:
     """{file: its keys} of (key, file) pairs, in their order."""
     files: dict[str, list[str]] = {}
@@ -477,10 +466,16 @@ def _keys_of(keys: Sequence[tuple[str, Path | str]]) -> str:
 
 
 def _edits(keys: Sequence[tuple[str, Path | str]]) -> str:
-    """The one edit (_edit) of every (key, file) pair, the keys left out of one file named together."""
+    """The one edit of files that takes the effect of every (key, file) pair away: a SET_ENTRIES key
+    set to its value (without tokenizer_class, transformers picks config.json's model type's class),
+    tokenizer.json's vocab (VOCAB) one token an id, any other key left out; a file's keys named
+    together."""
     edits = []
     for file, names in _by_file(keys).items():
-        edits += [_edit(key, file) for key in names if key in SET_ENTRIES or key == VOCAB]
+        if values := [f"{key} to {json.dumps(SET_ENTRIES[key][0])}" for key in names if key in SET_ENTRIES]:
+            edits.append(f"set {' and '.join(values)} in {file}")
+        if VOCAB in names:
+            edits.append(f"give each id of {VOCAB} in {file} one token")
         if out := [key for key in names if key not in SET_ENTRIES and key != VOCAB]:
             edits.append(f"leave {' and '.join(out)} out of {file}")
     return " and ".join(edits)
@@ -722,15 +717,21 @@ def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
     return ids == [i] and not token.special
 
 
+# The most edits _naming tries, a load of the files each (~3 s for a 128k vocab): a refusal with two
+# causes tried every key, 30 s for a Llama-3 tokenizer (review RV33c F3)
+_NAMING_RELOADS = 6
+
+
 def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) -> list[tuple[str, str]]:
     """The (key, file name) pairs of an export's tokenizer_config.json / special_tokens_map.json whose
-    one edit (_edit: left out, or a SET_ENTRIES key set to its value) makes the files pass (`passes`:
+    one edit (_edits: left out, or a SET_ENTRIES key set to its value) makes the files pass (`passes`:
     a reload per edit tried, on the refusing path only): a key of those that name `token`
     (added_tokens_decoder first, the key that carries a token's flags: a flag's difference named
     bos_token, whose removal changed nothing, review RV31L F3), else every one of them together (two
     keys each adding it: leaving out the one named was refused again by the other, review RV33c F6);
     with no token, a key of every key (SET_ENTRIES first: an older export's base class is the usual
-    cause of another pipeline, review RV32l F3). A lone key that names `token` is named without a
+    cause of another pipeline, review RV32l F3; then the SET_ENTRIES keys together). At most
+    _NAMING_RELOADS edits are tried. A lone key that names `token` is named without a
     reload; where no edit tried passes, none ([]). Not the first key that names it: added_tokens_decoder
     holds every added token, and leaving it out of a pad problem's files was refused again, by
     pad_token (review RV32f A2)."""
@@ -766,9 +767,14 @@ def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) ->
     ]
     if len(holding) == 1:  # named whether or not its edit passes: no reload
         return holding
-    trials = [[pair] for pair in holding or every] + ([holding] if holding else [])
+    if holding:
+        trials = [[pair] for pair in holding][: _NAMING_RELOADS - 1] + [holding]
+    else:  # an older export's base class and clean_up true are two causes, set together (RV33c F3)
+        set_keys = [(key, name) for key, name in every if key in SET_ENTRIES and name == TOKENIZER_CONFIG]
+        trials = [[pair] for pair in set_keys] + ([set_keys] if len(set_keys) > 1 else [])
+        trials += [[pair] for pair in every if pair not in set_keys]
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        for trial in trials:
+        for trial in trials[:_NAMING_RELOADS]:
             edited = {name: dict(specs[name]) for name in dict.fromkeys(name for _, name in trial)}
             for key, name in trial:
                 edited[name].pop(key, None)
