@@ -1574,6 +1574,16 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
         check_export_tokenizer(export, export, named, scoring=True)
     base_edit = f"; leave added_tokens_decoder out of {base / config}, then copy it with"
     assert f"{keep}{base_edit}" in str(refused.value), str(refused.value)  # the copy reads RUN/base/
+    assert "which needs the run's dataset at hand)" in str(refused.value), str(refused.value)
+    # a run from a base with no checkpoint left: the copy reads the base's shape from it (RV33c F7)
+    gone = tmp_path / "a base moved away"
+    toml = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(toml.replace("[model]\n", f"[model]\ninit_from = {str(gone)!r}\n", 1))
+    with pytest.raises(ExportError) as refused:
+        check_export_tokenizer(export, export, named, scoring=True)
+    needs = "which needs the run's dataset and, with no checkpoint of the run left, its base "
+    needs += f"(model.init_from = {str(gone)!r}) at hand)"
+    assert needs in str(refused.value), str(refused.value)
     fake_checkpoint(run, 5)
     with pytest.raises(ExportError) as refused:
         check_export_tokenizer(export, export, named, scoring=True)

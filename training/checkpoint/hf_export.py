@@ -1126,10 +1126,25 @@ def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> s
                 steps.append(f"move the damaged {ckpt} aside")
             steps.append(
                 f"copy it with its tokenizer files written again ({export_command(run, step, merged, copy)}, "
-                "which needs the run's dataset at hand)"
+                f"which needs {_copy_needs(run)} at hand)"
             )
             fix += f"; {', then '.join(steps)}, then move {export} aside and {copy} into its place"
     return fix if other is None else f"{fix}; or score it under {other}"
+
+
+def _copy_needs(run: Path) -> str:
+    """What a copy of run `run`'s export (`gristmill export --out`, run_model_config) reads besides the
+    export, in words: the run's dataset, and its base where no checkpoint of the run records the
+    base's shape (a run whose checkpoints were cleared: the copy stopped at a base moved away, review
+    RV33c F7)."""
+    try:
+        init_from = run_config(run).model.init_from
+    except (GristmillError, OSError, ValueError):
+        init_from = None
+    if init_from and resume_model_record(run, "auto") is None:
+        left = "with no checkpoint of the run left"
+        return f"the run's dataset and, {left}, its base (model.init_from = {init_from!r})"
+    return "the run's dataset"
 
 
 def newest_complete_step(run_dir: str | Path) -> int | None:
