@@ -782,10 +782,10 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     assert line.startswith(
         f"error: model.init_from = {copy} is a gristmill export that fails its checksums ("
     ), line
-    assert (
-        f"{weights}: sha256 " in line
-        and "or export the step again (delete this one first): from its run's checkpoint" in line
-    ), line
+    # the fix is export_fix's, never "delete" (it may hold the only copy of its weights: RV33c F4)
+    fix = "; point model.init_from at an intact copy, or restore the file from a copy of the export, or "
+    assert f"{weights}: sha256 " in line and fix in line and "delete" not in line, line
+    assert line.endswith("keep the export meanwhile: it may hold the only copy of its weights"), line
     assert not (run / "checkpoints").exists()
     # its config edited (what the same weights compute), or its weights re-saved under other names:
     # both were trained from once the check held the weights' own sha256s alone (review R22i S1, S2)

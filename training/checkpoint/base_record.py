@@ -38,6 +38,7 @@ from training.checkpoint.base_source import (
     hub_id,
     weights_files,
 )
+from training.checkpoint.export_advice import export_fix
 from training.checkpoint.record import base_record_of, newest_base_record
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import file_sha256
@@ -84,10 +85,11 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
     return got
 
 
-_export_again = (
-    "point model.init_from at an intact copy, or export the step again (delete this one first): from its "
-    "run's checkpoint where it still has one, or, for a step 0, from the base (gristmill export RUN --step 0)"
-)  # step 0 has no checkpoint (review R22k M2)
+def _intact_or(directory: Path, what: str) -> str:
+    """The fix for a damaged export used as a base: an intact copy, or the export written again as
+    export_fix says (moved aside, never deleted: it may hold the only copy of its weights, and the
+    failing file may be a small one, review RV33c F4)."""
+    return f"point model.init_from at an intact copy, or {export_fix(directory, what)}"
 
 
 def _check_export_record(directory: Path, got: dict[str, str]) -> None:
@@ -101,7 +103,7 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
     if not record.is_file() and exported_with_checksums(directory):  # deleted with an edit (R22j S3)
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export without its {EXPORT_CHECKSUMS}, which it "
-            f"was exported with: its files cannot be checked; {_export_again}"
+            f"was exported with: its files cannot be checked; {_intact_or(directory, EXPORT_CHECKSUMS)}"
         )
     if not record.is_file():  # an export of before the record, or no export: nothing to hold it to
         return
@@ -124,7 +126,7 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
     if problems:
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export that fails its checksums ({problems[0]}): "
-            f"it changed after it was exported; {_export_again}"
+            f"it changed after it was exported; {_intact_or(directory, 'the file')}"
         )
 
 

@@ -33,7 +33,6 @@ import errno
 import importlib.metadata
 import json
 import os
-import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,6 +51,7 @@ from training.checkpoint.base_record import (
     weights_sha256,
 )
 from training.checkpoint.base_source import hub_id, locate_base
+from training.checkpoint.export_advice import export_again, export_command, export_fix, export_step_of
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
     TOKEN_ID_KEYS,
@@ -110,7 +110,6 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     EXPORTS_DIR,
-    MERGED_PREFIX,
     abandoned_copies,
     abandoned_name,
     checkpoint_dir,
@@ -1040,66 +1039,9 @@ def _check_export_step(path: Path, step: int, merged: bool) -> None:
         )
 
 
-def export_command(
-    run_dir: str | Path, step: int, merged: bool = False, out: Path | None = None, dtype: str = "fp32"
-) -> str:
-    """`gristmill export RUN --step N [--merged] [--out DIR --dtype D]`, quoted for a shell: what the
-    advice of an export's refusals (and verify's) gives to paste."""
-    return shlex.join(
-        ["gristmill", "export", str(run_dir), "--step", str(step), *(["--merged"] if merged else []),
-         *(["--out", str(out), "--dtype", dtype] if out is not None else [])]
-    )  # fmt: skip
-
-
-def _step_export(path: Path) -> tuple[Path, int, bool] | None:
-    """(run, step, merged) of a run's step export `path` (RUN/exports/step-N, merged-step-N), else None."""
-    try:
-        step = step_of(path.with_name(path.name.removeprefix(MERGED_PREFIX)))
-    except ValueError:
-        return None
-    return path.parent.parent, step, path.name.startswith(MERGED_PREFIX)
-
-
-def _export_again(path: Path) -> tuple[str, bool] | None:
-    """How to write export `path` again, and whether from the run's base (step 0, RUN/base's record):
-    moved aside, never deleted (retention keeps exports whose checkpoints it deleted: review R14f F1,
-    RV31L F4), then exported from its checkpoint while that verifies; None where its weights are
-    nowhere else."""
-    if (of := _step_export(path)) is None:
-        return None
-    run, step, merged = of
-    if step == 0 and not merged:
-        return (
-            f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
-            "needs the base at hand"
-        ), True
-    try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
-        verify_checkpoint(checkpoint_dir(run, step))
-    except CheckpointError:
-        return None
-    return (
-        f"move {path} aside and export it again from its checkpoint ({export_command(run, step, merged)})",
-        False,
-    )
-
-
-def export_fix(path: Path, what: str | None) -> str:
-    """How to replace export `path`'s damaged or unloadable `what` (None: the export is no good as a
-    whole, another base's: nothing of it to restore): from its checkpoint while the run keeps it
-    (_export_again); else from a copy only. The one home of this advice: an export may be the only
-    copy of its weights, so it is never "delete" (review RV32f A6)."""
-    again = _export_again(path)
-    if again is None:
-        return (
-            f"restore {what or path.name} from a copy of the export; keep the export meanwhile: its "
-            "checkpoint is gone or damaged, so its weights are nowhere else"
-        )
-    return f"{again[0]}; or restore {what} from a copy" if again[1] and what is not None else again[0]
-
-
 def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> str:
     """What to do with export `export` whose tokenizer files transformers `version` reads otherwise than
-    its tokenizer.json: written again where its weights are elsewhere (_export_again), after
+    its tokenizer.json: written again where its weights are elsewhere (export_again), after
     `base_edit` of RUN/base's file where the new export would read the same entry; else kept (its
     weights are only there) and copied from itself with tokenizer files written as an export writes
     them now (`gristmill export --out` from the export, whose checkpoint is gone), the copy taking its
@@ -1112,12 +1054,12 @@ def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> s
         meta = {}
     wrote = meta.get("transformers") if isinstance(meta, dict) else None
     other = f"transformers {wrote}, which it was exported with" if wrote and wrote != version else None
-    again = _export_again(export)
+    again = export_again(export)
     if again is not None:
         fix = again[0] if base_edit is None else f"{base_edit}, then {again[0]}"
     else:
         fix = f"keep {export} (its checkpoint is gone or damaged: its weights are only there)"
-        if (of := _step_export(export)) is not None:
+        if (of := export_step_of(export)) is not None:
             run, step, merged = of
             copy = export.with_name(f"{export.name}.retokenized")
             ckpt = checkpoint_dir(run, step)

@@ -1,0 +1,77 @@
+"""How to write an export again, in a refusal's words: the one home of that advice (export_fix), for
+an export eval, verify or a run's start from it (model.init_from) refuses. An export may hold the only
+copy of its weights (retention keeps exports whose checkpoints it deleted), so it is moved aside, never
+deleted (review RV32f A6, RV33c F4)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from training.checkpoint.io import verify_checkpoint
+from training.checkpoint.record import CheckpointError
+from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
+
+
+def export_command(
+    run_dir: str | Path, step: int, merged: bool = False, out: Path | None = None, dtype: str = "fp32"
+) -> str:
+    """`gristmill export RUN --step N [--merged] [--out DIR --dtype D]`, quoted for a shell: what the
+    advice of an export's refusals (and verify's) gives to paste."""
+    return shlex.join(
+        ["gristmill", "export", str(run_dir), "--step", str(step), *(["--merged"] if merged else []),
+         *(["--out", str(out), "--dtype", dtype] if out is not None else [])]
+    )  # fmt: skip
+
+
+def export_step_of(path: Path) -> tuple[Path, int, bool] | None:
+    """(run, step, merged) of a run's step export `path` (RUN/exports/step-N, merged-step-N), else None."""
+    try:
+        step = step_of(path.with_name(path.name.removeprefix(MERGED_PREFIX)))
+    except ValueError:
+        return None
+    return path.parent.parent, step, path.name.startswith(MERGED_PREFIX)
+
+
+def export_again(path: Path) -> tuple[str, bool] | None:
+    """How to write export `path` again, and whether from the run's base (step 0, RUN/base's record):
+    moved aside, never deleted (retention keeps exports whose checkpoints it deleted: review R14f F1,
+    RV31L F4), then exported from its checkpoint while that verifies; None where its weights are
+    nowhere else."""
+    if (of := export_step_of(path)) is None:
+        return None
+    run, step, merged = of
+    if step == 0 and not merged:
+        return (
+            f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
+            "needs the base at hand"
+        ), True
+    try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
+        verify_checkpoint(checkpoint_dir(run, step))
+    except CheckpointError:
+        return None
+    return (
+        f"move {path} aside and export it again from its checkpoint ({export_command(run, step, merged)})",
+        False,
+    )
+
+
+def export_fix(path: Path, what: str | None) -> str:
+    """How to replace export `path`'s damaged or unloadable `what` (None: the export is no good as a
+    whole, another base's: nothing of it to restore): from its checkpoint while the run keeps it
+    (export_again); else from a copy only (or, for an export outside a run's exports, from whatever
+    checkpoint of its run is left). The one home of this advice: an export may be the only
+    copy of its weights, so it is never "delete" (review RV32f A6)."""
+    again = export_again(path)
+    if again is None and export_step_of(path) is None:  # no run's step (an --out folder, a copy): unknown
+        return (
+            f"restore {what or path.name} from a copy of the export, or export its step again from its run's "
+            "checkpoint where that still has one, to another folder (gristmill export RUN --step N --out "
+            "DIR); keep the export meanwhile: it may hold the only copy of its weights"
+        )
+    if again is None:
+        return (
+            f"restore {what or path.name} from a copy of the export; keep the export meanwhile: its "
+            "checkpoint is gone or damaged, so its weights are nowhere else"
+        )
+    return f"{again[0]}; or restore {what} from a copy" if again[1] and what is not None else again[0]
