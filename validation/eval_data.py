@@ -27,6 +27,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -106,7 +107,7 @@ class TaskData(NamedTuple):
     """Whether every one of its datasets is such files (none from the hub)."""
     patterns: list[str]
     """The glob patterns that find them (its data_files; a dataset_path folder's patterns that decide
-    which of its files datasets reads, `_folder_data`): a file added to a glob or a folder is a match of
+    which of its files datasets reads, `_folder_patterns`): a file added to a glob or a folder is a match of
     these (`local_files`), not of `files` (review RV30c S1)."""
     anchors: list[str]
     """The paths as the config writes them (a dataset_path, the folders before a pattern's first
@@ -115,7 +116,7 @@ class TaskData(NamedTuple):
     folders: list[tuple[str, str]]
     """Its dataset_path folders named without data_files (their data_dir, where given), as the config
     writes them, each with the key that names it (`dataset_path`, `data_dir`): datasets chooses which of
-    their files it reads (`_folder_data`, `check_data_folders`)."""
+    their files it reads (`read_files`, `check_data_folders`)."""
     caches: tuple[str, ...] = ()
     """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
 
@@ -252,15 +253,17 @@ def _data_files(
         if root is not None:
             anchors.append(str(root))
         found = local_files(mine)
-        if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
-            card = None if data_dir or root is None else _card_config(root, value.get("dataset_name"))
-            config = card or {}  # a config of its name alone is a card's still: unfiltered (RV33f F1)
+        if base is not None and data_files is None:  # the folder's files: those datasets itself reads
+            configs = None if data_dir or root is None else _card_configs(root)
+            name = value.get("dataset_name") if isinstance(value.get("dataset_name"), str) else None
+            walk = functools.cache(_walk)  # one walk of the folder for datasets' globs and the watch's
+            chosen_name, found = read_files(str(source), name, data_dir, walk)
+            config = configs[chosen_name] if configs and chosen_name in configs else {}
             base = base / (config.get("data_dir") or "")  # `data_dir: null` is none, as datasets reads it
             chosen = sanitize_patterns(config["data_files"]) if config.get("data_files") is not None else None
-            watched, found = _folder_data(base, chosen, filtered=card is None)
-            mine += watched
+            mine += _folder_patterns(base, chosen, walk)
             if root is not None:  # a card written or edited is a change (RV33b C5)
-                mine += [glob.escape(str(root.resolve() / name)) for name in _CARDS]
+                mine += [glob.escape(str(root.resolve() / card)) for card in _CARDS]
             folders.append(("data_dir" if data_dir or config.get("data_dir") else "dataset_path", str(base)))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
@@ -272,84 +275,98 @@ def _data_files(
         _data_files(v, patterns, files, leaves, anchors, folders)
 
 
-def _folder_data(
-    base: Path, chosen: dict[str, list[str]] | None = None, filtered: bool = True
-) -> tuple[list[str], list[Path]]:
-    """The patterns and the files of a dataset_path folder named without data_files, as datasets reads it
-    (datasets.load's LocalDatasetModuleFactory): the files of its split patterns (`test/**`,
-    `**/*-test.*`, … the first kind that matches any), of the one builder's extensions it infers from
-    them (`filtered`: not so for a dataset card's config, create_builder_configs_from_metadata_configs);
-    and the patterns of that kind and of the kinds datasets tries before it, whose new matches
-    change what it reads. `chosen`: the patterns of its dataset card's config ({split: patterns}), in
-    place of the split patterns. Never the folder's every file: a run directory, an eval's outputs or a
-    cache in it changed at every step, and the task's steps were never done (review RV31a 3)."""
-    from datasets.data_files import (
-        ALL_DEFAULT_PATTERNS,
-        SPLIT_PATTERN_SHARDED,
-        DataFilesDict,
-        DataFilesList,
-        _get_data_files_patterns,
-    )
-    from datasets.load import _ALL_ALLOWED_EXTENSIONS, infer_module_for_data_files
-    from datasets.packaged_modules import (
-        _MODULE_TO_EXTENSIONS,
-        _MODULE_TO_METADATA_EXTENSIONS,
-        _MODULE_TO_METADATA_FILE_NAMES,
-    )
+def _folder_patterns(
+    base: Path,
+    chosen: dict[str, list[str]] | None = None,
+    walk: Callable[[str, int | None], list[str]] = _walk,
+) -> list[str]:
+    """The patterns whose matches change which files datasets reads of a dataset_path folder (its
+    data_dir) named without data_files (LocalDatasetModuleFactory, PackagedDatasetModuleFactory): the
+    split patterns (`test/**`, `**/*-test.*`, …) of the first kind that matches any file and of the
+    kinds datasets tries before it (a first match of one of them is another choice); `chosen`: the
+    patterns of its dataset card's config ({split: patterns}) in their place. Never the folder's every
+    file: a run directory, an eval's outputs or a cache in it changed at every step, and the task's
+    steps were never done (review RV31a 3). Which files they are is datasets' to say (`read_files`)."""
+    from datasets.data_files import ALL_DEFAULT_PATTERNS, SPLIT_PATTERN_SHARDED, _get_data_files_patterns
 
     base = base.resolve()  # as datasets does, once (RV31a 5)
     under = glob.escape(str(base))
-    walk = functools.cache(_walk)  # one walk for the 68 patterns datasets tries (RV32f B5)
-
-    def resolve(pattern: str, extensions: Sequence[str] | None = None) -> list[str]:
-        """datasets' resolve_pattern(pattern, base), from the one walk."""
-        found = [
-            str(f)
-            for f in local_files([os.path.join(str(base), pattern)], walk)
-            if extensions is None or any(f".{suffix}" in extensions for suffix in f.name.split(".")[1:])
-        ]
-        if not found:
-            raise FileNotFoundError(pattern)
-        return found
-
-    def listed(patterns: list[str]) -> DataFilesList:
-        """DataFilesList.from_patterns(patterns, base, its extensions), from the one walk."""
-        files: list[str] = []
-        for pattern in patterns:
-            try:
-                files += resolve(pattern, _ALL_ALLOWED_EXTENSIONS)
-            except FileNotFoundError:
-                if not glob.has_magic(pattern):
-                    raise
-        return DataFilesList(files, [()] * len(files))
-
     kinds = [[SPLIT_PATTERN_SHARDED.replace("{split}", "*")]]
     kinds += [[p for ps in kind.values() for p in ps] for kind in ALL_DEFAULT_PATTERNS]
     if chosen is None:
+
+        def resolve(pattern: str) -> list[str]:
+            if not (found := local_files([os.path.join(str(base), pattern)], walk)):
+                raise FileNotFoundError(pattern)
+            return [str(f) for f in found]
+
         try:
             chosen = _get_data_files_patterns(resolve)  # get_data_patterns(base)
         except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
-            return [os.path.join(under, p) for kind in kinds for p in kind], []
+            return [os.path.join(under, p) for kind in kinds for p in kind]
         mine = {p for ps in chosen.values() for p in ps}
         last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
         mine = mine.union(*kinds[: last + 1])
     else:
         mine = {p for ps in chosen.values() for p in ps}
-    watched = [os.path.join(under, p) for p in sorted(mine)]
+    return [os.path.join(under, p) for p in sorted(mine)]
+
+
+def read_files(
+    path: str,
+    name: str | None,
+    data_dir: str | None,
+    walk: Callable[[str, int | None], list[str]] | None = None,
+) -> tuple[str, list[Path]]:
+    """The config datasets builds for `load_dataset(path, name, data_dir=data_dir)` of a local folder or
+    one of its own builders (`json`, …) without data_files, and the files it reads: asked of datasets
+    itself (its module factory and builder config), not worked out here again; each re-reading of its
+    rules missed a case, a file read and never recorded (review RV33f F2, F6, F10). Its file listing comes
+    from one walk of each folder (`_one_walk`: 68 globs of a 20k-file folder were 15-30 s); its builder
+    writes a lock in a scratch cache_dir, removed after. No files where datasets finds none (lm-eval's
+    load says so); ValueError where it refuses the folder (its card, its config name)."""
+    import datasets
+    from datasets.exceptions import DataFilesNotFoundError
+
+    with tempfile.TemporaryDirectory(prefix="gristmill-resolve-") as scratch, _one_walk(walk):
+        try:
+            builder = datasets.load_dataset_builder(path, name, data_dir=data_dir, cache_dir=scratch)
+        except (DataFilesNotFoundError, datasets.data_files.EmptyDatasetError, FileNotFoundError):
+            return name or "", []
+    files = {Path(f) for fs in (builder.config.data_files or {}).values() for f in fs}
+    return builder.config.name, sorted(files)
+
+
+@contextlib.contextmanager
+def _one_walk(walk: Callable[[str, int | None], list[str]] | None = None) -> Iterator[None]:
+    """datasets' resolve_pattern, for a local pattern, from one walk of each folder (`local_files`: the
+    same matches; `walk`: how, cached) while datasets resolves a folder's data files (`read_files`)."""
+    from datasets import data_files as module
+
+    original = module.resolve_pattern
+    walk = walk or functools.cache(_walk)
+
+    def resolve(
+        pattern: str, base_path: str, allowed_extensions: list[str] | None = None, **kwargs: Any
+    ) -> list[str]:
+        if "://" in pattern or "::" in pattern or "://" in base_path:
+            return original(pattern, base_path, allowed_extensions, **kwargs)
+        full = os.path.abspath(os.path.join(base_path, os.path.expanduser(pattern)))
+        found = [
+            str(f)
+            for f in local_files([full], walk)
+            if allowed_extensions is None
+            or any(f".{suffix}" in allowed_extensions for suffix in f.name.split(".")[1:])
+        ]
+        if not found:
+            raise FileNotFoundError(f"Unable to find '{full}'")
+        return found
+
+    module.resolve_pattern = resolve
     try:
-        data = DataFilesDict({split: listed(patterns) for split, patterns in chosen.items()})
-        module, _ = infer_module_for_data_files(data, path=str(base))
-    except (FileNotFoundError, ValueError):  # none it can read, or two formats: datasets refuses it too
-        return watched, []
-    if not filtered:
-        return watched, sorted({Path(f) for fs in data.values() for f in fs})
-    if module is None:
-        return watched, []
-    data = data.filter(
-        extensions=_MODULE_TO_EXTENSIONS[module] + _MODULE_TO_METADATA_EXTENSIONS[module],
-        file_names=_MODULE_TO_METADATA_FILE_NAMES[module],
-    )
-    return watched, sorted({Path(f) for fs in data.values() for f in fs})
+        yield
+    finally:
+        module.resolve_pattern = original
 
 
 def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
@@ -392,13 +409,13 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
 _CARDS = ("README.md", ".huggingface.yaml")  # datasets.config.REPOCARD_FILENAME, REPOYAML_FILENAME
 
 
-def _card_config(folder: Path, name: str | None) -> dict[str, Any] | None:
-    """The config of the dataset card in dataset_path `folder` (README.md's YAML, .huggingface.yaml's
-    over it) that datasets builds config `name` (the task's dataset_name; else the card's default) from,
-    as LocalDatasetModuleFactory reads it: its `data_files`, its `data_dir`, which datasets reads in
-    place of the folder's split files (review RV33b C1, C4); None where the card has no `configs`
-    ({} for a config of its name alone: datasets builds it from the card all the same, RV33f F1).
-    ValueError where datasets could not choose one either (no default among several, an unknown name)."""
+def _card_configs(folder: Path) -> Any:
+    """The `configs` of the dataset card in dataset_path `folder` (README.md's YAML, .huggingface.yaml's
+    over it; datasets' MetadataConfigs, {name: config}) as LocalDatasetModuleFactory reads them: each
+    config's `data_files`, its `data_dir`, which datasets reads in place of the folder's split files
+    (review RV33b C1, C4); which one it takes is datasets' to say (`read_files`). None where the card has
+    no `configs`. ValueError where datasets cannot read them either, in words (a TypeError's traceback
+    from datasets: RV33f F4, RV33h H3)."""
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard, DatasetCardData
     from huggingface_hub.repocard import REGEX_YAML_BLOCK
@@ -417,21 +434,13 @@ def _card_config(folder: Path, name: str | None) -> dict[str, Any] | None:
         raise ValueError(f"{folder}'s dataset card's `configs` cannot be read ({what})") from None
     if not configs:
         return None
-    chosen = name or configs.get_default_config_name()
-    if chosen not in configs:
-        raise ValueError(
-            f"{folder}'s dataset card has no config {chosen!r} in its `configs` ({', '.join(configs)}); "
-            "give the task dataset_name: one of them"
-            if chosen
-            else f"{folder}'s dataset card has several `configs` and none default: give the task dataset_name"
-        )
-    config = configs[chosen]
-    if not isinstance(config.get("data_dir") or "", str):  # RV33f F4: a TypeError's traceback
-        raise ValueError(
-            f"{folder}'s dataset card gives config {chosen!r} data_dir {config['data_dir']}: "
-            "give it a folder name"
-        )
-    return config
+    for chosen, config in configs.items():
+        if not isinstance(config.get("data_dir") or "", str):  # RV33f F4: a TypeError's traceback
+            raise ValueError(
+                f"{folder}'s dataset card gives config {chosen!r} data_dir {config['data_dir']}: "
+                "give it a folder name"
+            )
+    return configs
 
 
 def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:

@@ -2486,6 +2486,23 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: v2\n---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [(data / "v2" / "own_mc-test.jsonl").resolve()]
+    # the files datasets itself reads, not a re-reading of its rules: a chosen config whose splits differ in
+    # format (datasets infers the builder from the first config: RV33f F6, nothing was recorded), several
+    # configs none default and the card's dataset_info naming one (datasets takes it: F10, refused)
+    config = "- config_name: {}\n  data_files:\n  - split: test\n    path: {}\n"
+    stray.write_text(rows[0] + "\n")
+    mixed = (
+        config.format("B", stray.name) + "  - split: train\n    path: own_mc-train.jsonl\n  default: true\n"
+    )
+    (data / "README.md").write_text(f"---\nconfigs:\n{config.format('A', test.name)}{mixed}---\n")
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == [stray.resolve(), (data / "own_mc-train.jsonl").resolve()]
+    info = "dataset_info:\n  config_name: B\n  features:\n  - name: label\n    dtype: int64\n"
+    two = config.format("A", test.name) + config.format("B", stray.name)
+    (data / "README.md").write_text(f"---\nconfigs:\n{two}{info}---\n")
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == [stray.resolve()]
+    stray.unlink()
     # what datasets cannot resolve either: one line (RV33b C2: a ValueError's traceback; RV33f F4: a
     # TypeError's, for a .huggingface.yaml not a mapping or a data_dir not a string), and the task's
     # own cache_dir in the folder, refused as HF_DATASETS_CACHE is (C8: the watch never ended)
@@ -2521,6 +2538,18 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     )
     read = TaskPlan(tmp_path / "run", cfg).data_files
     assert read["own_mc"].files == sorted((data / "sub").resolve().glob("*.jsonl")) and read["own_mc"].alone
+    # every split file of it, whatever its name: a Spark layout (test/part-00000) read, never recorded (F2)
+    for split in ("train", "test"):
+        (data / "sub" / split).mkdir()
+        shutil.copy(data / f"own_mc-{split}.jsonl", data / "sub" / split / "part-00000")
+        (data / "sub" / split / "_SUCCESS").touch()
+    read = TaskPlan(tmp_path / "run", cfg).data_files
+    assert [p.relative_to((data / "sub").resolve()).as_posix() for p in read["own_mc"].files] == [
+        "test/_SUCCESS",
+        "test/part-00000",
+        "train/_SUCCESS",
+        "train/part-00000",
+    ]
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / "sub" / "hf")  # named by its key (F8)
     capsys.readouterr()
     assert main(watch) == 2
