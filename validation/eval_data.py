@@ -375,7 +375,11 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
     writes RUN/eval/ (a split folder to datasets) and local_data_cache writes data-test.arrow, … into
     the cache (HF_DATASETS_CACHE, or the task's own dataset_kwargs cache_dir), so the task's next read
     took them for its documents: "no data files" after the first eval (review RV32f B2), or a watch that
-    scored the cache's rows and never ended (B8, RV33b C8)."""
+    scored the cache's rows and never ended (B8, RV33b C8). And a task read from local files alone that
+    names its own cache_dir, anywhere: local_data_cache's per-content folder is the one home of its
+    cache (a cache_dir of its own bypassed it: a file replaced under its old mtime scored the old rows
+    under the new digest, RV33f F9). Refused rather than redirected: the cache_dir is lm-eval's to pass
+    to datasets, and the task loses nothing without it."""
     import datasets
 
     arrow = "the .arrow files cached there (data-test.arrow, …) for the task's documents"
@@ -404,6 +408,13 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
                     f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
                     f"files, relative to {folder}) or {fix}"
                 )
+    if data.alone and data.caches:  # datasets reads there, not local_data_cache's folder (review RV33f F9)
+        raise EvalError(
+            f"task {name} reads local files alone and names its own dataset_kwargs cache_dir "
+            f"{data.caches[0]}: datasets keys a local file's cache there by path and mtime, so a file "
+            "replaced under its old mtime would be scored from the old rows; remove cache_dir (gristmill "
+            "caches such a task's documents per content under HF_DATASETS_CACHE)"
+        )
 
 
 _CARDS = ("README.md", ".huggingface.yaml")  # datasets.config.REPOCARD_FILENAME, REPOYAML_FILENAME

@@ -2517,11 +2517,17 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
         ("", "", "but got {'test': 'x'}; fix its"),  # datasets' first sentence alone (RV33f F8)
         ("", "  data_files:\n    test: '**-test.jsonl'\n", "Invalid pattern: '**' can only be an entire"),
         ("", f"  cache_dir: {data / 'cache'}\n", f"its dataset_kwargs cache_dir {data / 'cache'} lies in it"),
+        # anywhere: it bypassed local_data_cache's per-content cache (F9: the old rows under the new digest)
+        (
+            "",
+            f"  cache_dir: {tmp_path / 'own'}\n",
+            f"names its own dataset_kwargs cache_dir {tmp_path / 'own'}",
+        ),
     ]:
         (data / ".huggingface.yaml").write_text(standalone)  # over README.md's YAML; empty: README's alone
         yaml.write_text(text + f"dataset_kwargs:\n{kwargs}" * bool(kwargs))
         if kwargs.startswith("  cache_dir"):
-            (data / "README.md").unlink()
+            (data / "README.md").unlink(missing_ok=True)
         assert main(watch) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
