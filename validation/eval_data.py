@@ -131,7 +131,7 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     leaves: list[bool] = []
     anchors: list[str] = []
     folders: list[tuple[str, str]] = []
-    definition = _definition(task_manager, name, set())
+    definition = final_configs(task_manager, name)
     try:
         _data_files(definition, patterns, files, leaves, anchors, folders)
     except (ValueError, yaml.YAMLError) as e:  # datasets' load of the task refuses it too (RV33b C2)
@@ -150,6 +150,42 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
         sorted(set(folders)),
         tuple(sorted(set(_cache_dirs(definition)))),
     )
+
+
+class _Unbuilt:
+    """A task lm-eval's TaskFactory would build, its config alone (`final_configs`)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.task_name = config.get("task")
+
+
+def final_configs(task_manager: Any, name: str) -> Any:
+    """The configs lm-eval builds task, group or tag `name`'s tasks from: each member's own with its
+    groups' overrides applied (a group's own non-structural keys, a `- task: x` item's keys: review RV33f
+    F3, the member's own data files were recorded and the override's scored), asked of lm-eval's own
+    TaskFactory with its tasks left unbuilt (building one loads its data). The definition's configs
+    (`_definition`) where lm-eval cannot build it (its load says why)."""
+    from lm_eval.tasks import _factory
+
+    class Configs(_factory.TaskFactory):
+        def _build_task(self, entry: Any, overrides: dict[str, Any] | None) -> Any:
+            return _Unbuilt(self._load_full_config(entry, overrides))
+
+    def leaves(built: Any) -> list[dict[str, Any]]:
+        if isinstance(built, _Unbuilt):
+            return [built.config]
+        return [c for child in built for c in leaves(child)]  # a tag's list, a group's children
+
+    entry = task_manager.task_index.get(name)
+    built_task = _factory.ConfigurableTask  # an inline member is built there, not in _build_task
+    _factory.ConfigurableTask = _Unbuilt
+    try:
+        return leaves(Configs().build(entry, registry=dict(task_manager.task_index)))
+    except Exception:
+        return _definition(task_manager, name, set())
+    finally:
+        _factory.ConfigurableTask = built_task
 
 
 def _cache_dirs(value: Any) -> Iterator[str]:

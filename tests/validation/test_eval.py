@@ -2497,6 +2497,13 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text(f"---\nconfigs:\n{config.format('A', test.name)}{mixed}---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [stray.resolve(), (data / "own_mc-train.jsonl").resolve()]
+    # a group's override of its member's dataset_name (an item's, a group-wide key): the files of the
+    # config lm-eval scores, not of the member's own (RV33f F3: B's recorded, A's scored, never rescored)
+    for group in ["task:\n- task: own_mc\n  dataset_name: A\n", "dataset_name: A\ntask:\n- own_mc\n"]:
+        (tasks / "g.yaml").write_text(f"group: g\n{group}")
+        grouped = TaskPlan(tmp_path / "run", load_eval_config(None, _own_args(tasks)[3:], "g")).data_files
+        assert grouped["g"].files == [test.resolve()], group
+    (tasks / "g.yaml").unlink()
     info = "dataset_info:\n  config_name: B\n  features:\n  - name: label\n    dtype: int64\n"
     two = config.format("A", test.name) + config.format("B", stray.name)
     (data / "README.md").write_text(f"---\nconfigs:\n{two}{info}---\n")
