@@ -113,10 +113,11 @@ class TaskData(NamedTuple):
     """The paths as the config writes them (a dataset_path, the folders before a pattern's first
     wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
     other files that no pattern of the old resolution matches (review RV32f B1)."""
-    folders: list[tuple[str, str]]
-    """Its dataset_path folders named without data_files (their data_dir, where given), as the config
-    writes them, each with the key that names it (`dataset_path`, `data_dir`): datasets chooses which of
-    their files it reads (`read_files`, `check_data_folders`)."""
+    folders: list[tuple[str, str, str]]
+    """Its dataset_path folders named without data_files (their data_dir, where given): datasets chooses
+    which of their files it reads (`read_files`, `check_data_folders`). Each as (how the config names it,
+    `dataset_path DATA` or `data_dir DATA/sub` or `dataset_path DATA (its dataset card's data_dir sub)`;
+    the folder datasets looks in; the folder a data_files of the task's would be relative to)."""
     caches: tuple[str, ...] = ()
     """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
 
@@ -130,7 +131,7 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     files: set[Path] = set()
     leaves: list[bool] = []
     anchors: list[str] = []
-    folders: list[tuple[str, str]] = []
+    folders: list[tuple[str, str, str]] = []
     definition = final_configs(task_manager, name)
     try:
         _data_files(definition, patterns, files, leaves, anchors, folders)
@@ -264,7 +265,7 @@ def _data_files(
     files: set[Path],
     leaves: list[bool],
     anchors: list[str],
-    folders: list[tuple[str, str]],
+    folders: list[tuple[str, str, str]],
 ) -> None:
     if isinstance(value, list):
         for v in value:
@@ -295,12 +296,18 @@ def _data_files(
             walk = functools.cache(_walk)  # one walk of the folder for datasets' globs and the watch's
             chosen_name, found = read_files(str(source), name, data_dir, walk)
             config = configs[chosen_name] if configs and chosen_name in configs else {}
+            # how the config names the folder, and what its data_files would be relative to (datasets'
+            # base_path: the dataset_path, its data_dir's; never the card's data_dir, RV33h H4)
+            named = f"data_dir {base}" if data_dir else f"dataset_path {source}"
+            if config.get("data_dir"):
+                named += f" (its dataset card's data_dir {config['data_dir']})"
+            relative = str(base)
             base = base / (config.get("data_dir") or "")  # `data_dir: null` is none, as datasets reads it
             chosen = sanitize_patterns(config["data_files"]) if config.get("data_files") is not None else None
             mine += _folder_patterns(base, chosen, walk)
             if root is not None:  # a card written or edited is a change (RV33b C5)
                 mine += [glob.escape(str(root.resolve() / card)) for card in _CARDS]
-            folders.append(("data_dir" if data_dir or config.get("data_dir") else "dataset_path", str(base)))
+            folders.append((named, str(base), relative))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
@@ -432,7 +439,7 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
             for cache in data.caches
         ),
     ]
-    for key, folder in data.folders:
+    for named, folder, relative in data.folders:
         base = Path(folder).resolve()
         for what, path, taken, fix in kept:
             inside = path.resolve()
@@ -440,9 +447,9 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
                 part.startswith((".", "__")) for part in inside.relative_to(base).parts
             ):
                 raise EvalError(
-                    f"task {name} reads {key} {folder} without data_files, and {what} {path} lies "
+                    f"task {name} reads {named} without data_files, and {what} {path} lies "
                     f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
-                    f"files, relative to {folder}) or {fix}"
+                    f"files, relative to {relative}) or {fix}"
                 )
     if data.alone and data.caches:  # datasets reads there, not local_data_cache's folder (review RV33f F9)
         raise EvalError(

@@ -2387,6 +2387,7 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
 
     from pipelines.cli import main
     from validation.eval import load_eval_config
+    from validation.eval_data import EvalError
 
     data = tmp_path / "data"
     data.mkdir()
@@ -2486,6 +2487,14 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: v2\n---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [(data / "v2" / "own_mc-test.jsonl").resolve()]
+    # a folder the card's data_dir chooses is named as the task names it, its data_files relative to the
+    # dataset_path, as datasets reads them (RV33h H4: "reads data_dir", "relative to" the card's folder)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / "v2" / "hf")
+    with pytest.raises(EvalError) as refused:
+        TaskPlan(tmp_path / "run", cfg)
+    said = f"reads dataset_path {data} (its dataset card's data_dir v2) without data_files"
+    assert said in str(refused.value) and f"(its files, relative to {data})" in str(refused.value)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")
     # the files datasets itself reads, not a re-reading of its rules: a chosen config whose splits differ in
     # format (datasets infers the builder from the first config: RV33f F6, nothing was recorded), several
     # configs none default and the card's dataset_info naming one (datasets takes it: F10, refused)
