@@ -376,6 +376,8 @@ def read_files(
             builder = datasets.load_dataset_builder(path, name, data_dir=data_dir, cache_dir=scratch)
         except (DataFilesNotFoundError, datasets.data_files.EmptyDatasetError, FileNotFoundError):
             return name or "", []
+        except (RuntimeError, TypeError, KeyError) as e:  # a folder holding a script, …: its one line
+            raise ValueError(str(e)) from e
     files = {Path(f) for fs in (builder.config.data_files or {}).values() for f in fs}
     return builder.config.name, sorted(files)
 

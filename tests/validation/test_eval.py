@@ -2547,6 +2547,12 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
         assert main(watch) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
+    yaml.write_text(text)  # a folder holding a dataset script: datasets refuses it, in one line here too
+    (data / "data.py").write_text("")
+    assert main(watch) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Dataset scripts are no longer supported, but found data.py" in err, err
+    (data / "data.py").unlink()
     (data / "sub").mkdir()  # dataset_kwargs' data_dir: datasets reads that folder's files alone
     for split in ("train", "test"):
         shutil.copy(data / f"own_mc-{split}.jsonl", data / "sub" / f"own_mc-{split}.jsonl")
