@@ -113,11 +113,12 @@ class TaskData(NamedTuple):
     """The paths as the config writes them (a dataset_path, the folders before a pattern's first
     wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
     other files that no pattern of the old resolution matches (review RV32f B1)."""
-    folders: list[tuple[str, str, str]]
+    folders: list[tuple[str, str, str, tuple[str, ...]]]
     """Its dataset_path folders named without data_files (their data_dir, where given): datasets chooses
     which of their files it reads (`read_files`, `check_data_folders`). Each as (how the config names it,
     `dataset_path DATA` or `data_dir DATA/sub` or `dataset_path DATA (its dataset card's data_dir sub)`;
-    the folder datasets looks in; the folder a data_files of the task's would be relative to)."""
+    the folder datasets looks in; the folder a data_files of the task's would be relative to; the
+    patterns whose matches there are what datasets reads, `_folder_patterns`)."""
     caches: tuple[str, ...] = ()
     """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
 
@@ -131,7 +132,7 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     files: set[Path] = set()
     leaves: list[bool] = []
     anchors: list[str] = []
-    folders: list[tuple[str, str, str]] = []
+    folders: list[tuple[str, str, str, tuple[str, ...]]] = []
     definition = final_configs(task_manager, name)
     try:
         _data_files(definition, patterns, files, leaves, anchors, folders)
@@ -265,7 +266,7 @@ def _data_files(
     files: set[Path],
     leaves: list[bool],
     anchors: list[str],
-    folders: list[tuple[str, str, str]],
+    folders: list[tuple[str, str, str, tuple[str, ...]]],
 ) -> None:
     if isinstance(value, list):
         for v in value:
@@ -304,10 +305,11 @@ def _data_files(
             relative = str(base)
             base = base / (config.get("data_dir") or "")  # `data_dir: null` is none, as datasets reads it
             chosen = sanitize_patterns(config["data_files"]) if config.get("data_files") is not None else None
-            mine += _folder_patterns(base, chosen, walk)
+            deciding = _folder_patterns(base, chosen, walk)
+            mine += deciding
             if root is not None:  # a card written or edited is a change (RV33b C5)
                 mine += [glob.escape(str(root.resolve() / card)) for card in _CARDS]
-            folders.append((named, str(base), relative))
+            folders.append((named, str(base), relative, tuple(deciding)))
         elif base is None and root is not None and root.is_file():
             mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
@@ -441,12 +443,14 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
             for cache in data.caches
         ),
     ]
-    for named, folder, relative in data.folders:
+    for named, folder, relative, deciding in data.folders:
         base = Path(folder).resolve()
         for what, path, taken, fix in kept:
             inside = path.resolve()
-            if inside.is_relative_to(base) and not any(
-                part.startswith((".", "__")) for part in inside.relative_to(base).parts
+            if (
+                inside.is_relative_to(base)
+                and not any(part.startswith((".", "__")) for part in inside.relative_to(base).parts)
+                and _may_match_under(deciding, inside)  # a card's data_files never reach it (RV33f F7)
             ):
                 raise EvalError(
                     f"task {name} reads {named} without data_files, and {what} {path} lies "
@@ -460,6 +464,15 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
             "replaced under its old mtime would be scored from the old rows; remove cache_dir (gristmill "
             "caches such a task's documents per content under HF_DATASETS_CACHE)"
         )
+
+
+def _may_match_under(patterns: Sequence[str], folder: Path) -> bool:
+    """Whether any of glob `patterns` (absolute) can match a file at some depth under `folder`: the
+    folder's path is a prefix of one of their matches (a partial match of the glob's regex)."""
+    import regex
+
+    under = str(folder) + "/"
+    return any(regex.fullmatch(glob_translate(p), under, partial=True) for p in patterns)
 
 
 _CARDS = ("README.md", ".huggingface.yaml")  # datasets.config.REPOCARD_FILENAME, REPOYAML_FILENAME

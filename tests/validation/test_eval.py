@@ -2484,6 +2484,12 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     (data / "README.md").write_text(f"---\n{card}---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [(data / "own_mc-train.jsonl").resolve()]
+    # its data_files reach no file of a cache (or the run) in the folder: not refused (RV33f F7: it was)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / "hf")
+    assert TaskPlan(tmp_path / "run", cfg).data_files["own_mc"].files == [
+        (data / "own_mc-train.jsonl").resolve()
+    ]
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")
     (data / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_dir: v2\n---\n")
     plan.refresh_definitions()
     assert plan.data_files["own_mc"].files == [(data / "v2" / "own_mc-test.jsonl").resolve()]
