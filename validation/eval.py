@@ -115,6 +115,7 @@ from validation.eval_data import (
     local_task_config,
     local_task_definition,
     local_task_names,
+    reconfigured_members,
     task_data_files,
     task_data_folder,
     task_data_settings,
@@ -386,6 +387,9 @@ class TaskPlan:
         # a planned group's or tag's members that are tasks of their own: their definitions, contents
         self.member_definitions: dict[str, str] = {}
         self.member_contents: dict[str, str | None] = {}
+        # those a planned group builds with other settings than their own (its own keys): recorded as
+        # scored under the group's (eval_data.reconfigured_members)
+        self.reconfigured: dict[str, set[str]] = {}
         self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
         self.refresh_definitions()
 
@@ -409,6 +413,7 @@ class TaskPlan:
             check_data_folders(name, data, self.run_dir)
         self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
         self.scored_as = {n: self._scored_as(n) for n in hub}
+        self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in hub}
         self._files = self._watched()
         # each planned group's or tag's members that are tasks of their own, by their own definition:
         # what a member's scores record (they carried their group's, and a later eval of the member
@@ -701,7 +706,9 @@ def evaluate_lm(
             # definition where it is a task of its own scored as it is (R30a F2)
             overridden = plan.overridden(name) if name not in plan.local else {}
             for member in results.get("results", {}):
-                own = None if member in overridden else plan.member_definitions.get(member)
+                # a member the group changes by its own keys was scored as the group's variant (RV33f F3)
+                changed = member in overridden or member in plan.reconfigured.get(name, set())
+                own = None if changed else plan.member_definitions.get(member)
                 mine = (
                     settings if own is None else score_settings(cfg, None, own, plan.member_contents[member])
                 )

@@ -190,6 +190,27 @@ def final_configs(task_manager: Any, name: str) -> Any:
         _factory.ConfigurableTask = built_task
 
 
+def reconfigured_members(task_manager: Any, name: str) -> set[str]:
+    """The tasks of their own (in the task index) that group or tag `name` builds with a config other
+    than their own under their own name: a group's own keys (`dataset_name: B` beside its `task` list)
+    reach its members, which lm-eval scores under their plain names. Their scores are the group's
+    variant's, not the task's as it is (review RV33f F3: recorded with the member's own definition and
+    documents, a later eval of the member alone counted them done)."""
+    index = task_manager.task_index
+
+    def own(config: dict[str, Any]) -> Any:
+        return _stable({k: v for k, v in config.items() if k != "metadata"})  # lm-eval's, where it ran
+
+    built = [c for c in final_configs(task_manager, name) if isinstance(c, dict)]
+    return {
+        c["task"]
+        for c in built
+        if c.get("task") in index
+        and str(getattr(index[c["task"]], "kind", "")).rsplit(".", 1)[-1] not in ("GROUP", "TAG")
+        and [own(c)] != [own(m) for m in final_configs(task_manager, c["task"]) if isinstance(m, dict)]
+    }
+
+
 def _cache_dirs(value: Any) -> Iterator[str]:
     """The dataset_kwargs cache_dir of a task's config and its members', as written."""
     if isinstance(value, list):

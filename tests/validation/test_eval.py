@@ -2121,6 +2121,22 @@ def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own
     )
     out, err = capfd.readouterr()
     assert "scored again" not in out and "[eval] step 5 own_mc" not in err, (out, err)
+    # a group's own key reaches own_mc, which lm-eval scores under its plain name: recorded under the
+    # group's settings, so a watch of own_mc alone scores it again (RV33f F3: its own definition and
+    # documents were recorded with the variant's scores, and the watch counted them done)
+    (tasks / "lvl.yaml").write_text(
+        'group: lvl\ndoc_to_text: "zzz zzz {{context}}"\ntask:\n  - own_mc\n'
+        "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
+    )
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks, "lvl")]) == 0
+    rows = recorded()[1]
+    assert rows["own_mc"]["settings"] == rows["lvl"]["settings"] != alone["settings"]
+    capfd.readouterr()
+    assert (
+        main(["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]) == 0
+    )
+    assert "[eval] step 5 own_mc" in capfd.readouterr().err
+    assert recorded()[1]["own_mc"]["settings"] == alone["settings"]
 
 
 def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_names_is_scored_again(
