@@ -317,6 +317,8 @@ def _data_files(
             name = value.get("dataset_name") if isinstance(value.get("dataset_name"), str) else None
             walk = functools.cache(_walk)  # one walk of the folder for datasets' globs and the watch's
             chosen_name, found = read_files(str(source), name, data_dir, walk)
+            if configs and not chosen_name:  # no files yet: the config datasets will choose, watched
+                chosen_name = name or configs.get_default_config_name() or ""
             config = configs[chosen_name] if configs and chosen_name in configs else {}
             # how the config names the folder, and what its data_files would be relative to (datasets'
             # base_path: the dataset_path, its data_dir's; never the card's data_dir, RV33h H4)

@@ -2517,6 +2517,16 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     said = f"reads dataset_path {data} (its dataset card's data_dir v2) without data_files"
     assert said in str(refused.value) and f"(its files, relative to {data})" in str(refused.value)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", data / ".hf")
+    # a card config's file not there yet (datasets reads nothing) is watched all the same: written, a change
+    late = data / "v3" / "items.jsonl"
+    card = f"configs:\n- config_name: default\n  data_files:\n  - split: test\n    path: v3/{late.name}\n"
+    (data / "README.md").write_text(f"---\n{card}---\n")
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == []
+    late.parent.mkdir()
+    shutil.copy(test, late)
+    plan.refresh_definitions()
+    assert plan.data_files["own_mc"].files == [late.resolve()]
     # the files datasets itself reads, not a re-reading of its rules: a chosen config whose splits differ in
     # format (datasets infers the builder from the first config: RV33f F6, nothing was recorded), several
     # configs none default and the card's dataset_info naming one (datasets takes it: F10, refused)
