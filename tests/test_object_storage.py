@@ -506,6 +506,15 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
     finally:
         s3.proxy.forbidden = None
     assert hashes(s3.url("scoped/mine"), 4, cache=cache(tmp_path)) == hashes(other, 4)
+    # a PUT the store refuses (403) is the store's, not a local file "damaged after the build" with the
+    # advice to rebuild (review RV34b F1)
+    s3.proxy.forbidden = lambda method, path: method == "PUT" and "/shards/" in path
+    try:
+        with pytest.raises(ObjectStoreError) as e:
+            upload_dataset(other, s3.url("denied"), log=lambda *a: None)
+    finally:
+        s3.proxy.forbidden = None
+    assert "PUT refused (AccessDenied" in str(e.value) and "damaged" not in str(e.value)
     # an object not this dataset's beside its own dataset.json: uploaded over, exit 0, and the bucket
     # then failed validation (review R17e F6)
     stray = f"{url.split('/', 3)[3]}/shards/99999_00000.tar"
