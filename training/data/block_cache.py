@@ -202,10 +202,10 @@ class CachedBlocks:
         self._origin = str(root / ORIGIN)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         # Keys of the units this process knows the cache holds (listed, fetched or found there), for a
-        # prefetcher's walks (it starts the set, and forgets it every RELIST_EVERY_S: forget_known); kept
-        # only by the process whose prefetcher started it (a DataLoader worker's, forked with a copy,
-        # would only grow: reviews R19c 4, R19d 6). A hint: a read opens the file, and fetches it when
-        # it is gone.
+        # prefetcher's walks (it starts the set, and forgets it every RELIST_EVERY_S: forget_known) and
+        # a group's plan (row_lengths stats only the others); kept only by the process whose prefetcher
+        # started it (a DataLoader worker's, forked with a copy, would only grow: reviews R19c 4, R19d
+        # 6). A hint: a read opens the file, and fetches it when it is gone.
         self.on_disk: set[int] = set()
         self._on_disk_pid = 0  # the process keeping on_disk; 0: none
         self.lengths = SampleLengths(self)
