@@ -25,11 +25,17 @@ import threading
 import time
 
 
-def exit_with(pid: int | None = None, poll_s: float = 0.05) -> None:
+def exit_with(pid: int | None = None, poll_s: float = 0.05, forked_by: int | None = None) -> None:
     """Kill this process (and its process group when it leads one: torchrun makes each worker a
-    group leader, and its DataLoader workers go with it) once process `pid` (None: the parent) ends."""
+    group leader, and its DataLoader workers go with it) once process `pid` (None: the parent) ends.
+
+    `forked_by`: the parent's pid as the parent took it before the fork (its os.getpid(), passed
+    in). A process whose parent died before this call was already the reaper's (pid 1), took that
+    for its parent and watched it forever: a DataLoader worker whose start came after its trainer's
+    SIGKILL kept the shards' files and shared memory until a SIGKILL of its own. Given, such an
+    orphan ends at once. None: the parent found now (torchrun's workers, whose agent cannot pass it)."""
     if pid is None:
-        parent = os.getppid()
+        parent = os.getppid() if forked_by is None else forked_by
 
         def wait() -> None:
             while os.getppid() == parent:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -377,7 +378,7 @@ class _WorkerError:
         raise error
 
 
-def _worker_start(_: int) -> None:
+def _worker_start(trainer: int, _: int) -> None:
     """A DataLoader worker's first act: SIGTERM is its trainer's to act on. A scheduler signals every
     process of a job (Slurm's preemption, scancel), torch's handler let the worker die by it, and the
     trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated") instead of
@@ -385,10 +386,13 @@ def _worker_start(_: int) -> None:
     blocked (_workers_started), so one sent before this point waits, and is dropped here as ignored.
     The worker still ends at the loader's shutdown (its queue's sentinel), and within a moment of its
     trainer's death however it died (exit_with: torch's own watchdog looks every 5 s, so a rank the
-    OOM killer took left its workers running ~4 s past it and its launcher: review R18b 4)."""
+    OOM killer took left its workers running ~4 s past it and its launcher: review R18b 4).
+    `trainer`: the trainer's pid, taken before the fork. A worker starting after its trainer's death
+    (killed as its workers started) found the reaper as its parent, and it and torch's watchdog
+    watched that forever, SIGTERM ignored; it ends at once now (exit_with's forked_by)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    exit_with()
+    exit_with(forked_by=trainer)
 
 
 # How workers start: forked by the trainer itself, its own children, as torch's watchdog and
@@ -701,7 +705,7 @@ class TokenLoader:
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             # An explicit generator: worker seeding must not draw from (and so shift) the global RNG.
             generator=torch.Generator(),
-            worker_init_fn=_worker_start,
+            worker_init_fn=functools.partial(_worker_start, os.getpid()),  # the trainer: see there
             multiprocessing_context=WORKER_START if self.num_workers else None,
         )
         items = _workers_started(loader)  # before the prefetcher's thread, not forked with it

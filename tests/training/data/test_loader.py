@@ -118,34 +118,49 @@ def test_state_counts_consumed_not_prefetched_steps(corpus):
 
 def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_path):
     """A trainer killed by SIGKILL (the OOM killer takes one rank) left its DataLoader workers running
-    ~4 s, orphaned, until torch's watchdog looked (review R18b 4): no worker outlives its launcher."""
+    ~4 s, orphaned, until torch's watchdog looked (review R18b 4): no worker outlives its launcher.
+    Worker 1 here starts only after the trainer is dead (killed as its workers started: an OOM kill
+    at start-up, a loaded machine's late second worker): it took the reaper for its trainer and
+    never ended, SIGTERM ignored, holding the shards' files and shared memory."""
     import os
     import signal
     import subprocess
+    import threading
     import time
 
     from training.launch import child_pids
 
     root, _ = corpus
+    gate = tmp_path / "trainer-killed"
     script = (
-        "import sys, time\n"
-        "from training.data.loader import dataset_loader\n"
-        f"loader = dataset_loader({str(root)!r}, seq_len={SEQ}, global_batch={G}, micro_batch=2, seed=1, "
-        "num_workers=2)\n"
-        "it = iter(loader)\n"
-        "next(it)\n"
+        "import os, time\n"
+        "from training.data import loader\n"
+        "started = loader._worker_start\n"
+        "def late_start(trainer, worker_id):\n"
+        "    deadline = time.time() + 60  # bounded: a worker of a failed test is no leftover\n"
+        f"    while worker_id == 1 and not os.path.exists({str(gate)!r}) and time.time() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    started(trainer, worker_id)\n"
+        "loader._worker_start = late_start\n"
+        f"it = iter(loader.dataset_loader({str(root)!r}, seq_len={SEQ}, global_batch={G}, micro_batch=2, "
+        "seed=1, num_workers=2))\n"
+        "next(it)  # step 0 is worker 0's\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[3])  # fmt: skip
+    stuck = threading.Timer(120, proc.kill)  # a trainer that never gets ready ends the readline
+    stuck.start()
+    workers: list[int] = []
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        ready = proc.stdout.readline().strip()
         workers = child_pids(proc.pid)
-        assert len(workers) == 2, workers
     finally:
+        stuck.cancel()
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.wait()  # reaped: its workers are the reaper's now
+        gate.touch()  # worker 1 starts, its trainer gone
 
     def alive(pid: int) -> bool:  # a zombie is dead: its reaper (pid 1 here) may take its time
         try:
@@ -153,10 +168,17 @@ def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_
         except (FileNotFoundError, ProcessLookupError):
             return False
 
-    deadline = time.time() + 4.0  # torch's own watchdog: up to 5 s (2 s was missed on a loaded 2-core box)
-    while (left := [w for w in workers if alive(w)]) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not left, "DataLoader workers outlived their killed trainer"
+    try:
+        assert ready == "ready"
+        assert len(workers) == 2, workers
+        deadline = time.time() + 4.0  # 2 s was missed on a loaded 2-core box
+        while (left := [w for w in workers if alive(w)]) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not left, "DataLoader workers outlived their killed trainer"
+    finally:
+        for w in workers:  # a leftover of this test (it failed): no later test shares the machine with it
+            if alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch, tmp_path):
@@ -174,10 +196,10 @@ def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch, 
 
     started = loader_module._worker_start
 
-    def late_start(worker_id: int) -> None:
+    def late_start(trainer: int, worker_id: int) -> None:
         time.sleep(2.0)  # a loaded machine's pause between a worker's fork and its first act
         (tmp_path / f"started-{os.getpid()}").touch()
-        started(worker_id)
+        started(trainer, worker_id)
 
     monkeypatch.setattr(loader_module, "_worker_start", late_start)
     before = set(child_pids(os.getpid()))
