@@ -6,7 +6,8 @@ Nothing here is used when training on a real bucket.
 
 from __future__ import annotations
 
-import ctypes
+import functools
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 import urllib.request
 
 from training.contract.errors import GristmillError
+from training.contract.lifetime import signal_at_parent_death
 
 REGION = "us-east-1"
 
@@ -35,13 +37,6 @@ def aws_env(endpoint: str) -> dict[str, str]:
     }
 
 
-def _die_with_parent() -> None:
-    """The server gets SIGTERM when the process that started it dies, even by SIGKILL (a test run
-    or a bench cut short would otherwise leave it running; Linux's PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
 class LocalS3:
     """moto's S3 server on a free loopback port (state in its process); `stop()` ends it."""
 
@@ -58,7 +53,9 @@ class LocalS3:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            # SIGTERM when the process that started it dies, even by SIGKILL: a test run or a
+            # bench cut short would otherwise leave it running
+            preexec_fn=functools.partial(signal_at_parent_death, os.getpid(), signal.SIGTERM),
         )
         deadline = time.monotonic() + 60
         while True:

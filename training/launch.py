@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -42,6 +43,7 @@ from training.contract.config_loader import (
     with_resume,
 )
 from training.contract.errors import GristmillError, refuse_empty
+from training.contract.lifetime import signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
 from training.run.lock import check_unlocked
@@ -190,7 +192,6 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     # the launcher's checks import none of the trainer (training/run/preflight.py): torchrun starts sooner
     from training.run.preflight import DistEnv, preflight
-    from training.run.shutdown import launcher_child_preexec
 
     preflight(cfg, DistEnv(world_size=args.nproc_per_node))
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
@@ -209,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
     # with the workers' exit status as its own.
     proc = subprocess.Popen(
         [sys.executable, "-m", "training.launch", AGENT_COMMAND, *cmd[3:]],
-        preexec_fn=launcher_child_preexec,
+        preexec_fn=functools.partial(signal_at_parent_death, os.getpid(), signal.SIGKILL),
         process_group=0,
     )
 

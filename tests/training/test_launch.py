@@ -109,3 +109,58 @@ def test_the_launcher_checks_without_importing_the_trainer():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_the_launchers_child_dies_with_a_launcher_killed_as_it_started_the_child(tmp_path):
+    """torchrun gets SIGKILL at the launcher's death (PR_SET_PDEATHSIG), asked for in the child after
+    the fork: a launcher killed before that (an OOM kill as torchrun started) never sent it, and
+    torchrun and its workers trained on with no launcher. The child's start is held here until its
+    parent is dead and reaped; it must end instead of running its command."""
+    import signal
+    import threading
+    import time
+
+    from training.launch import child_pids
+
+    gate = tmp_path / "parent-killed"
+    script = (
+        "import functools, os, signal, subprocess, sys, time\n"
+        "from training.contract.lifetime import signal_at_parent_death\n"
+        "def late(forked_by):\n"
+        "    deadline = time.time() + 60  # bounded: a child of a failed test is no leftover\n"
+        f"    while not os.path.exists({str(gate)!r}) and time.time() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    signal_at_parent_death(forked_by, signal.SIGKILL)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+        "                 preexec_fn=functools.partial(late, os.getpid()))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    stuck = threading.Timer(60, parent.kill)  # a child never forked ends the wait below
+    stuck.start()
+    children: list[int] = []
+    try:
+        while not children and parent.poll() is None:
+            children = child_pids(parent.pid)
+            time.sleep(0.01)
+    finally:
+        stuck.cancel()
+        parent.kill()
+        parent.wait()  # reaped: its child is the reaper's now
+        gate.touch()
+
+    def alive(pid: int) -> bool:  # a zombie is dead: its reaper may take its time
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+
+    try:
+        assert len(children) == 1, children
+        deadline = time.time() + 4.0
+        while alive(children[0]) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not alive(children[0]), "the child outlived its parent, killed as it started the child"
+    finally:
+        for child in children:  # a leftover of this test (it failed)
+            if alive(child):
+                os.kill(child, signal.SIGKILL)

@@ -11,16 +11,21 @@ the child ends (in torchrun, not the agent's lifetime), and it cannot name a gra
 parent is watched by its PID changing (the orphan is re-parented); another process through a pidfd,
 which becomes readable when the process ends, zombie or not.
 
+`signal_at_parent_death` is Linux's PR_SET_PDEATHSIG for a subprocess's own child, started from the
+caller's main thread (the launcher's torchrun, the tests' S3 server).
+
 `host()` and `pid_alive(pid)` tell a killed process's leftovers (temporary files and folders named
 with its HOST and PID) from a live one's.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -58,6 +63,20 @@ def exit_with(pid: int | None = None, poll_s: float = 0.05, forked_by: int | Non
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="gristmill-exit-with", daemon=True).start()
+
+
+def signal_at_parent_death(forked_by: int, signum: int) -> None:
+    """A subprocess's preexec_fn (functools.partial with the parent's os.getpid(), taken before the
+    fork, and the signal): the child is sent `signum` when its parent dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing). The request is made in the child after the fork, and a
+    parent dead by then (killed as it started the child) never sends it: the child, the reaper's
+    already, ran on (torchrun and its workers training with no launcher). It kills itself instead,
+    before its exec."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != forked_by:  # after the request: a death from now on sends the signal
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def host() -> str:

@@ -18,14 +18,13 @@ torchrun starts its workers in sessions of their own, so a SIGKILL of the launch
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
 next resume. `exit_with_parent` makes each worker kill itself once its parent is gone
 (training/contract/lifetime.py: a watchdog thread, not PR_SET_PDEATHSIG, which fires when the parent
-*thread* that started the child ends, in torchrun not the agent's lifetime). `launcher_child_preexec`
-is that signal for the launcher's own child (torchrun), started from the launcher's main thread.
+*thread* that started the child ends, in torchrun not the agent's lifetime). The launcher's own
+child (torchrun), started from its main thread, gets that signal (lifetime.signal_at_parent_death).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -161,10 +160,3 @@ def any_rank(flag: bool, group=None, device: torch.device | None = None) -> bool
 def exit_with_parent() -> None:
     """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death."""
     exit_with()
-
-
-def launcher_child_preexec() -> None:
-    """preexec_fn for the launcher's child: SIGKILL it when the launcher dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
