@@ -354,12 +354,14 @@ def find_stale(
     return lines
 
 
-def _worker_start() -> None:
-    """A pool worker's first act: end with the search (imported here: the search itself never
-    imports torch, which training.run.shutdown does)."""
+def _worker_start(search: int) -> None:
+    """A pool worker's first act: end with the search, `search` its pid (taken before the spawn: a
+    worker whose start, seconds of imports, ended after the search's death took the reaper for it
+    and trained its queued proxy for nothing). Imported here: the search itself never imports
+    torch, which training.run.shutdown does."""
     from training.run.shutdown import exit_with_parent
 
-    exit_with_parent()
+    exit_with_parent(search)
 
 
 CHANGED, REFUSED = "changed", "refused"  # a worker's reply: a source changed, or the run refused
@@ -431,6 +433,7 @@ class Pool:
                 max_workers=self.parallel,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_worker_start,
+                initargs=(os.getpid(),),
             )
         t0 = time.monotonic()
         futures = {}

@@ -157,6 +157,7 @@ def any_rank(flag: bool, group=None, device: torch.device | None = None) -> bool
     return bool(t.item())
 
 
-def exit_with_parent() -> None:
-    """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death."""
-    exit_with()
+def exit_with_parent(forked_by: int | None = None) -> None:
+    """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death;
+    `forked_by`: the parent's pid, when the parent could pass it (lifetime.exit_with)."""
+    exit_with(forked_by=forked_by)
