@@ -8,7 +8,6 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from training.checkpoint.io import verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
 
@@ -46,6 +45,10 @@ def export_again(path: Path) -> tuple[str, bool] | None:
             f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
             "needs the base at hand"
         ), True
+    # here, not at the top: io imports DCP, and the launcher's preflight reaches this module through
+    # base_record without the trainer (test_the_launcher_checks_without_importing_the_trainer)
+    from training.checkpoint.io import verify_checkpoint
+
     try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
         verify_checkpoint(checkpoint_dir(run, step))
     except CheckpointError:
