@@ -136,6 +136,7 @@ from validation.eval_results import (
     merge_results,
     metric_order,
     nonfinite_metrics,
+    num_fewshot_passed,
     renamed_task,
     write_plot,
     write_step_json,
@@ -340,7 +341,6 @@ class TaskPlan:
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
         )
         self.run_dir = run_dir
-        self.num_fewshot = cfg.num_fewshot  # as passed to lm-eval (`own_config`)
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
         # Per phase, its first step and seq_len: the longest a step's weights trained on (None for a
@@ -488,13 +488,16 @@ class TaskPlan:
             if member in index
         }
 
-    def own_config(self, group: str, member: str, variant: dict[str, Any]) -> dict[str, Any] | None:
-        """lm-eval's config of task `member` as it is, as this eval records it: `variant` (the config
-        lm-eval recorded of `group`'s variant of it) with the member's own value of each key where the
-        group's overrides give another (a load of each: what lm-eval sets while scoring, num_fewshot, is
-        the variant's, or where the group overrides it the member's as lm-eval sets it: RV33a L1). None
-        where lm-eval cannot load them here (a group defined inline in another has no name to load by).
-        Asked of an older entry only (eval_results.variants_replaced: review RV32f B4)."""
+    def own_config(
+        self, group: str, member: str, variant: dict[str, Any], num_fewshot: int | None
+    ) -> dict[str, Any] | None:
+        """lm-eval's config of task `member` as it is, as an eval that passed lm-eval `num_fewshot` records
+        it: `variant` (the config lm-eval recorded of `group`'s variant of it) with the member's own value
+        of each key where the group's overrides give another (a load of each), and its num_fewshot as
+        lm-eval sets it while scoring under `num_fewshot` (0 for a task that names none: RV33a L1). The
+        older entry's `num_fewshot`, not today's: `variant` was scored under today's (review RV34e S1).
+        None where lm-eval cannot load them here (a group defined inline in another has no name to load
+        by). Asked of an older entry only (eval_results.variants_replaced: review RV32f B4)."""
         try:
             with self.cache(group):
                 own = self.task_manager.load([member])["tasks"][member].dump_config()
@@ -504,10 +507,7 @@ class TaskPlan:
         differ = {k for k in own.keys() | overridden.keys() if own.get(k) != overridden.get(k)}
         kept = {k: v for k, v in variant.items() if k not in differ}
         mine = {k: own[k] for k in differ if k in own}
-        if "num_fewshot" in differ:  # as lm-eval's simple_evaluate sets it while scoring: a group's
-            # override of it left the bare load's none, which lm-eval records as 0 (review RV33a L1)
-            mine["num_fewshot"] = scored_num_fewshot(own.get("num_fewshot"), self.num_fewshot)
-        return {**kept, **mine}
+        return {**kept, **mine, "num_fewshot": scored_num_fewshot(own.get("num_fewshot"), num_fewshot)}
 
     def documents_before(self, task: str) -> str | None:
         """The `documents` digest an older gristmill recorded of lm-eval task `task`'s files as they are now
@@ -1196,8 +1196,8 @@ def _as_now(info: dict[str, Any], want: dict[str, Any], results: dict[str, Any],
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)
-    if got.get("num_fewshot") == 0 and "n_shot" not in info:
-        got["num_fewshot"] = None
+    if "num_fewshot" in got:
+        got["num_fewshot"] = num_fewshot_passed(info)
     return got
 
 

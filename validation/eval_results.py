@@ -62,9 +62,10 @@ HELDOUT_TASKS = frozenset(local_task_names()) | frozenset(RENAMED)
 # Table rows and plot panels: bits per byte first (comparable across tokenizers), then the other
 # perplexities, then accuracies; other metrics after these, by name.
 METRIC_ORDER = ("bits_per_byte", "byte_perplexity", "word_perplexity", "acc", "acc_norm")
-# (group, task, the config lm-eval recorded of group's variant of task) -> task's own config as recorded
-# beside it, None where unknown (validation/eval.py TaskPlan.own_config)
-OwnConfig = Callable[[str, str, dict[str, Any]], dict[str, Any] | None]
+# (group, task, the config lm-eval recorded of group's variant of task, the num_fewshot an older entry's
+# eval passed lm-eval) -> task's own config as that eval recorded it, None where unknown (validation/eval.py
+# TaskPlan.own_config)
+OwnConfig = Callable[[str, str, dict[str, Any], int | None], dict[str, Any] | None]
 
 
 def _json_default(v: Any) -> Any:
@@ -522,11 +523,13 @@ def variants_replaced(
     group (`_recorded_by_group`) that `new` scores as `GROUP::task`: a gristmill before these names
     recorded the group's variant of a task (its scores with the group's overrides) under the task's own
     name (review RV30c S2). Such an entry is kept as the task's own only where its config (`configs`,
-    lm-eval's of what it scored) is the task's own (`own_config`: TaskPlan.own_config), as when the
-    group named it as it is (RV31a 7); it is dropped where its config is the variant's of today, any
-    other (overrides edited since: RV32f B4), or none recorded (its scores unknown); where the task's own
-    cannot be had (`own_config` None: an inline group), the note says it is unknown. The task is the
-    name less its group's prefix, or an enclosing group's (_member_name: RV33a F1, RV33g G1)."""
+    lm-eval's of what it scored) is the task's own as the entry's eval scored it (`own_config`:
+    TaskPlan.own_config, under the num_fewshot its settings record: RV34e S1), as when the group named it
+    as it is (RV31a 7); it is dropped where its config is the variant's of today, any other (overrides
+    edited since: RV32f B4), or none recorded (its scores unknown); where the task's own cannot be had
+    (`own_config` None: an inline group; settings naming no num_fewshot), the note says it is unknown.
+    The task is the name less its group's prefix, or an enclosing group's (_member_name: RV33a F1, RV33g
+    G1)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
@@ -535,16 +538,28 @@ def variants_replaced(
                 continue
             config = old.get("configs", {}).get(task)
             variant = new.get("configs", {}).get(sub)
-            own = own_config(group, task, variant) if own_config and isinstance(variant, dict) else None
+            info = old[GRISTMILL_TASKS][task]  # with settings: _recorded_by_group read their definition
+            # the task's own as the entry's eval would have scored it (its num_fewshot, not today's:
+            # review RV34e S1); none where its settings name none (no gristmill wrote such a record)
+            named = "num_fewshot" in info["settings"]
+            own = (
+                own_config(group, task, variant, num_fewshot_passed(info))
+                if named and own_config and isinstance(variant, dict)
+                else None
+            )
             if config is None:
                 held = f"no config recorded: whether it held {group}'s variant's scores or its own is unknown"
             elif _as_written(config) == _as_written(variant):
                 held = f"held {group}'s variant's scores"
             elif own is None:  # not told from the task's own (review RV33a L1: the note said neither)
+                why = (
+                    f"{group} could not be loaded by name here"
+                    if named
+                    else "its settings name no num_fewshot"
+                )
                 held = (
                     f"held the scores of a config other than {group}'s variant's of today, not compared "
-                    f"with {task}'s own ({group} could not be loaded by name here): whether they were its "
-                    "own is unknown"
+                    f"with {task}'s own ({why}): whether they were its own is unknown"
                 )
             elif _as_written(config) == _as_written(own):
                 continue  # the task's own scores: the group scored it as it is
@@ -552,6 +567,14 @@ def variants_replaced(
                 held = f"held the scores of a config neither {task}'s own nor {group}'s variant's of today"
             out[task] = f"{held}, recorded before GROUP::task names; scored again as {sub}"
     return out
+
+
+def num_fewshot_passed(info: dict[str, Any]) -> int | None:
+    """The num_fewshot the eval that wrote task record `info` (gristmill_tasks.TASK, its settings naming
+    one) passed lm-eval: the recorded one, but 0 without the n-shot record (a gristmill before each task
+    recorded it) was passed as `0 or None`, the task's own (review R23a S3)."""
+    passed = info["settings"]["num_fewshot"]
+    return None if passed == 0 and "n_shot" not in info else passed
 
 
 def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:

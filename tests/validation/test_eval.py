@@ -2152,14 +2152,15 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     ovr's overrides as they were before an edit was kept as own_mc's, no note (RV32f B4): only an entry
     whose config is own_mc's own is kept; another, or none recorded, is dropped with a note saying so."""
     from validation.eval import evaluate_missing, load_eval_config, score_settings
-    from validation.eval_results import write_step_json
+    from validation.eval_results import variants_replaced, write_step_json
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
-    (tasks / "ovr.yaml").write_text(  # num_fewshot overridden too: RV33a L1, below
+    ovr_yaml = (  # num_fewshot overridden too: RV33a L1, below
         'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n    num_fewshot: 1\n'
         "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
     )
+    (tasks / "ovr.yaml").write_text(ovr_yaml)
 
     def planned(group: str, names: tuple[str, ...], subtasks: dict) -> tuple:
         """The plan of `group`, and the step as that gristmill wrote it: the members under the group's
@@ -2202,6 +2203,25 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
         for section in ("results", "configs", "gristmill_tasks"):
             assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
         assert evaluate_missing(run, cfg, plan, show=False) == []
+
+    def own_kept(config: dict, settings: dict) -> dict:
+        """What variants_replaced says of an own_mc entry holding `config` under ovr's old `settings`
+        (its num_fewshot as recorded), against the step as ovr's eval wrote it ({}: kept as own_mc's)."""
+        info = {**both, "own_mc": {"settings": settings}}
+        return variants_replaced(
+            {**results, "configs": {"own_mc": config}, "gristmill_tasks": info}, got, plan.own_config
+        )
+
+    # own_config took num_fewshot under today's `num_fewshot` (unset), not the entry's (RV34e S1): an
+    # entry ovr wrote under `--set num_fewshot=3` when it overrode only `num_fewshot: 0` held its variant,
+    # own_mc 0-shot, and was kept as own_mc's own, whose own there is 3-shot; one of own_mc's own 3-shot
+    # (ovr then overrode only `num_fewshot: 1`, which lm-eval sets to the 3 passed) was dropped
+    then = {**both["own_mc"]["settings"], "num_fewshot": 3}
+    neither = "held the scores of a config neither own_mc's own nor ovr's variant's of today"
+    assert own_kept({**own, "num_fewshot": 3}, then) == {}
+    assert own_kept(own, then)["own_mc"].startswith(neither)
+    unnamed = {k: v for k, v in then.items() if k != "num_fewshot"}  # no gristmill wrote such a record
+    assert "(its settings name no num_fewshot): whether" in own_kept(own, unnamed)["own_mc"]
     # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
     # entry was kept as own_mc's own scores, no note (RV33a F1). outer::gp cannot be loaded by name, so
     # own_mc's own config cannot be had to compare: the note said "neither own_mc's own" of own_mc's own
