@@ -2222,6 +2222,12 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     assert own_kept(own, then)["own_mc"].startswith(neither)
     unnamed = {k: v for k, v in then.items() if k != "num_fewshot"}  # no gristmill wrote such a record
     assert "(its settings name no num_fewshot): whether" in own_kept(own, unnamed)["own_mc"]
+    # ovr edited not to override num_fewshot, the common case (RV34e M1): an entry of own_mc's own is
+    # kept, under the num_fewshot passed then too (the variant's of today is scored 0-shot)
+    (tasks / "ovr.yaml").write_text(ovr_yaml.replace("    num_fewshot: 1\n", ""))
+    got["configs"]["ovr::own_mc"] = {**variant, "num_fewshot": 0}
+    assert own_kept(own, both["own_mc"]["settings"]) == {}
+    assert own_kept({**own, "num_fewshot": 3}, then) == {}
     # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
     # entry was kept as own_mc's own scores, no note (RV33a F1). outer::gp cannot be loaded by name, so
     # own_mc's own config cannot be had to compare: the note said "neither own_mc's own" of own_mc's own
