@@ -100,6 +100,7 @@ from validation.eval_data import (
     DATA_META,
     RENAMED,
     EvalError,
+    NotRead,
     TaskData,
     build_task_data,
     check_data_folders,
@@ -509,7 +510,7 @@ class TaskPlan:
         mine = {k: own[k] for k in differ if k in own}
         return {**kept, **mine, "num_fewshot": scored_num_fewshot(own.get("num_fewshot"), num_fewshot)}
 
-    def documents_before(self, task: str) -> str | None:
+    def documents_before(self, task: str) -> str | NotRead | None:
         """The `documents` digest an older gristmill recorded of lm-eval task `task`'s files as they are now
         (eval_data.documents_before), for the note on scores replaced (eval_results.replaced_settings)."""
         if task not in self.task_manager.task_index:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import functools
 import glob
 import hashlib
@@ -597,10 +598,19 @@ def files_sha256(paths: Sequence[Path]) -> str:
 # one (its older digest changed at every step anyway: review RV31a 3); read under the eval lock, at each
 # step scored again (about 0.5 s for 250 MiB)
 DOCUMENTS_BEFORE_BYTES = 256 << 20
-FOLDER_NOT_READ = ""  # documents_before's answer past DOCUMENTS_BEFORE_BYTES: not told (review RV33a L2)
 
 
-def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str | None:
+class NotRead(enum.Enum):
+    """documents_before's answer past DOCUMENTS_BEFORE_BYTES: not told (review RV33a L2). Neither a digest
+    nor falsy like None (no such folder), so no caller takes it for either (RV34e L2: it was "")."""
+
+    FOLDER = "not read"
+
+
+FOLDER_NOT_READ = NotRead.FOLDER
+
+
+def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str | NotRead | None:
     """The `documents` digest a gristmill before 1388e61 recorded of task `name`'s data as its files are
     now: each local dataset_path folder's every file, hidden ones aside, beside `files` (TaskData.files,
     those datasets reads), each resolved. An older record that equals it was taken of these same files

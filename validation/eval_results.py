@@ -40,7 +40,7 @@ from training.contract.eval_table import (
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
-from validation.eval_data import FOLDER_NOT_READ, RENAMED, local_task_names
+from validation.eval_data import FOLDER_NOT_READ, RENAMED, NotRead, local_task_names
 
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -310,7 +310,7 @@ def write_step_json(
     merged: bool = False,
     still: Callable[[], bool] | None = None,
     own_config: OwnConfig | None = None,
-    documents_before: Callable[[str], str | None] | None = None,
+    documents_before: Callable[[str], str | NotRead | None] | None = None,
 ) -> Path | None:
     """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's) and
     rebuild RUN/eval.parquet, in one acquisition of the eval lock (an audit between the two refused the
@@ -425,7 +425,7 @@ def replaced_settings(
     old: dict[str, Any],
     new: dict[str, Any],
     own_config: OwnConfig | None = None,
-    documents_before: Callable[[str], str | None] | None = None,
+    documents_before: Callable[[str], str | NotRead | None] | None = None,
 ) -> str:
     """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
     settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
@@ -467,15 +467,13 @@ def replaced_settings(
     return ", ".join(parts)
 
 
-def _documents_before_said(recorded: str | None, before: str | None) -> str:
+def _documents_before_said(recorded: str | None, before: str | NotRead | None) -> str:
     """What the note adds to an older record's `documents` digest (`recorded`, its first 8 digits), given
     the rule before 1388e61's digest of the task's files as they are (`before`: documents_before): the
     same files where they are equal; where its folder holds more than DOCUMENTS_BEFORE_BYTES, that it was
     not read to tell (the plain note said the data changed: review RV33a L2)."""
-    if before == FOLDER_NOT_READ:
-        return (
-            " (or the same files recorded by the rule before: its folder is too large to read for this note)"
-        )
+    if before is FOLDER_NOT_READ:
+        return " (changed, or the same files recorded by the rule before: its folder is too large to read)"
     if before and recorded == before[:8]:
         return " (the same files, now recorded as datasets reads its folder)"
     return ""

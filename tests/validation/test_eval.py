@@ -2727,9 +2727,7 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     # a folder over what documents_before reads (256 MiB; lowered here below this one's files): not read,
     # and the note says so, not that the data changed (the cap was untested: RV33a L2)
     cap = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) - 1
-    not_read = (
-        " (or the same files recorded by the rule before: its folder is too large to read for this note)"
-    )
+    not_read = " (changed, or the same files recorded by the rule before: its folder is too large to read)"
     for recorded, older, said, most in [
         (before, True, " (the same files, now recorded as datasets reads its folder)", cap + 1),
         ("0" * 64, True, "", cap + 1),
@@ -2749,6 +2747,8 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
             f"own_f (documents {recorded[:8]} → {plan.contents['own_f'][:8]}{said})"
             in capsys.readouterr().out
         )
+    past = plan.documents_before("own_f")  # past the cap: neither a digest nor taken for none (RV34e L2)
+    assert past and not isinstance(past, str)
     monkeypatch.undo()
     assert done()
     v2 = tmp_path / "data-v2"  # another version, the link re-pointed as `ln -sfn data-v2 data` does
