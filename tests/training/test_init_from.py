@@ -472,6 +472,19 @@ def test_tokenizer_files_refused_by_no_one_key_name_the_files_to_look_in(tmp_pat
     assert (
         "\n" not in line and f"(by no one key of {config}); find the entry that causes it in {config}" in line
     ), line
+    # Review RV34c G1: every key is tried alone. Keys as transformers writes them (sorted), the one cause
+    # (a value transformers cannot load, as 4.x a stale tokenizer_file) 8th of the keys to try: a bound of
+    # six edits said "(by no one key of ...)"; the key and its edit are named
+    sorted_keys = {"add_bos_token": False, "add_prefix_space": False, "chat_template": "{{ m }}",
+                   "eos_token": "<|endoftext|>", "errors": "replace", "model_input_names": ["input_ids"],
+                   "model_max_length": 256, "padding_side": "right", "truncation_side": "middle"}  # fmt: skip
+    with pytest.raises(ExportError) as e:
+        _export_of(
+            tmp_path, built_dataset, "k", {"bos_token_id": 0, "eos_token_id": 0}, tokenizer_config=sorted_keys
+        )
+    line, config = str(e.value), tmp_path / "k" / "tokenizer_config.json"
+    assert line.startswith(f"{tmp_path / 'k-export'}: truncation_side of {config}: "), line
+    assert line.endswith(f"; leave truncation_side out of {config}"), line
 
 
 def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset):

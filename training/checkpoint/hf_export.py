@@ -716,9 +716,23 @@ def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
     return ids == [i] and not token.special
 
 
-# The most edits _naming tries, a load of the files each (~3 s for a 128k vocab): a refusal with two
-# causes tried every key, 30 s for a Llama-3 tokenizer (review RV33c F3)
-_NAMING_RELOADS = 6
+# Keys transformers builds a loaded tokenizer's pipeline from (tokenizer.json's path, a rebuilt
+# pre-tokenizer's or normalizer's settings): the likeliest single cause of another pipeline, tried
+# first, each a load of the files (~1-3 s for a 128k vocab). transformers writes tokenizer_config.json
+# sorted, so a stale tokenizer_file came 8th of 11 keys and a bound of six edits left it untried
+# (review RV34c G1): every key is tried alone; only the edits of several keys together are bounded.
+_BUILD_KEYS = (
+    "tokenizer_file",
+    "add_prefix_space",
+    "trim_offsets",
+    "legacy",
+    "from_slow",
+    "do_lower_case",
+    "strip_accents",
+    "tokenize_chinese_chars",
+    "add_bos_token",
+    "add_eos_token",
+)
 
 
 def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) -> list[tuple[str, str]]:
@@ -728,12 +742,13 @@ def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) ->
     (added_tokens_decoder first, the key that carries a token's flags: a flag's difference named
     bos_token, whose removal changed nothing, review RV31L F3), else every one of them together (two
     keys each adding it: leaving out the one named was refused again by the other, review RV33c F6);
-    with no token, a key of every key (SET_ENTRIES first: an older export's base class is the usual
-    cause of another pipeline, review RV32l F3; then the SET_ENTRIES keys together). At most
-    _NAMING_RELOADS edits are tried. A lone key that names `token` is named without a
-    reload; where no edit tried passes, none ([]). Not the first key that names it: added_tokens_decoder
-    holds every added token, and leaving it out of a pad problem's files was refused again, by
-    pad_token (review RV32f A2)."""
+    then (or with no token) any one key: SET_ENTRIES first (an older export's base class is the usual
+    cause of another pipeline, review RV32l F3), then the SET_ENTRIES keys together (two causes,
+    review RV33c F3), then _BUILD_KEYS, then the rest in file order. Every key is tried alone (a line
+    that names none says no one key causes it: review RV34c G1); of several together, only those two
+    edits. A lone key that names `token` is named without a reload; where no edit passes, none ([]).
+    Not the first key that names it: added_tokens_decoder holds every added token, and leaving it out
+    of a pad problem's files was refused again, by pad_token (review RV32f A2)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
@@ -749,6 +764,11 @@ def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) ->
         value, absent = SET_ENTRIES.get(key, (None, None))
         return key in SET_ENTRIES and name == TOKENIZER_CONFIG and specs[name].get(key, absent) == value
 
+    def rank(key: str) -> int:  # SET_ENTRIES, then _BUILD_KEYS, then the rest (sort keeps file order)
+        if key in SET_ENTRIES:
+            return 0
+        return 1 + (_BUILD_KEYS.index(key) if key in _BUILD_KEYS else len(_BUILD_KEYS))
+
     holding = [
         (key, name)
         for name, spec in specs.items()
@@ -758,22 +778,19 @@ def _naming(out_dir: Path, token: str | None, passes: Callable[[Path], bool]) ->
     every = [  # a SET_ENTRIES key tokenizer_config.json leaves to transformers' default is one too
         (key, name)
         for name, spec in specs.items()
-        for key in sorted(
-            [*spec, *(k for k in SET_ENTRIES if k not in spec and name == TOKENIZER_CONFIG)],
-            key=lambda k: k not in SET_ENTRIES,
-        )
+        for key in [*spec, *(k for k in SET_ENTRIES if k not in spec and name == TOKENIZER_CONFIG)]
         if not settled(key, name)
     ]
+    every.sort(key=lambda pair: rank(pair[0]))
     if len(holding) == 1:  # named whether or not its edit passes: no reload
         return holding
-    if holding:
-        trials = [[pair] for pair in holding][: _NAMING_RELOADS - 1] + [holding]
-    else:  # an older export's base class and clean_up true are two causes, set together (RV33c F3)
-        set_keys = [(key, name) for key, name in every if key in SET_ENTRIES and name == TOKENIZER_CONFIG]
-        trials = [[pair] for pair in set_keys] + ([set_keys] if len(set_keys) > 1 else [])
-        trials += [[pair] for pair in every if pair not in set_keys]
+    set_keys = [(key, name) for key, name in every if key in SET_ENTRIES and name == TOKENIZER_CONFIG]
+    trials = [[pair] for pair in holding] + ([holding] if holding else [])
+    # an older export's base class and clean_up true are two causes, set together (RV33c F3)
+    trials += [[pair] for pair in set_keys] + ([set_keys] if len(set_keys) > 1 else [])
+    trials += [[pair] for pair in every if pair not in set_keys and pair not in holding]
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        for trial in trials[:_NAMING_RELOADS]:
+        for trial in trials:
             edited = {name: dict(specs[name]) for name in dict.fromkeys(name for _, name in trial)}
             for key, name in trial:
                 edited[name].pop(key, None)
