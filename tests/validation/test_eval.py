@@ -1407,7 +1407,9 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     from training.checkpoint.hf_export import (
         ExportError,
         check_export_tokenizer,
+        check_run_tokenizer,
         rescoring_fix,
+        run_model_config,
         verify_export,
     )
     from training.contract.integrity import file_records
@@ -1526,6 +1528,33 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
             check_export_tokenizer(export, export, {"tokenizer.json": base / "tokenizer.json"}, scoring=True)
     edit_base = f"; give each id of model.vocab in {base / 'tokenizer.json'} one token, then copy it with its"
     assert f"{keep}{edit_base} tokenizer files" in str(refused.value), str(refused.value)
+    # RV34c G7: at a run's start from that base, the dataset was encoded with its vocab: rebuilt too (the
+    # edited base alone was refused at the next start against the dataset)
+    rebuild = "and build the dataset again with it (its data was encoded with this vocab)"
+    fixed = f"give each id of model.vocab in {base / 'tokenizer.json'} one token, {rebuild}"
+    (base / config).write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    new_run, dataset = tmp_path / "new-run", tmp_path / "dataset"
+    for files in ("tokenizer files", "tokenizer.json alone"):  # RV34c G2: the latter was not checked
+        with pytest.raises(ExportError) as refused:
+            check_run_tokenizer(new_run, lambda: dataset, run_model_config(src), base)
+        line = str(refused.value)
+        assert line.startswith(f"{new_run}'s exports: model.vocab of {base / 'tokenizer.json'}: "), (
+            files,
+            line,
+        )
+        assert line.endswith(f"; {fixed}"), (files, line)
+        (base / config).unlink(missing_ok=True)
+    # RV34c G2: a run from scratch, whose exports ship the dataset's tokenizer.json: refused at its start
+    # (not first by eval, after training, whose copy wrote the same file again)
+    dataset.mkdir()
+    shutil.copy(base / "tokenizer.json", dataset / "tokenizer.json")
+    with pytest.raises(ExportError) as refused:
+        check_run_tokenizer(new_run, lambda: dataset, run_model_config(src))
+    line = str(refused.value)
+    assert line.startswith(f"{new_run}'s exports: model.vocab of {dataset / 'tokenizer.json'}: gives"), line
+    assert line.endswith(
+        f"; give each id of model.vocab one token in the tokenizer {dataset} was built with, {rebuild}"
+    ), line
     # an ordinary 'hi' (refused), as exports of three records name what they were written under; its
     # checkpoint gone, a copy from the export with its tokenizer files written again (RV32f A5: no fix,
     # and "no version is known" where 4.x reads a base's class right)

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import gc
 import importlib.metadata
 import json
 import os
@@ -415,7 +416,7 @@ def check_export_tokenizer(
 
     # the file's own fault, whatever reads it: looked for on every check, not where two loads happened
     # to keep other tokens for a shared id (chance: one shared id passed half the time, review RV33c F2)
-    shared = _shared_ids(data)
+    shared = _shared_ids(data.get_vocab(with_added_tokens=False))
     problem = Problem(_shared_ids_words(shared), None, True, VOCAB) if shared else refused(out_dir)
     if problem is None:
         _PASSED.add((*passed, "scoring") if scoring else passed)
@@ -444,7 +445,9 @@ def check_export_tokenizer(
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
         shown = {n: named.get(n, n) for n in own}
         fix = f"find the entry that causes it in {' or '.join(map(str, shown.values()))} and leave it out"
-        if keys:
+        if own_key == VOCAB:
+            fix = _vocab_fix(Path(shown[TOKENIZER_JSON]))
+        elif keys:
             fix = _edits([(key, shown[file]) for key, file in keys])
     where = f" (by no one key of {' or '.join(map(str, shown.values()))})" if not keys else ""
     named_key = f" {_keys_of([(key, shown[file]) for key, file in keys])}:" if keys else ""
@@ -605,18 +608,57 @@ def _tokenizer_problems(
         )
 
 
-def _shared_ids(data: Any) -> list[tuple[int, list[str]]]:
-    """The ids tokenizer.json's vocab (`data`'s model: a BPE, WordPiece or WordLevel one's, token -> id)
-    gives to more than one token, with their tokens: tokenizers keeps one token an id, either one,
-    another at each load of the same file (review RV32f A3). ~0.15 s for a 128k vocab (a Unigram's
-    is a list: an id is a position, never shared)."""
-    vocab = data.get_vocab(with_added_tokens=False)
+def _shared_ids(vocab: Mapping[str, int]) -> list[tuple[int, list[str]]]:
+    """The ids a tokenizer.json's vocab (a BPE, WordPiece or WordLevel model's, token -> id: as
+    tokenizers loads it, or as the file holds it) gives to more than one token, with their tokens:
+    tokenizers keeps one token an id, either one, another at each load of the same file (review RV32f
+    A3). ~0.15 s for a 128k vocab (a Unigram's is a list: an id is a position, never shared)."""
     if len(set(vocab.values())) == len(vocab):
         return []
     tokens: dict[int, list[str]] = {}
     for token, i in vocab.items():
         tokens.setdefault(i, []).append(token)
     return sorted((i, sorted(names)) for i, names in tokens.items() if len(names) > 1)
+
+
+def _vocab_fix(tokenizer_json: Path, dataset: Path | None = None) -> str:
+    """The fix, at a run's start or export, of tokenizer.json `tokenizer_json` whose vocab gives one id
+    to several tokens (_shared_ids): the run's data was encoded with that vocab (check_base_data
+    compares a base's with the dataset's), so the edited file alone was refused at the next start
+    against the dataset (review RV34c G7); `dataset`: the file is that dataset's own copy (its
+    tokenizer_sha256 records it), edited where the dataset is built from."""
+    then = "and build the dataset again with it (its data was encoded with this vocab)"
+    if dataset is None:
+        return f"{_edits([(VOCAB, tokenizer_json)])}, {then}"
+    return f"give each id of {VOCAB} one token in the tokenizer {dataset} was built with, {then}"
+
+
+def _check_shipped_vocab(tokenizer_json: Path, export: str, dataset: Path | None = None) -> None:
+    """Refuse, in check_export_tokenizer's words, tokenizer.json `tokenizer_json` that a run's exports
+    ship without tokenizer files of a base's own (a run from scratch, a base that brought tokenizer.json
+    alone: the dataset's or the base's, `dataset` where the dataset's), whose vocab gives one id to
+    several tokens: the one fault of its own whatever reads it, which no start or export looked for,
+    so eval refused it after training, and its copy advice wrote the same file again (review RV34c G2).
+    Nothing to check in a file that holds no such vocab (a synthetic dataset's stand-in)."""
+    # the file's own vocab, as tokenizers reads it (a load by tokenizers took 1-1.8 s at 128k, its
+    # merges built); parsed with the collector paused: a 128k file's ~300k merges made it walk the
+    # trainer's live objects again and again (1-1.4 s, 0.4-0.6 s paused, on a loaded 2-core box)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):  # absent, or no tokenizer: shipped as it is
+        return
+    finally:
+        if collecting:
+            gc.enable()
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        return  # a Unigram's list (an id is a position), or a vocab tokenizers cannot load
+    if shared := _shared_ids(vocab):
+        words = _shared_ids_words(shared)
+        raise ExportError(
+            f"{export}: {VOCAB} of {tokenizer_json}: {words}; {_vocab_fix(tokenizer_json, dataset)}"
+        )
 
 
 def _shared_ids_words(shared: list[tuple[int, list[str]]]) -> str:
@@ -824,16 +866,23 @@ def check_run_tokenizer(
     at the next start: RV29e F7). Refused at an export, they stopped the run at its first
     export_interval, lost the steps an async checkpoint had trained since, and stopped every resume
     again (review RV29a F1); an export inside the run writes the same bytes, which pass the same way
-    (in this process, from the memo). `dataset_dir`: called only where a check is due (a bucket
-    dataset's tokenizer is fetched: RV29e F5)."""
+    (in this process, from the memo). Without tokenizer files of a base's own, their tokenizer.json
+    alone is checked, for an id given to several tokens (_check_shipped_vocab). `dataset_dir`: called
+    only where a check is due (a bucket dataset's tokenizer is fetched: RV29e F5)."""
     if base_dir is not None:
         base = kept_base_files(base_dir)  # what record_base keeps of it for the run's exports
     else:
         base = base_files(source_run) if source_run is not None else {}
-    if not _brings_tokenizer_files(base):
+    export = f"{run_dir}'s exports"
+    if not _brings_tokenizer_files(base):  # their tokenizer.json alone, the base's or the dataset's
+        if TOKENIZER_JSON in base:
+            _check_shipped_vocab(base[TOKENIZER_JSON], export)
+        else:
+            dataset = dataset_dir()
+            _check_shipped_vocab(dataset / TOKENIZER_JSON, export, dataset)
         return
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        write_tokenizer(dataset_dir(), model_cfg, tmp, base, export=f"{run_dir}'s exports")
+        write_tokenizer(dataset_dir(), model_cfg, tmp, base, export=export)
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
