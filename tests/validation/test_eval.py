@@ -1619,6 +1619,16 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     again = shlex.join(["gristmill", "export", str(run), "--step", "5"])
     fix = f"; leave added_tokens_decoder out of {base / config}, then move {export} aside and export it again"
     assert str(refused.value).endswith(f"{fix} from its checkpoint ({again})"), str(refused.value)
+    # RV34c G6: that checkpoint complete (recording the base's shape) but damaged, the only one: the
+    # line's first step moves it aside, after which the copy reads the base (was: the dataset only)
+    ckpt = run / "checkpoints" / "step-000005"
+    record = json.loads((ckpt / "COMPLETE").read_text())
+    (ckpt / "COMPLETE").write_text(json.dumps(record | {"model": {"n_layers": 2}}))
+    (ckpt / "__0_0.distcp").write_bytes(b"y" * 10)
+    with pytest.raises(ExportError) as refused:
+        check_export_tokenizer(export, export, named, scoring=True)
+    assert f"move the damaged {ckpt} aside, then copy it" in str(refused.value), str(refused.value)
+    assert needs in str(refused.value), str(refused.value)
     # step 0, a base's export: written again from the base, never "its checkpoint is gone"
     assert rescoring_fix(export_dir(run, 0), transformers.__version__).startswith(
         f"move {export_dir(run, 0)} aside and export it again from the run's base ("

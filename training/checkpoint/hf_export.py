@@ -1130,26 +1130,30 @@ def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> s
             copy = export.with_name(f"{export.name}.retokenized")
             ckpt = checkpoint_dir(run, step)
             steps = [] if base_edit is None else [base_edit]
-            if incomplete_reason(ckpt) is None:  # complete but damaged: the copy would read it
+            # complete but damaged: the copy would read it
+            aside = ckpt if incomplete_reason(ckpt) is None else None
+            if aside is not None:
                 steps.append(f"move the damaged {ckpt} aside")
             steps.append(
                 f"copy it with its tokenizer files written again ({export_command(run, step, merged, copy)}, "
-                f"which needs {_copy_needs(run)} at hand)"
+                f"which needs {_copy_needs(run, aside)} at hand)"
             )
             fix += f"; {', then '.join(steps)}, then move {export} aside and {copy} into its place"
     return fix if other is None else f"{fix}; or score it under {other}"
 
 
-def _copy_needs(run: Path) -> str:
+def _copy_needs(run: Path, aside: Path | None = None) -> str:
     """What a copy of run `run`'s export (`gristmill export --out`, run_model_config) reads besides the
     export, in words: the run's dataset, and its base where no checkpoint of the run records the
     base's shape (a run whose checkpoints were cleared: the copy stopped at a base moved away, review
-    RV33c F7)."""
+    RV33c F7), once the damaged checkpoint `aside` is moved aside (the advice's first step: where it
+    was the only one, its record was counted and the base not named, review RV34c G6)."""
     try:
         init_from = run_config(run).model.init_from
     except (GristmillError, OSError, ValueError):
         init_from = None
-    if init_from and resume_model_record(run, "auto") is None:
+    kept = [checkpoint_dir(run, step) for step in complete_steps(run)]
+    if init_from and not any(resume_model_record(run, str(ckpt)) for ckpt in kept if ckpt != aside):
         left = "with no checkpoint of the run left"
         return f"the run's dataset and, {left}, its base (model.init_from = {init_from!r})"
     return "the run's dataset"
