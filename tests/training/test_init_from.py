@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -799,6 +800,11 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     fix = "; point model.init_from at an intact copy, or restore the file from a copy of the export, or "
     assert f"{weights}: sha256 " in line and fix in line and "delete" not in line, line
     assert line.endswith("keep the export meanwhile: it may hold the only copy of its weights"), line
+    # the command its gristmill_export.json records, not a placeholder (RV34c G3)
+    again = shlex.join(["gristmill", "export", str(straight.resolve()), "--step", "8", "--out", str(copy)])
+    assert f"or move {copy} aside and export it again from its checkpoint ({again} --dtype fp32); " in line, (
+        line
+    )
     assert not (run / "checkpoints").exists()
     # its config edited (what the same weights compute), or its weights re-saved under other names:
     # both were trained from once the check held the weights' own sha256s alone (review R22i S1, S2)

@@ -5,10 +5,12 @@ deleted (review RV32f A6, RV33c F4)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
 from training.checkpoint.record import CheckpointError
+from training.contract.integrity import EXPORT_META
 from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
 
 
@@ -59,19 +61,41 @@ def export_again(path: Path) -> tuple[str, bool] | None:
     )
 
 
+def _recorded_step(path: Path) -> tuple[Path, int, bool, str] | None:
+    """(checkpoint, step, merged, dtype) that export `path` outside a run's exports (an --out folder)
+    was written from, as its gristmill_export.json records them; None where it records no checkpoint
+    (a copy of a run's export records copied_from) or cannot be read."""
+    try:
+        meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+        ckpt, step = Path(meta["checkpoint"]), int(meta["step"])
+        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return ckpt, step, bool(meta.get("merged")), "bf16" if dtype == "bfloat16" else "fp32"
+
+
 def export_fix(path: Path, what: str | None) -> str:
     """How to replace export `path`'s damaged or unloadable `what` (None: the export is no good as a
     whole, another base's: nothing of it to restore): from its checkpoint while the run keeps it
-    (export_again); else from a copy only (or, for an export outside a run's exports, from whatever
-    checkpoint of its run is left). The one home of this advice: an export may be the only
-    copy of its weights, so it is never "delete" (review RV32f A6)."""
+    (export_again; for an export outside a run's exports, the checkpoint its gristmill_export.json
+    records, into its place: review RV34c G3); else from a copy only. The one home of this advice: an
+    export may be the only copy of its weights, so it is never "delete" (review RV32f A6)."""
     again = export_again(path)
-    if again is None and export_step_of(path) is None:  # no run's step (an --out folder, a copy): unknown
-        return (
-            f"restore {what or path.name} from a copy of the export, or export its step again from its run's "
-            "checkpoint where that still has one, to another folder (gristmill export RUN --step N --out "
-            "DIR); keep the export meanwhile: it may hold the only copy of its weights"
-        )
+    if again is None and export_step_of(path) is None:  # no run's step (an --out folder, a copy)
+        restore = f"restore {what or path.name} from a copy of the export"
+        keep = "keep the export meanwhile: it may hold the only copy of its weights"
+        if (recorded := _recorded_step(path)) is None:  # unknown: where it came from is not recorded
+            return (
+                f"{restore}, or export its step again from its run's checkpoint where that still has one, to "
+                f"another folder (gristmill export RUN --step N --out DIR); {keep}"
+            )
+        ckpt, step, merged, dtype = recorded
+        try:  # a checkpoint that verifies: a complete but damaged one left nothing to export from
+            verify_checkpoint(ckpt)
+        except CheckpointError:
+            return f"{restore}; {keep} (the checkpoint it was exported from, {ckpt}, is gone or damaged)"
+        command = export_command(ckpt.parent.parent, step, merged, path, dtype)
+        return f"{restore}, or move {path} aside and export it again from its checkpoint ({command}); {keep}"
     if again is None:
         return (
             f"restore {what or path.name} from a copy of the export; keep the export meanwhile: its "
