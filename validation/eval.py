@@ -49,12 +49,12 @@ from typing import Any, Literal
 
 from training.checkpoint.base_record import base_files
 from training.checkpoint.base_source import TOKENIZER_FILES
+from training.checkpoint.export_advice import export_fix
 from training.checkpoint.hf_export import (
     CheckpointSetAside,
     ExportError,
     check_export_tokenizer,
     export_checkpoint,
-    export_fix,
     run_config,
 )
 from training.checkpoint.io import (

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
-from training.checkpoint.hf_export import ExportError, export_command, of_another_checkpoint, verify_export
+from training.checkpoint.export_advice import export_command
+from training.checkpoint.hf_export import ExportError, of_another_checkpoint, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.batch_record import BatchEntry, read_batches
