@@ -7,6 +7,8 @@
 - state.py         the `Stateful` objects a checkpoint holds (`checkpointables`), the train state
 - hf_export.py     a checkpoint as a Hugging Face `LlamaForCausalLM` directory (and back into the
                    model for eval); beside the checkpoints it reads
+- export_advice.py how to write an export again, in a refusal's words (export_fix: moved aside, never
+                   deleted)
 - hf_import.py     a Hugging Face Llama as a run's start (`[model] init_from`): its shape, its weights
 - hf_names.py      the gristmill ↔ Hugging Face tensor names and safetensors dtype codes
 - model_config.py  the model a run builds: preset, [model] overrides, a base's shape, the vocabulary
