@@ -14,6 +14,19 @@ from training.contract.integrity import EXPORT_META
 from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
 
 
+def _verifies(checkpoint: Path) -> bool:
+    """Whether `checkpoint` is there and verifies (an export can be written again from it)."""
+    # imported here, not at the top: io imports DCP, and the launcher's preflight reaches this module
+    # through base_record without the trainer (test_the_launcher_checks_without_importing_the_trainer)
+    from training.checkpoint.io import verify_checkpoint
+
+    try:
+        verify_checkpoint(checkpoint)
+    except CheckpointError:
+        return False
+    return True
+
+
 def export_command(
     run_dir: str | Path, step: int, merged: bool = False, out: Path | None = None, dtype: str = "fp32"
 ) -> str:
@@ -47,13 +60,7 @@ def export_again(path: Path) -> tuple[str, bool] | None:
             f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
             "needs the base at hand"
         ), True
-    # here, not at the top: io imports DCP, and the launcher's preflight reaches this module through
-    # base_record without the trainer (test_the_launcher_checks_without_importing_the_trainer)
-    from training.checkpoint.io import verify_checkpoint
-
-    try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
-        verify_checkpoint(checkpoint_dir(run, step))
-    except CheckpointError:
+    if not _verifies(checkpoint_dir(run, step)):  # a complete but damaged one: nothing to re-export from
         return None
     return (
         f"move {path} aside and export it again from its checkpoint ({export_command(run, step, merged)})",
@@ -90,9 +97,7 @@ def export_fix(path: Path, what: str | None) -> str:
                 f"another folder (gristmill export RUN --step N --out DIR); {keep}"
             )
         ckpt, step, merged, dtype = recorded
-        try:  # a checkpoint that verifies: a complete but damaged one left nothing to export from
-            verify_checkpoint(ckpt)
-        except CheckpointError:
+        if not _verifies(ckpt):  # a complete but damaged one left nothing to export from
             return f"{restore}; {keep} (the checkpoint it was exported from, {ckpt}, is gone or damaged)"
         command = export_command(ckpt.parent.parent, step, merged, path, dtype)
         return f"{restore}, or move {path} aside and export it again from its checkpoint ({command}); {keep}"

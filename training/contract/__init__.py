@@ -15,7 +15,8 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     disk_space     free_bytes, the free-disk check (DiskFullError) and fmt_bytes, for build, download
                    and checkpoints
     separator_check the separator rule (one per document, first or last), for tokenizer, validator, loader
-    lifetime       exit_with: a process the command started kills itself when that command dies
+    lifetime       exit_with: a process the command started kills itself when that command dies;
+                   signal_at_parent_death: the same for a child asking the kernel (PR_SET_PDEATHSIG)
     object_store   s3:// URLs and the one S3 client (boto3, imported inside its functions): one request
                    per call, retries with backoff, counted (COUNTS)
 
