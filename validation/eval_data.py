@@ -422,7 +422,8 @@ def _one_walk(walk: Callable[[str, int | None], list[str]] | None = None) -> Ite
     ) -> list[str]:
         if "://" in pattern or "::" in pattern or "://" in base_path:
             return original(pattern, base_path, allowed_extensions, **kwargs)
-        full = os.path.abspath(os.path.join(base_path, os.path.expanduser(pattern)))
+        # joined as written, as datasets does: `~/x` is FOLDER/~/x to it (review RV34a G1: $HOME's files)
+        full = os.path.abspath(os.path.join(base_path, pattern))
         found = [
             str(f)
             for f in local_files([full], walk)
