@@ -568,8 +568,8 @@ def _packaged_builder(name: str) -> bool:
 def _globs(data_files: Any, base: Path | None, anchors: list[str] | None = None) -> list[str]:
     """The glob patterns of `data_files` (a path, a glob, a list or a dict of them, as datasets takes
     it) that name local files (not a URL): under `base` (a dataset_path folder), else the working
-    directory, where relative (`_rooted`)."""
-    local = [os.path.expanduser(p) for p in _patterns(data_files) if not is_url(p) and "://" not in p]
+    directory, where relative (`_rooted`); `~/x` is relative, as datasets joins it (review RV34a G1)."""
+    local = [p for p in _patterns(data_files) if not is_url(p) and "://" not in p]
     return [_rooted(p, base if base is not None else Path.cwd(), anchors) for p in local]
 
 

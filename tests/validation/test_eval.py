@@ -2681,17 +2681,17 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     assert "task own_mc reads data_dir ../data/sub without data_files" in capsys.readouterr().err
 
 
-def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_path):
+def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_path, monkeypatch):
     """While datasets resolves a dataset_path folder's data files (eval_data.read_files), its
     resolve_pattern is served from one walk of the folder (`_one_walk`: its own 68 globs of a 20k-file
     folder were 15-30 s). The same files as datasets' own for every kind of name and pattern, or both
     none; datasets' own back after the block, left normally or by an error. `~` was expanded to $HOME,
     which datasets joins to the folder as written (review RV34a G1: a card's `~/sub/*` read by
-    datasets, recorded by nobody)."""
+    datasets, recorded by nobody; a task's own data_files `~/…`: $HOME's file recorded)."""
     from datasets import data_files
     from datasets.load import _ALL_ALLOWED_EXTENSIONS
 
-    from validation.eval_data import _one_walk
+    from validation.eval_data import _one_walk, hub_task_manager, task_data_files
 
     base = tmp_path / "t"
     for name in [
@@ -2734,6 +2734,16 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
     with pytest.raises(KeyError), _one_walk():
         raise KeyError("a builder's")
     assert data_files.resolve_pattern is original
+    # a task's own data_files: FOLDER/~/x/…, never $HOME/x/… (datasets reads the one, not the other)
+    (tmp_path / "home" / "x").mkdir(parents=True)
+    (tmp_path / "home" / "x" / "h-test.jsonl").write_text("{}\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tl.yaml").write_text(
+        f"task: tl\ndataset_path: {base}\ndataset_kwargs:\n  data_files:\n    test: ~/x/h-test.jsonl\n"
+    )
+    tl = task_data_files(hub_task_manager([], [str(tmp_path / "tasks")]), "tl")
+    assert tl.files == [(base / "~" / "x" / "h-test.jsonl").resolve()]
 
 
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
