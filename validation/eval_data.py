@@ -167,48 +167,64 @@ def final_configs(task_manager: Any, name: str) -> Any:
     """The configs lm-eval builds task, group or tag `name`'s tasks from: each member's own with its
     groups' overrides applied (a group's own non-structural keys, a `- task: x` item's keys: review RV33f
     F3, the member's own data files were recorded and the override's scored), asked of lm-eval's own
-    TaskFactory with its tasks left unbuilt (building one loads its data). The definition's configs
-    (`_definition`) where lm-eval cannot build it (its load says why)."""
+    TaskFactory with its tasks left unbuilt (`_built`). The definition's configs (`_definition`) where
+    lm-eval cannot build it (its load says why)."""
+    built = _built(task_manager, name)
+    return _definition(task_manager, name, set()) if built is None else _leaves(built)
+
+
+def _built(task_manager: Any, name: str) -> Any:
+    """What lm-eval's TaskFactory builds of task, group or tag `name`, its tasks left unbuilt (building one
+    loads its data): an `_Unbuilt`, a Group of its children, a tag's list; None where it cannot."""
     from lm_eval.tasks import _factory
 
     class Configs(_factory.TaskFactory):
         def _build_task(self, entry: Any, overrides: dict[str, Any] | None) -> Any:
             return _Unbuilt(self._load_full_config(entry, overrides))
 
-    def leaves(built: Any) -> list[dict[str, Any]]:
-        if isinstance(built, _Unbuilt):
-            return [built.config]
-        return [c for child in built for c in leaves(child)]  # a tag's list, a group's children
-
     entry = task_manager.task_index.get(name)
     built_task = _factory.ConfigurableTask  # an inline member is built there, not in _build_task
     _factory.ConfigurableTask = _Unbuilt
     try:
-        return leaves(Configs().build(entry, registry=dict(task_manager.task_index)))
+        return Configs().build(entry, registry=dict(task_manager.task_index))
     except Exception:
-        return _definition(task_manager, name, set())
+        return None
     finally:
         _factory.ConfigurableTask = built_task
 
 
+def _leaves(built: Any) -> list[dict[str, Any]]:
+    """The task configs of `_built`'s answer, in order."""
+    if isinstance(built, _Unbuilt):
+        return [built.config]
+    return [c for child in built for c in _leaves(child)]  # a tag's list, a group's children
+
+
 def reconfigured_members(task_manager: Any, name: str) -> set[str]:
-    """The tasks of their own (in the task index) that group or tag `name` builds with a config other
-    than their own under their own name: a group's own keys (`dataset_name: B` beside its `task` list)
-    reach its members, which lm-eval scores under their plain names. Their scores are the group's
-    variant's, not the task's as it is (review RV33f F3: recorded with the member's own definition and
-    documents, a later eval of the member alone counted them done)."""
+    """The tasks and groups of their own (in the task index) that group or tag `name` builds with configs
+    other than their own under their own name: a group's own keys (`dataset_name: B` beside its `task`
+    list, or on a `- group: inner` item) reach its members at every depth, which lm-eval scores under
+    their plain names. Their scores are the group's variant's, not theirs as they are (review RV33f F3:
+    recorded with the member's own definition and documents, a later eval of the member alone counted
+    them done; RV34a G5: a member group's entry, too)."""
     index = task_manager.task_index
 
-    def own(config: dict[str, Any]) -> Any:
-        return _stable({k: v for k, v in config.items() if k != "metadata"})  # lm-eval's, where it ran
+    def own(configs: list[Any]) -> list[Any]:  # lm-eval's metadata: where it ran
+        mine = [c for c in configs if isinstance(c, dict)]
+        return [_stable({k: v for k, v in c.items() if k != "metadata"}) for c in mine]
 
-    built = [c for c in final_configs(task_manager, name) if isinstance(c, dict)]
+    def members(built: Any) -> Iterator[tuple[Any, Any]]:  # (name, what was built) under `built`
+        for child in [] if isinstance(built, _Unbuilt) else built:
+            yield (child.task_name if isinstance(child, _Unbuilt) else getattr(child, "name", None)), child
+            yield from members(child)
+
+    built = _built(task_manager, name)
     return {
-        c["task"]
-        for c in built
-        if c.get("task") in index
-        and str(getattr(index[c["task"]], "kind", "")).rsplit(".", 1)[-1] not in ("GROUP", "TAG")
-        and [own(c)] != [own(m) for m in final_configs(task_manager, c["task"]) if isinstance(m, dict)]
+        member
+        for member, child in ([] if built is None else members(built))
+        if member in index
+        and str(getattr(index[member], "kind", "")).rsplit(".", 1)[-1] != "TAG"
+        and own(_leaves(child)) != own(final_configs(task_manager, member))
     }
 
 

@@ -2122,6 +2122,7 @@ def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own
     import pyarrow.parquet as pq
 
     from pipelines.cli import main
+    from validation.eval_data import hub_task_manager, reconfigured_members
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
@@ -2176,6 +2177,12 @@ def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own
     )
     assert "[eval] step 5 own_mc" in capfd.readouterr().err
     assert recorded()[1]["own_mc"]["settings"] == alone["settings"]
+    # a group under a group that changes it by its keys (group-wide, or on a `- group:` item): its entry
+    # holds the variant's scores too (RV34a G5: recorded under its own definition, a later eval of it done)
+    (tasks / "outer.yaml").write_text('group: outer\ndoc_to_text: "yyy {{context}}"\ntask:\n  - plain\n')
+    (tasks / "item.yaml").write_text('group: item\ntask:\n  - group: plain\n    doc_to_text: "yyy"\n')
+    tm = hub_task_manager([], [str(tasks)])
+    assert reconfigured_members(tm, "outer") == reconfigured_members(tm, "item") == {"plain", "own_mc"}
 
 
 def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_names_is_scored_again(
