@@ -180,7 +180,10 @@ def _built(task_manager: Any, name: str) -> Any:
 
     class Configs(_factory.TaskFactory):
         def _build_task(self, entry: Any, overrides: dict[str, Any] | None) -> Any:
-            return _Unbuilt(self._load_full_config(entry, overrides))
+            config = self._load_full_config(entry, overrides)
+            for key in ("tag", "group", "task_list"):  # as lm-eval's own drops them before building (a
+                config.pop(key, None)  # group's `tag:` reached its members: review RV34a G8)
+            return _Unbuilt(config)
 
     entry = task_manager.task_index.get(name)
     built_task = _factory.ConfigurableTask  # an inline member is built there, not in _build_task

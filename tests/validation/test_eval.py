@@ -2181,8 +2181,11 @@ def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own
     # holds the variant's scores too (RV34a G5: recorded under its own definition, a later eval of it done)
     (tasks / "outer.yaml").write_text('group: outer\ndoc_to_text: "yyy {{context}}"\ntask:\n  - plain\n')
     (tasks / "item.yaml").write_text('group: item\ntask:\n  - group: plain\n    doc_to_text: "yyy"\n')
+    (tasks / "tagged.yaml").write_text("group: tagged\ntag: suite\ntask:\n  - own_mc\n")
     tm = hub_task_manager([], [str(tasks)])
     assert reconfigured_members(tm, "outer") == reconfigured_members(tm, "item") == {"plain", "own_mc"}
+    # a group's `tag:` is no setting of its members (lm-eval drops it): RV34a G8, own_mc scored again
+    assert reconfigured_members(tm, "tagged") == set()
 
 
 def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_names_is_scored_again(
