@@ -29,6 +29,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -186,14 +187,11 @@ def _built(task_manager: Any, name: str) -> Any:
             return _Unbuilt(config)
 
     entry = task_manager.task_index.get(name)
-    built_task = _factory.ConfigurableTask  # an inline member is built there, not in _build_task
-    _factory.ConfigurableTask = _Unbuilt
-    try:
-        return Configs().build(entry, registry=dict(task_manager.task_index))
-    except Exception:
-        return None
-    finally:
-        _factory.ConfigurableTask = built_task
+    with _swapped(_factory, "ConfigurableTask", _Unbuilt):  # an inline member is built there
+        try:
+            return Configs().build(entry, registry=dict(task_manager.task_index))
+        except Exception:
+            return None
 
 
 def _leaves(built: Any) -> list[dict[str, Any]]:
@@ -430,10 +428,10 @@ def read_files(
 @contextlib.contextmanager
 def _one_walk(walk: Callable[[str, int | None], list[str]] | None = None) -> Iterator[None]:
     """datasets' resolve_pattern, for a local pattern, from one walk of each folder (`local_files`: the
-    same matches; `walk`: how, cached) while datasets resolves a folder's data files (`read_files`)."""
+    same matches; `walk`: how, cached) while datasets resolves a folder's data files (`read_files`): its
+    module global, for the whole process while the block runs (`_swapped`)."""
     from datasets import data_files as module
 
-    original = module.resolve_pattern
     walk = walk or functools.cache(_walk)
 
     def resolve(
@@ -453,11 +451,27 @@ def _one_walk(walk: Callable[[str, int | None], list[str]] | None = None) -> Ite
             raise FileNotFoundError(f"Unable to find '{full}'")
         return found
 
-    module.resolve_pattern = resolve
-    try:
+    with _swapped(module, "resolve_pattern", resolve) as original:
         yield
-    finally:
-        module.resolve_pattern = original
+
+
+_SWAPS = threading.RLock()
+
+
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, value: Any) -> Iterator[Any]:
+    """`module.name`, a global that datasets or lm-eval reads at each use, is `value` for the block, for
+    the whole process: so one block at a time (a lock), and what it was put back after (yielded: the
+    library's own, no other block running meanwhile). Two overlapping blocks (threads) each put back
+    what they found: the last left its replacement installed for good, datasets reading a listing
+    cached at one plan (review RV34a G2)."""
+    with _SWAPS:
+        own = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            yield own
+        finally:
+            setattr(module, name, own)
 
 
 def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -2744,6 +2745,29 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
     with pytest.raises(KeyError), _one_walk():
         raise KeyError("a builder's")
     assert data_files.resolve_pattern is original
+    # one block at a time, datasets' own back after both (RV34a G2: overlapping blocks in two threads each
+    # put back what they found, the last the other's resolver, for good)
+    inside, other_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    overlapped = []
+
+    def first() -> None:
+        with _one_walk():
+            inside.set()
+            overlapped.append(other_in.wait(0.3))  # the other's block waits for this one's end
+        first_out.set()
+
+    def other() -> None:
+        inside.wait()
+        with _one_walk():
+            other_in.set()
+            first_out.wait()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlapped == [False] and data_files.resolve_pattern is original
     # a task's own data_files: FOLDER/~/x/…, never $HOME/x/… (datasets reads the one, not the other)
     (tmp_path / "home" / "x").mkdir(parents=True)
     (tmp_path / "home" / "x" / "h-test.jsonl").write_text("{}\n")
