@@ -409,12 +409,18 @@ def read_files(
     itself (its module factory and builder config), not worked out here again; each re-reading of its
     rules missed a case, a file read and never recorded (review RV33f F2, F6, F10). Its file listing comes
     from one walk of each folder (`_one_walk`: 68 globs of a 20k-file folder were 15-30 s); its builder
-    writes a lock in a scratch cache_dir, removed after. No files where datasets finds none (lm-eval's
-    load says so); ValueError where it refuses the folder (its card, its config name)."""
+    writes a lock in a scratch cache_dir, removed after; no request to the network. No files where
+    datasets finds none (lm-eval's load says so); ValueError where it refuses the folder (its card, its
+    config name)."""
     import datasets
     from datasets.exceptions import DataFilesNotFoundError
 
-    with tempfile.TemporaryDirectory(prefix="gristmill-resolve-") as scratch, _one_walk(walk):
+    with (
+        tempfile.TemporaryDirectory(prefix="gristmill-resolve-") as scratch,
+        _one_walk(walk),
+        # not its download-count ping (a HEAD to its S3 bucket, up to 3 s) at each plan (review RV34a G3)
+        _swapped(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", False),
+    ):
         try:
             builder = datasets.load_dataset_builder(path, name, data_dir=data_dir, cache_dir=scratch)
         except (DataFilesNotFoundError, datasets.data_files.EmptyDatasetError, FileNotFoundError):

@@ -2699,10 +2699,13 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
     none; datasets' own back after the block, left normally or by an error. `~` was expanded to $HOME,
     which datasets joins to the folder as written (review RV34a G1: a card's `~/sub/*` read by
     datasets, recorded by nobody; a task's own data_files `~/…`: $HOME's file recorded)."""
+    import datasets
+    import huggingface_hub.constants as hf_constants
     from datasets import data_files
     from datasets.load import _ALL_ALLOWED_EXTENSIONS
 
-    from validation.eval_data import _one_walk, hub_task_manager, task_data_files
+    from tests.helpers.hub_server import HubServer
+    from validation.eval_data import _one_walk, hub_task_manager, read_files, task_data_files
 
     base = tmp_path / "t"
     for name in [
@@ -2768,6 +2771,15 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
     for thread in threads:
         thread.join()
     assert overlapped == [False] and data_files.resolve_pattern is original
+    # the `json` builder's download-count ping (a HEAD to datasets' S3 bucket, 3 s timeout) at each plan of
+    # a task reading its data_dir: none (RV34a G3)
+    with HubServer() as counter:
+        monkeypatch.setattr(datasets.config, "S3_DATASETS_BUCKET_PREFIX", f"{counter.url}/count")
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # its session refuses any request else
+        monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)  # datasets' default
+        assert read_files("json", None, str(base / "test"))[1]
+    assert counter.requests == [] and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True
     # a task's own data_files: FOLDER/~/x/…, never $HOME/x/… (datasets reads the one, not the other)
     (tmp_path / "home" / "x").mkdir(parents=True)
     (tmp_path / "home" / "x" / "h-test.jsonl").write_text("{}\n")
