@@ -783,8 +783,11 @@ class CachedBlocks:
         distinct = np.unique(units)
         held = OPEN_MAPS.get_many(self._owner, distinct.tolist())
         # fetched together, those not known to be cached (on_disk: a hint; one gone is fetched where
-        # it is read, alone): a warm group's plan makes no stat per sample before it opens each
-        self.fetch_all(u for u in distinct.tolist() if u not in held and self.key(u) not in self.on_disk)
+        # it is read, alone): a warm group's plan makes no stat per sample before it opens each. Only
+        # the keeping process's hint: a DataLoader worker's is its fork's copy, never listed again
+        # (review RV34d L2)
+        known = self.on_disk if self._on_disk_pid == os.getpid() else set()
+        self.fetch_all(u for u in distinct.tolist() if u not in held and self.key(u) not in known)
         # Each unit's first row and lengths, back to back in `distinct`'s order: the rows are one
         # gather out of them (a group's plan: numpy calls per sample cost ~10 µs each of 4,096)
         firsts, parts = [], []
