@@ -43,6 +43,7 @@ from tests.helpers.train_runs import (
 )
 from training.checkpoint.base_record import record_base
 from training.checkpoint.base_source import locate_base
+from training.checkpoint.export_advice import export_fix
 from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf
 from training.checkpoint.hf_import import (
     BaseModelError,
@@ -806,6 +807,15 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
         line
     )
     assert not (run / "checkpoints").exists()
+    # a record edited (its step, or its checkpoint's identity: another timeline's step 8) gives no
+    # command: it would write another checkpoint's weights into the export's place (RV34g H2)
+    meta_file = copy / "gristmill_export.json"
+    meta = json.loads(meta_file.read_text())
+    for edit in ({"step": 4}, {"checkpoint_complete_sha256": "0" * 64}):
+        meta_file.write_text(json.dumps({**meta, **edit}))
+        fix = export_fix(copy, "the file")
+        assert "(gristmill export RUN --step N --out DIR)" in fix and "--step 4" not in fix, fix
+    meta_file.write_text(json.dumps(meta))
     # its config edited (what the same weights compute), or its weights re-saved under other names:
     # both were trained from once the check held the weights' own sha256s alone (review R22i S1, S2)
     from safetensors.torch import load_file, save_file

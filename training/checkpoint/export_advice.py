@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 from training.checkpoint.record import CheckpointError
-from training.contract.integrity import EXPORT_META
+from training.contract.integrity import CHECKPOINT_IDENTITY, EXPORT_META
 from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
 
 
@@ -71,14 +71,21 @@ def export_again(path: Path) -> tuple[str, bool] | None:
 def _recorded_step(path: Path) -> tuple[Path, int, bool, str] | None:
     """(checkpoint, step, merged, dtype) that export `path` outside a run's exports (an --out folder)
     was written from, as its gristmill_export.json records them; None where it records no checkpoint
-    (a copy of a run's export records copied_from) or cannot be read."""
+    (a copy of a run's export records copied_from), cannot be read, or does not hold together."""
+    from training.checkpoint.hf_export import checkpoint_identity  # it imports this module
+
     try:
         meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
         ckpt, step = Path(meta["checkpoint"]), int(meta["step"])
         dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("torch_dtype")
+        # the record is one of the files a refusal says may be damaged: its step must be its
+        # checkpoint's, and that checkpoint the one it was exported from (another timeline's step N
+        # since a rewind has another COMPLETE), else no command is given (review RV34g H2: an edited
+        # step wrote another step's weights into the export's place)
+        same = step_of(ckpt) == step and meta[CHECKPOINT_IDENTITY] == checkpoint_identity(ckpt)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return ckpt, step, bool(meta.get("merged")), "bf16" if dtype == "bfloat16" else "fp32"
+    return (ckpt, step, bool(meta.get("merged")), "bf16" if dtype == "bfloat16" else "fp32") if same else None
 
 
 def export_fix(path: Path, what: str | None) -> str:
