@@ -1192,13 +1192,14 @@ def _as_now(info: dict[str, Any], want: dict[str, Any], results: dict[str, Any],
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
     before the task's definition or its documents' digest was (LATER_SETTINGS) count under any; before
     bootstrap_iters was, under the value used then (`as_used`, as task `name`'s record `results` says
-    it); num_fewshot 0 without the n-shot record was the task's own (passed as None: review R23a S3)."""
+    it); num_fewshot as passed then (eval_results.num_fewshot_passed: a 0 from before the n-shot record
+    was the task's own, passed as None: review R23a S3)."""
     got = as_used(dict(info.get("settings") or {}), results, name)
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)
     if "num_fewshot" in got:
-        got["num_fewshot"] = num_fewshot_passed(info)
+        got["num_fewshot"] = num_fewshot_passed(results, name)
     return got
 
 

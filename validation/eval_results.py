@@ -541,7 +541,7 @@ def variants_replaced(
             # review RV34e S1); none where its settings name none (no gristmill wrote such a record)
             named = "num_fewshot" in info["settings"]
             own = (
-                own_config(group, task, variant, num_fewshot_passed(info))
+                own_config(group, task, variant, num_fewshot_passed(old, task))
                 if named and own_config and isinstance(variant, dict)
                 else None
             )
@@ -567,12 +567,19 @@ def variants_replaced(
     return out
 
 
-def num_fewshot_passed(info: dict[str, Any]) -> int | None:
-    """The num_fewshot the eval that wrote task record `info` (gristmill_tasks.TASK, its settings naming
-    one) passed lm-eval: the recorded one, but 0 without the n-shot record (a gristmill before each task
-    recorded it) was passed as `0 or None`, the task's own (review R23a S3)."""
-    passed = info["settings"]["num_fewshot"]
-    return None if passed == 0 and "n_shot" not in info else passed
+def num_fewshot_passed(results: dict[str, Any], task: str) -> int | None:
+    """The num_fewshot the eval that wrote `task`'s record in `results` (a step's results dict; its
+    settings naming one) passed lm-eval: the recorded one, but 0 from a gristmill before 2a90755 was
+    passed as `0 or None`, the task's own (review R23a S3). Such an eval recorded no n-shot: the entry
+    of the task it scored holds `n_shot` since (a group's, listing its members); a member's record never
+    does, and is dated by its group's (`scored_by`, or before that was recorded the groups listing it:
+    review RV34h M1, S1)."""
+    tasks = results.get(GRISTMILL_TASKS, {})
+    passed = tasks[task]["settings"]["num_fewshot"]
+    groups = results.get("group_subtasks", {})
+    scorers = {task, tasks[task].get("scored_by")} | {g for g, subs in groups.items() if task in subs}
+    dated = any("n_shot" in tasks.get(s, {}) for s in scorers if s is not None)
+    return None if passed == 0 and not dated else passed
 
 
 def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:

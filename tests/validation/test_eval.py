@@ -2254,10 +2254,13 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
             assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
         assert evaluate_missing(run, cfg, plan, show=False) == []
 
-    def own_kept(config: dict, settings: dict) -> dict:
+    def own_kept(config: dict, settings: dict, n_shot: dict | None = None) -> dict:
         """What variants_replaced says of an own_mc entry holding `config` under ovr's old `settings`
-        (its num_fewshot as recorded), against the step as ovr's eval wrote it ({}: kept as own_mc's)."""
+        (its num_fewshot as recorded; ovr's entry with `n_shot` where given), against the step as ovr's
+        eval wrote it ({}: kept as own_mc's)."""
         info = {**both, "own_mc": {"settings": settings}}
+        if n_shot is not None:
+            info["ovr"] = {**both["ovr"], "n_shot": n_shot}
         return variants_replaced(
             {**results, "configs": {"own_mc": config}, "gristmill_tasks": info}, got, plan.own_config
         )
@@ -2278,6 +2281,15 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     got["configs"]["ovr::own_mc"] = {**variant, "num_fewshot": 0}
     assert own_kept(own, both["own_mc"]["settings"]) == {}
     assert own_kept({**own, "num_fewshot": 3}, then) == {}
+    # own_mc's YAML says `num_fewshot: 2`; ovr scored under `--set num_fewshot=0`: a member's record holds
+    # no n-shot, ovr's does (a gristmill since 2a90755, which passed 0 as 0). Its 0-shot entry is own_mc's
+    # own under 0, and was dropped as "neither", read as passed None (review RV34h M1); one whose group
+    # recorded no n-shot either was passed `0 or None`, own_mc's own 2-shot
+    _own_task(tasks, extra="num_fewshot: 2\n")
+    zero = {**then, "num_fewshot": 0}
+    assert own_kept(own, zero, {"ovr": 0, "own_mc": 0}) == {}
+    assert own_kept({**own, "num_fewshot": 2}, zero) == {}
+    assert own_kept(own, zero)["own_mc"].startswith(neither)
     # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
     # entry was kept as own_mc's own scores, no note (RV33a F1). outer::gp cannot be loaded by name, so
     # own_mc's own config cannot be had to compare: the note said "neither own_mc's own" of own_mc's own
@@ -2961,6 +2973,18 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
     write_step_json(tmp_path, 3, {"results": {"own_mc": {}}, "gristmill_tasks": before})
     assert evaluated(tmp_path, 3, ["own_mc"], [], None, cfg)  # was scored with the task's own
     assert not evaluated(tmp_path, 3, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
+    # a group's member records no n-shot: its group's entry does (as `eval --tasks grp --set
+    # num_fewshot=0` writes them, grp `- task: own_mc`), and 0 was passed as 0. A watch of own_mc alone,
+    # unset, counted its 0-shot scores as own_mc's own 2-shot (review RV34h S1); before `scored_by`, the
+    # groups listing it date it
+    member = {"settings": before["own_mc"]["settings"], "scored_by": "grp"}
+    grp = {"settings": before["own_mc"]["settings"], "n_shot": {"grp": 0, "own_mc": 0}}
+    for record in (member, {k: v for k, v in member.items() if k != "scored_by"}):
+        tasks = {"own_mc": record, "grp": grp}
+        results = {"results": {"own_mc": {}, "grp": {}}, "group_subtasks": {"grp": ["own_mc"]}}
+        write_step_json(tmp_path, 4, {**results, "gristmill_tasks": tasks})
+        assert not evaluated(tmp_path, 4, ["own_mc"], [], None, cfg)
+        assert evaluated(tmp_path, 4, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
