@@ -647,15 +647,12 @@ class NotRead(enum.Enum):
     FOLDER = "not read"
 
 
-FOLDER_NOT_READ = NotRead.FOLDER
-
-
 def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str | NotRead | None:
     """The `documents` digest a gristmill before 1388e61 recorded of task `name`'s data as its files are
     now: each local dataset_path folder's every file, hidden ones aside, beside `files` (TaskData.files,
     those datasets reads), each resolved. An older record that equals it was taken of these same files
     by the old rule, not of other data (review RV32f B6: its note said the documents changed). None for
-    a task without such a folder (the rule was the same); FOLDER_NOT_READ past DOCUMENTS_BEFORE_BYTES."""
+    a task without such a folder (the rule was the same); NotRead.FOLDER past DOCUMENTS_BEFORE_BYTES."""
     folders = _dataset_folders(_definition(task_manager, name, set()))
     if not folders:
         return None
@@ -666,7 +663,7 @@ def documents_before(task_manager: Any, name: str, files: Sequence[Path]) -> str
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts)
     }
     if sum(_size(p) for p in every) > DOCUMENTS_BEFORE_BYTES:
-        return FOLDER_NOT_READ
+        return NotRead.FOLDER
     return files_sha256(sorted(every))
 
 

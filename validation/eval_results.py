@@ -40,7 +40,7 @@ from training.contract.eval_table import (
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
-from validation.eval_data import FOLDER_NOT_READ, RENAMED, NotRead, local_task_names
+from validation.eval_data import RENAMED, NotRead, local_task_names
 
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -472,7 +472,7 @@ def _documents_before_said(recorded: str | None, before: str | NotRead | None) -
     the rule before 1388e61's digest of the task's files as they are (`before`: documents_before): the
     same files where they are equal; where its folder holds more than DOCUMENTS_BEFORE_BYTES, that it was
     not read to tell (the plain note said the data changed: review RV33a L2)."""
-    if before is FOLDER_NOT_READ:
+    if before is NotRead.FOLDER:
         return " (changed, or the same files recorded by the rule before: its folder is too large to read)"
     if before and recorded == before[:8]:
         return " (the same files, now recorded as datasets reads its folder)"
