@@ -473,8 +473,8 @@ def _swapped(module: Any, name: str, value: Any) -> Iterator[Any]:
     cached at one plan (review RV34a G2)."""
     with _SWAPS:
         own = getattr(module, name)
-        setattr(module, name, value)
-        try:
+        try:  # before the setattr: an interrupt between the two left the replacement (RV34i I1)
+            setattr(module, name, value)
             yield own
         finally:
             setattr(module, name, own)

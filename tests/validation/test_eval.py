@@ -2772,16 +2772,17 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
         first_out.set()
 
     def other() -> None:
-        inside.wait()
+        inside.wait(60)
         with _one_walk():
             other_in.set()
-            first_out.wait()
+            first_out.wait(60)
 
-    threads = [threading.Thread(target=first), threading.Thread(target=other)]
+    threads = [threading.Thread(target=first, daemon=True), threading.Thread(target=other, daemon=True)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(120)  # bounded: a deadlock fails here, never hangs the suite (RV34i)
+    assert not any(t.is_alive() for t in threads), "the swaps' lock deadlocked"
     assert overlapped == [False] and data_files.resolve_pattern is original
     # the `json` builder's download-count ping (a HEAD to datasets' S3 bucket, 3 s timeout) at each plan of
     # a task reading its data_dir: none (RV34a G3)
