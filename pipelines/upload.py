@@ -58,6 +58,7 @@ from training.contract.object_store import (
     ObjectMissing,
     ObjectRefused,
     ObjectStore,
+    ObjectStoreError,
     ObjectURL,
     file_digests,
 )
@@ -162,12 +163,18 @@ def upload_dataset(
         spec, path = files[rel], root / rel
         try:
             store.put_file(path, rel, expect_sha256=spec["sha256"], digests=hashed.get(rel))
-        except ValueError:
-            # put_file's sha256 check, or the store refusing the PUT: a 403 or a retry budget spent is
-            # the store's, told in its own line, and a Content-MD5 refused the file's bytes changed since
-            # they were hashed; the file itself says which (review RV34b F1: every refusal read "damaged")
-            if file_digests(path)[1] == spec["sha256"]:
+        except ObjectStoreError:
+            # the store refusing the PUT: a 403 or a retry budget spent is the store's, told in its own
+            # line, and a Content-MD5 refused the file's bytes changed since they were hashed; the file
+            # itself says which (review RV34b F1: every refusal read "damaged")
+            try:
+                intact = file_digests(path)[1] == spec["sha256"]
+            except OSError:  # gone meanwhile
+                intact = False
+            if intact:
                 raise
+            raise _not_recorded(path, root) from None
+        except ValueError:  # put_file's own sha256 check: hashed before the PUT, damaged after the build
             raise _not_recorded(path, root) from None
         return path.stat().st_size
 

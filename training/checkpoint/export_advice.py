@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 from training.checkpoint.record import CheckpointError
-from training.contract.integrity import CHECKPOINT_IDENTITY, EXPORT_META
+from training.contract.integrity import CHECKPOINT_IDENTITY, EXPORT_META, checkpoint_identity
 from training.contract.run_layout import MERGED_PREFIX, checkpoint_dir, step_of
 
 
@@ -72,8 +72,6 @@ def _recorded_step(path: Path) -> tuple[Path, int, bool, str] | None:
     """(checkpoint, step, merged, dtype) that export `path` outside a run's exports (an --out folder)
     was written from, as its gristmill_export.json records them; None where it records no checkpoint
     (a copy of a run's export records copied_from), cannot be read, or does not hold together."""
-    from training.checkpoint.hf_export import checkpoint_identity  # it imports this module
-
     try:
         meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
         ckpt, step = Path(meta["checkpoint"]), int(meta["step"])
@@ -81,8 +79,9 @@ def _recorded_step(path: Path) -> tuple[Path, int, bool, str] | None:
         # the record is one of the files a refusal says may be damaged: its step must be its
         # checkpoint's, and that checkpoint the one it was exported from (another timeline's step N
         # since a rewind has another COMPLETE), else no command is given (review RV34g H2: an edited
-        # step wrote another step's weights into the export's place)
-        same = step_of(ckpt) == step and meta[CHECKPOINT_IDENTITY] == checkpoint_identity(ckpt)
+        # step wrote another step's weights into the export's place). A checkpoint gone since is
+        # export_fix's "gone or damaged"; an export of before the identity record gets no command.
+        same = step_of(ckpt) == step and checkpoint_identity(ckpt) in (meta[CHECKPOINT_IDENTITY], None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return (ckpt, step, bool(meta.get("merged")), "bf16" if dtype == "bfloat16" else "fp32") if same else None

@@ -101,6 +101,7 @@ from training.contract.integrity import (
     CHECKPOINT_IDENTITY,
     EXPORT_CHECKSUMS,
     EXPORT_META,
+    checkpoint_identity,
     damaged_files,
     exported_with_checksums,
     file_records,
@@ -108,7 +109,6 @@ from training.contract.integrity import (
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
-    COMPLETE_FILE,
     CONFIG_TOML,
     EXPORTS_DIR,
     abandoned_copies,
@@ -1477,14 +1477,6 @@ def _set_aside_since(ckpt: Path, read: str) -> bool:
 
 """gristmill_export.json's key for the sha256 of the COMPLETE of the checkpoint it was exported from:
 written once per checkpoint, with its files' checksums, so another timeline's step N has another."""
-
-
-def checkpoint_identity(ckpt: Path) -> str | None:
-    """The sha256 of checkpoint `ckpt`'s COMPLETE, None without one (CHECKPOINT_IDENTITY)."""
-    try:
-        return file_sha256(ckpt / COMPLETE_FILE)
-    except FileNotFoundError:
-        return None
 
 
 def _recorded_identity(export: Path) -> str | None:

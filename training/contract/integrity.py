@@ -24,12 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from training.contract.config_loader import json_sha256
+from training.contract.run_layout import COMPLETE_FILE
 
 CHUNK = 8 << 20  # read size; zlib and hashlib release the GIL on buffers this large
 ALGORITHMS = ("crc32", "sha256")
 EXPORT_CHECKSUMS = "gristmill_checksums.json"  # an export's record of its files (hf_export, base_record)
 EXPORT_META = "gristmill_export.json"  # an export's record of what it holds
 CHECKPOINT_IDENTITY = "checkpoint_complete_sha256"  # in EXPORT_META: the checkpoint it was made from
+
+
+def checkpoint_identity(ckpt: Path) -> str | None:
+    """The sha256 of checkpoint `ckpt`'s COMPLETE, None without one (CHECKPOINT_IDENTITY)."""
+    try:
+        return file_digest(ckpt / COMPLETE_FILE, "sha256")
+    except FileNotFoundError:
+        return None
 
 
 def exported_with_checksums(export: str | Path) -> bool:
