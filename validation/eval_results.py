@@ -570,16 +570,16 @@ def variants_replaced(
 def num_fewshot_passed(results: dict[str, Any], task: str) -> int | None:
     """The num_fewshot the eval that wrote `task`'s record in `results` (a step's results dict; its
     settings naming one) passed lm-eval: the recorded one, but 0 from a gristmill before 2a90755 was
-    passed as `0 or None`, the task's own (review R23a S3). Such an eval recorded no n-shot: the entry
-    of the task it scored holds `n_shot` since (a group's, listing its members); a member's record never
-    does, and is dated by its group's (`scored_by`, or before that was recorded the groups listing it:
-    review RV34h M1, S1)."""
-    tasks = results.get(GRISTMILL_TASKS, {})
-    passed = tasks[task]["settings"]["num_fewshot"]
-    groups = results.get("group_subtasks", {})
-    scorers = {task, tasks[task].get("scored_by")} | {g for g, subs in groups.items() if task in subs}
-    dated = any("n_shot" in tasks.get(s, {}) for s in scorers if s is not None)
-    return None if passed == 0 and not dated else passed
+    passed as `0 or None`, the task's own (review R23a S3). Such a gristmill recorded settings for the
+    tasks it scored only (their entries carry `seconds` and `docs`), never for a group's members
+    (d7917da, later): so a member's record says what was passed, and an own entry's 0 is dated only by
+    its own `n_shot` (recorded since). Not by a group listing the task: an older gristmill's own entry
+    written after a newer one scored the group was read as 0-shot (review RV34k S1), and a nested
+    group's member had no listing group that recorded an n-shot (RV34k M1, RV34h M1)."""
+    info = results.get(GRISTMILL_TASKS, {})[task]
+    passed = info["settings"]["num_fewshot"]
+    own = "seconds" in info or "docs" in info
+    return None if passed == 0 and own and "n_shot" not in info else passed
 
 
 def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:

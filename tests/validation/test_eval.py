@@ -2288,8 +2288,10 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     _own_task(tasks, extra="num_fewshot: 2\n")
     zero = {**then, "num_fewshot": 0}
     assert own_kept(own, zero, {"ovr": 0, "own_mc": 0}) == {}
-    assert own_kept({**own, "num_fewshot": 2}, zero) == {}
-    assert own_kept(own, zero)["own_mc"].startswith(neither)
+    # a member's record says what was passed, whatever its group recorded: members have records only
+    # since d7917da, which passed 0 as 0 (review RV34k M1: a nested group's member was read as 2-shot)
+    assert own_kept(own, zero) == {}
+    assert own_kept({**own, "num_fewshot": 2}, zero)["own_mc"].startswith(neither)
     # a group defined inline in another: lm-eval names the member outer::own_mc under outer::gp, and the
     # entry was kept as own_mc's own scores, no note (RV33a F1). outer::gp cannot be loaded by name, so
     # own_mc's own config cannot be had to compare: the note said "neither own_mc's own" of own_mc's own
@@ -2969,8 +2971,8 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
         saved = (eval_dir(run, 5) / "config.toml").read_text()
         assert ("\nnum_fewshot = " in saved) == bool(sets)  # unset: the key left out
     cfg = EvalConfig()
-    before = {"own_mc": {"settings": {"limit": 0, "num_fewshot": 0, "max_length": 0, "dtype": "float32",
-                                      "seed": 1234}}}  # fmt: skip
+    before = {"own_mc": {"seconds": 1.5, "docs": 6, "settings": {"limit": 0, "num_fewshot": 0,
+                                      "max_length": 0, "dtype": "float32", "seed": 1234}}}  # fmt: skip
     write_step_json(tmp_path, 3, {"results": {"own_mc": {}}, "gristmill_tasks": before})
     assert evaluated(tmp_path, 3, ["own_mc"], [], None, cfg)  # was scored with the task's own
     assert not evaluated(tmp_path, 3, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
@@ -2986,6 +2988,14 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
         write_step_json(tmp_path, 4, {**results, "gristmill_tasks": tasks})
         assert not evaluated(tmp_path, 4, ["own_mc"], [], None, cfg)
         assert evaluated(tmp_path, 4, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
+    # own_mc's own entry written by a gristmill before 2a90755 (`0 or None`: its own 2-shot) after a newer
+    # one scored grp listing it: dated by no group's n-shot, its own scores stand as what they are (review
+    # RV34k S1: read as 0-shot, a watch under 0 counted it done)
+    tasks = {"own_mc": before["own_mc"], "grp": grp}
+    results = {"results": {"own_mc": {}, "grp": {}}, "group_subtasks": {"grp": ["own_mc"]}}
+    write_step_json(tmp_path, 6, {**results, "gristmill_tasks": tasks})
+    assert evaluated(tmp_path, 6, ["own_mc"], [], None, cfg)
+    assert not evaluated(tmp_path, 6, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
