@@ -139,6 +139,7 @@ from validation.eval_results import (
     nonfinite_metrics,
     num_fewshot_passed,
     renamed_task,
+    settings_holders,
     write_plot,
     write_step_json,
 )
@@ -457,11 +458,18 @@ class TaskPlan:
         review R30a F3); a group's, its own and `GROUP::member` of each member a group under it overrides
         (a file written before these names holds the variant's scores under the member's: RV30c S2);
         else its own."""
-        if str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
-            return [
-                m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)
-            ]
+        members = self.tag_members(name)
+        if members is not None:
+            return members
         return [name, *(f"{group}::{member}" for member, group in self.overridden(name).items())]
+
+    def tag_members(self, name: str) -> list[str] | None:
+        """The names tag `name`'s scores are recorded under, its members' (`_scored_as`), as this plan's
+        task index knows it; None where it knows no tag of that name. A record names no tag's members:
+        what links a member recorded without settings to its tag's entry (eval_results.settings_holders)."""
+        if not str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
+            return None
+        return [m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)]
 
     def cache(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Where datasets caches planned task `name`'s documents (local_data_cache): a folder of their
@@ -1188,18 +1196,27 @@ def score_settings(
     return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
 
 
-def _as_now(info: dict[str, Any], want: dict[str, Any], results: dict[str, Any], name: str) -> dict[str, Any]:
-    """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
-    before the task's definition or its documents' digest was (LATER_SETTINGS) count under any; before
-    bootstrap_iters was, under the value used then (`as_used`, as task `name`'s record `results` says
-    it); num_fewshot as passed then (eval_results.num_fewshot_passed: a 0 from before the n-shot record
-    was the task's own, passed as None: review R23a S3)."""
-    got = as_used(dict(info.get("settings") or {}), results, name)
+def _as_now(results: dict[str, Any], name: str, holder: str | None, want: dict[str, Any]) -> dict[str, Any]:
+    """Task `name`'s recorded settings in today's terms (those of entry `holder`, eval_results.
+    settings_holders: its own, or its group's or tag's; None: recorded before settings were, {}), and
+    `want` without what they predate: scores recorded before the task's definition or its documents'
+    digest was (LATER_SETTINGS) count under any; before bootstrap_iters was, under the value used then
+    (`as_used`, as task `name`'s record `results` says it); num_fewshot as passed then
+    (eval_results.num_fewshot_passed of the entry that recorded it: a 0 from before the n-shot record
+    was the task's own, passed as None: review R23a S3). Of a group's or tag's entry only the keys a
+    member's own record holds: the group's own definition and documents are not the member's (every
+    such member was scored again: review RV34l P1), and its local settings no member's."""
+    if holder is None:
+        return {}
+    settings = dict(results[GRISTMILL_TASKS][holder]["settings"])
+    if holder != name:
+        settings = {k: v for k, v in settings.items() if k not in (*LATER_SETTINGS, *LOCAL_SETTINGS)}
+    got = as_used(settings, results, name)
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)
     if "num_fewshot" in got:
-        got["num_fewshot"] = num_fewshot_passed(results, name)
+        got["num_fewshot"] = num_fewshot_passed(results, holder)
     return got
 
 
@@ -1224,34 +1241,42 @@ def evaluated(
     definitions: dict[str, str] | None = None,
     contents: dict[str, str | None] | None = None,
     scored_as: dict[str, list[str]] | None = None,
+    tag_members: Callable[[str], Sequence[str] | None] | None = None,
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
-    before they were counts as done under any) and, where `definitions` (TaskPlan.definitions) are
-    given, of the same task definitions and `contents`, the digests of the local files they read
-    (`_as_now`: one recorded before them counts as the same); a tag's scores are its members'
-    (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review R30a F3), each under its own
-    definition and contents where these hold its name (a member scored as it is records its own). The
-    `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`: recorded before it was per task,
-    the file's header says whose, kept per task when a later eval replaces the header,
-    eval_results.merge_results)."""
+    before they were counts as done under any; a group's or tag's member recorded before members
+    recorded theirs, under its group's or tag's: eval_results.settings_holders) and, where
+    `definitions` (TaskPlan.definitions) are given, of the same task definitions and `contents`, the
+    digests of the local files they read (`_as_now`: one recorded before them counts as the same); a
+    tag's scores are its members' (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review
+    R30a F3), each under its own definition and contents where these hold its name (a member scored as
+    it is records its own). `tag_members` (TaskPlan.tag_members): a tag's, for a member recorded without
+    settings under its tag's entry. The `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`:
+    recorded before it was per task, the file's header says whose, kept per task when a later eval
+    replaces the header, eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")
 
-    def same(name: str, planned: str) -> bool:  # `name`'s scores, as planned name `planned` makes them
+    def same(name: str, planned: str, holder: str | None) -> bool:  # `name`'s scores, as planned name
+        # `planned` makes them, under the settings of entry `holder` (settings_holders)
         info = tasks.get(name, {})
         key = name if name in (definitions or {}) else planned  # a tag's member: its own definition
         definition = (definitions or {}).get(key)
         if name not in local or heldout is None:
             want = score_settings(cfg, definition=definition, documents=(contents or {}).get(key))
-            got = _as_now(info, want, results, name) or want  # no settings: done under any
+            got = _as_now(results, name, holder, want) or want  # no settings: done under any
             return {k: v for k, v in got.items() if k in want} == want
         want = {k: v for k, v in score_settings(cfg, heldout, definition).items() if k != "heldout"}
-        got = _as_now(info, want, results, name)
+        got = _as_now(results, name, holder, want)
         whose = got.pop("heldout", info.get("heldout", header))  # its own record, else its file's header
         return heldout.scored(whose) and (not got or got == want)  # no settings: done under any
 
-    return all(m in scored and same(m, n) for n in names for m in (scored_as or {}).get(n, [n]))
+    return all(
+        m in scored and all(same(m, n, h) for h in settings_holders(results, m, tag_members) or [None])
+        for n in names
+        for m in (scored_as or {}).get(n, [n])
+    )
 
 
 def evaluate_missing(
@@ -1279,6 +1304,7 @@ def evaluate_missing(
             {**plan.member_definitions, **plan.definitions},  # a tag's members record their own (R30a F2)
             {**plan.member_contents, **plan.contents},
             plan.scored_as,
+            plan.tag_members,
         ):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)

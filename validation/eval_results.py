@@ -17,7 +17,7 @@ import functools
 import json
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from textwrap import fill
@@ -580,6 +580,34 @@ def num_fewshot_passed(results: dict[str, Any], task: str) -> int | None:
     passed = info["settings"]["num_fewshot"]
     own = "seconds" in info or "docs" in info
     return None if passed == 0 and own and "n_shot" not in info else passed
+
+
+def settings_holders(
+    results: dict[str, Any], task: str, tag_members: Callable[[str], Sequence[str] | None] | None = None
+) -> list[str]:
+    """The entries of `results` (a step's results dict) whose `settings` `task`'s scores were scored
+    under: its own where it has some. A member of a group or tag written between ed48cab (settings
+    recorded) and d7917da (each member records its own) has none: then the nearest entries up from it
+    that have: the groups group_subtasks lists it under, and the tags whose members (`tag_members`:
+    TaskPlan.tag_members, as the task index knows them; a record names none) hold it, at every depth;
+    it counted as done under any settings (review RV34l P1). Several where it is under several (which
+    of them scored it last is not recorded); [] where none has: recorded before settings were."""
+    tasks, groups = results.get(GRISTMILL_TASKS, {}), results.get("group_subtasks", {})
+    # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's entry)
+    tags = [t for t in tasks if t not in results.get("results", {})] if tag_members else []
+    found, todo, seen = [], [task], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        info = tasks.get(name)
+        if isinstance(info, dict) and isinstance(info.get("settings"), dict):
+            found.append(name)
+            continue
+        todo += [g for g, subs in groups.items() if name in subs]
+        todo += [t for t in tags if tag_members and name in (tag_members(t) or ())]
+    return sorted(found)
 
 
 def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:

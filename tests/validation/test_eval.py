@@ -2938,12 +2938,22 @@ def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
     """lm-eval records a tag's tasks, never the tag: `--watch --tasks TAG` scored every step again at
     every poll, and --idle-exit never ended it (review R30a F3). A tag is scored when its tasks are."""
     from validation.eval import evaluate_missing, load_eval_config
+    from validation.eval_results import write_step_json
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks", extra="tag: own_tag\n")
     cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_tag")
     plan = TaskPlan(run, cfg)
-    assert evaluate_missing(run, cfg, plan, show=False) == [5]
+    # own_mc recorded by a gristmill between ed48cab and d7917da: no settings of its own, the tag's entry
+    # holds them (review RV34l P1: done under any; test_a_member_recorded_before_members_recorded_settings_…)
+    for shots, scored in ((None, []), (0, [5])):  # the default then; `--set num_fewshot=0`, today's 2-shot
+        settings = {"limit": 0, "num_fewshot": shots, "max_length": 0, "dtype": "float32", "seed": 1234,
+                    "definition": "b" * 64}  # fmt: skip
+        tag = {"seconds": 2.5, "docs": 6, "settings": settings, "n_shot": {"own_mc": shots or 0}}
+        metrics = {"acc,none": 0.5, "acc_stderr,none": "N/A"}  # scored under bootstrap_iters=0
+        then = {"results": {"own_mc": metrics}, "n-samples": {"own_mc": {"effective": 6}}}
+        write_step_json(run, 5, {**then, "gristmill_tasks": {"own_tag": tag, "own_mc": {"requests": 12}}})
+        assert evaluate_missing(run, cfg, plan, show=False) == scored, shots
     assert "own_tag" not in json.loads((eval_dir(run, 5) / "results.json").read_text())["results"]
     assert evaluate_missing(run, cfg, plan, show=False) == []
     (tasks / "own_mc.yaml").write_text((tasks / "own_mc.yaml").read_text() + "num_fewshot: 1\n")
@@ -2996,6 +3006,80 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
     write_step_json(tmp_path, 6, {**results, "gristmill_tasks": tasks})
     assert evaluated(tmp_path, 6, ["own_mc"], [], None, cfg)
     assert not evaluated(tmp_path, 6, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
+
+
+def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_its_group_s(tmp_path):
+    """A group's or tag's member recorded by a gristmill between ed48cab (each task's scores record their
+    settings) and d7917da (each member records its own) has none of its own: its group's or tag's entry
+    holds them. It counted as done under any: `eval --tasks grp --set num_fewshot=0`, then a watch of
+    own_mc (or of grp, or of a tag listing it) under num_fewshot=2 kept the 0-shot scores as 2-shot ones,
+    nothing scored, exit 0 (review RV34l P1). It is done under its group's or tag's settings, less the
+    group's own definition (not the member's: read as its own, every such member was scored again).
+    Through evaluate_missing and a real plan: test_watch_of_a_tag_ends_once_its_tasks_are_scored."""
+    from validation.eval import evaluated
+    from validation.eval_results import write_step_json
+
+    defined = {"own_mc": "a" * 64}  # its own definition; its group's is another
+    tag_members = {"mytag": ["own_mc"]}.get  # as TaskPlan.tag_members: the record names no tag's members
+
+    def done(step: int, shots: int | None, names: tuple[str, ...] = ("own_mc",)) -> bool:
+        scored_as = {n: tag_members(n) or [n] for n in names}
+        return evaluated(tmp_path, step, list(names), [], None, EvalConfig(num_fewshot=shots), defined, None,
+                         scored_as, tag_members)  # fmt: skip
+
+    # requests_summary's entry, all a member got then: no settings
+    member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "cut_requests": 0, "longest": 9, "limit": 256,
+              "max_length": 256, "chance": 0.5}  # fmt: skip
+
+    def scored(name: str, shots: int, n_shot: bool = True) -> dict:
+        """The planned name's entry as evaluate_lm wrote it then (n_shot since 2a90755)."""
+        settings = {"limit": 0, "num_fewshot": shots, "max_length": 0, "dtype": "float32", "seed": 1234,
+                    "definition": "b" * 64}  # fmt: skip
+        return {"seconds": 2.5, "docs": 6, "settings": settings} | (
+            {"n_shot": {name: shots, "own_mc": shots}} if n_shot else {}
+        )
+
+    group = {"results": {"own_mc": {}, "grp": {}}, "group_subtasks": {"grp": ["own_mc"]}}
+    for step, shots in ((2, 0), (3, 2)):  # both ways: another setting is scored again, the same is not
+        write_step_json(
+            tmp_path, step, {**group, "gristmill_tasks": {"grp": scored("grp", shots), "own_mc": member}}
+        )
+        assert [done(step, asked) for asked in (0, 2)] == [shots == 0, shots == 2], shots
+    # a 0 recorded before 2a90755 (no n_shot) was passed as `0 or None`: own_mc's own few-shot
+    write_step_json(
+        tmp_path, 4, {**group, "gristmill_tasks": {"grp": scored("grp", 0, False), "own_mc": member}}
+    )
+    assert done(4, None) and not done(4, 0)
+    # nested: only the planned outer group's entry has settings
+    nested = {
+        "results": {"own_mc": {}, "grp": {}, "outer": {}},
+        "group_subtasks": {"outer": ["grp"], "grp": ["own_mc"]},
+    }
+    write_step_json(
+        tmp_path, 5, {**nested, "gristmill_tasks": {"outer": scored("outer", 0), "own_mc": member}}
+    )
+    assert done(5, 0) and not done(5, 2)
+    # a tag: lm-eval records none, gristmill its entry; a watch of the tag or of own_mc alone
+    write_step_json(
+        tmp_path,
+        6,
+        {"results": {"own_mc": {}}, "gristmill_tasks": {"mytag": scored("mytag", 0), "own_mc": member}},
+    )
+    for names in (("mytag",), ("own_mc",)):
+        assert [done(6, asked, names) for asked in (0, 2)] == [True, False], names
+    # under two such groups (which scored it last is not recorded): done only under both's settings
+    two = {
+        "results": {"own_mc": {}, "g1": {}, "g2": {}},
+        "group_subtasks": {"g1": ["own_mc"], "g2": ["own_mc"]},
+    }
+    record = {"g1": scored("g1", 0), "g2": scored("g2", 2), "own_mc": member}
+    write_step_json(tmp_path, 7, {**two, "gristmill_tasks": record})
+    assert not done(7, 0) and not done(7, 2)
+    # recorded before settings were (before ed48cab): done under any, as before
+    write_step_json(
+        tmp_path, 8, {**group, "gristmill_tasks": {"grp": {"seconds": 2.5, "docs": 6}, "own_mc": member}}
+    )
+    assert done(8, 0) and done(8, 2)
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
