@@ -4,9 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist): many tests wait on subprocesses and torchrun rendezvous as much as
-# they compute, so two workers on CI's 2 cores finish the suite well before one does.
+# Test processes (pytest-xdist) per tier. The in-process tier computes: one worker per core. The
+# process tier's tests wait on subprocesses and torchrun rendezvous as much as they compute: a third
+# worker on CI's 2 cores uses what two leave idle (5-25% faster in every pairing measured,
+# bench/RESULTS.md "What `make test` costs").
 TEST_WORKERS ?= 2
+PROCESS_TEST_WORKERS ?= 3
 
 .PHONY: setup demo test lint clean
 
@@ -79,15 +82,15 @@ demo: $(STAMP)
 # runs on one worker, so its module-scoped servers and builds (a Ray instance, moto, a hub) start
 # once; every other test is spread one by one. Here, not in pyproject's addopts: a pytest without
 # xdist (the GPU image's, for tests/gpu) would refuse the option.
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+PYTEST := $(PY) -m pytest -q --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && export GRISTMILL_TEST_SHARED="$$shared" && \
 	  unset PYTHONDONTWRITEBYTECODE && \
-	  echo "== in-process tier" && $(PYTEST) --tier in-process && \
-	  echo "== process tier" && $(PYTEST) --tier process
+	  echo "== in-process tier" && $(PYTEST) -n $(TEST_WORKERS) --tier in-process && \
+	  echo "== process tier" && $(PYTEST) -n $(PROCESS_TEST_WORKERS) --tier process
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
