@@ -43,7 +43,7 @@ from training.contract.config_loader import (
     with_resume,
 )
 from training.contract.errors import GristmillError, refuse_empty
-from training.contract.lifetime import signal_at_parent_death
+from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
 from training.run.lock import check_unlocked
@@ -328,6 +328,7 @@ def agent_main(argv: list[str]) -> int:
     # save), torchrun's own stop remains: SIGTERM to the workers, SIGKILL 30 s later.
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun's --signals-to-handle
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # what it sets, read where it has no option
+    os.environ[AGENT_PID_VAR] = str(os.getpid())  # the workers watch this agent (shutdown.exit_with_agent)
     relayed: set[int] = set()
 
     def relay(signum: int, frame) -> None:

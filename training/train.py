@@ -34,7 +34,7 @@ At the end the final weights are validated and evaluated even when a rewind's sk
 step, reached the last step; the checkpointer waits for an async save; the summary reads the
 final timeline's rows only. A run owns its directory: rank 0 holds RUN/.gristmill.lock for the
 whole run (training/run/lock.py), and under torchrun every worker exits when its launcher dies
-(training/run/shutdown.exit_with_parent).
+(training/run/shutdown.exit_with_agent).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ from training.run.faults import data_fault, fault_warnings, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
-from training.run.shutdown import GracefulStop, exit_with_parent
+from training.run.shutdown import GracefulStop, exit_with_agent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code
 from training.run.worker_reply import report_to_launcher
@@ -672,7 +672,7 @@ def main(
     add_resume_argument(parser)
     args = parser.parse_args(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the launcher
-        exit_with_parent()
+        exit_with_agent()
     try:
         overrides = with_resume(args.overrides, args.resume)
         cfg = load_train_config(args.config, overrides)

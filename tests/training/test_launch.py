@@ -164,3 +164,59 @@ def test_the_launchers_child_dies_with_a_launcher_killed_as_it_started_the_child
         for child in children:  # a leftover of this test (it failed)
             if alive(child):
                 os.kill(child, signal.SIGKILL)
+
+
+def test_a_torchrun_worker_whose_agent_died_during_its_imports_ends_at_once(tmp_path):
+    """A worker's watchdog starts once its imports are done. One whose agent (the launcher's torchrun)
+    was SIGKILLed during them watched its parent, by then the reaper, and trained on, waiting on the
+    dead agent's store until torch's timeout (review RV34f M1). It watches the agent by the pid the
+    agent gave it (shutdown.exit_with_agent): it must end at once, before its next line."""
+    import signal
+    import time
+
+    pid_file, gate, ran_on = tmp_path / "worker.pid", tmp_path / "agent-killed", tmp_path / "ran-on"
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "deadline = time.time() + 60  # its imports, held until the agent is dead (bounded)\n"
+        f"while not os.path.exists({str(gate)!r}) and time.time() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "from training.run.shutdown import exit_with_agent\n"
+        "exit_with_agent()\n"
+        "time.sleep(1)\n"
+        f"open({str(ran_on)!r}, 'w').close()\n"
+    )
+    code = (
+        "import sys\nfrom training.launch import agent_main\n"
+        f"sys.exit(agent_main(['--standalone', '--nproc_per_node=1', {str(worker)!r}]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    agent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while not pid_file.exists() and agent.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert pid_file.exists(), "the worker never started"
+    finally:
+        agent.kill()
+        agent.wait()  # reaped: its pid names no process now
+        gate.touch()
+    time.sleep(0.1)  # the pid file is written before its text
+    pid = int(pid_file.read_text())
+
+    def alive() -> bool:  # a zombie is dead: its reaper may take its time
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.time() + 30  # the worker's imports (torch) take a few seconds on a loaded machine
+    while alive() and not ran_on.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not ran_on.exists(), "the worker ran on after its agent's death"
+        assert not alive(), "the worker outlived its agent"
+    finally:
+        if alive():
+            os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,10 @@ the child ends (in torchrun, not the agent's lifetime), and it cannot name a gra
 parent is watched by its PID changing (the orphan is re-parented); another process through a pidfd,
 which becomes readable when the process ends, zombie or not.
 
+A torchrun worker started by `gristmill train` watches torchrun's agent by the pid the agent puts in
+its workers' environment (AGENT_PID_VAR): a watch of the parent, started after the worker's imports,
+would take the reaper for its parent when the agent died during them.
+
 `signal_at_parent_death` is Linux's PR_SET_PDEATHSIG for a subprocess's own child, started from the
 caller's main thread (the launcher's torchrun, the tests' S3 server).
 
@@ -28,6 +32,8 @@ import socket
 import sys
 import threading
 import time
+
+AGENT_PID_VAR = "GRISTMILL_TORCHRUN_AGENT"  # set by training.launch's agent_main for its workers
 
 
 def exit_with(pid: int | None = None, poll_s: float = 0.05, forked_by: int | None = None) -> None:

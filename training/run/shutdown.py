@@ -16,7 +16,7 @@ has Python given SIGINT its default action back: a second Ctrl-C there ends the 
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
-next resume. `exit_with_parent` makes each worker kill itself once its parent is gone
+next resume. `exit_with_agent` makes each worker kill itself once torchrun's agent is gone
 (training/contract/lifetime.py: a watchdog thread, not PR_SET_PDEATHSIG, which fires when the parent
 *thread* that started the child ends, in torchrun not the agent's lifetime). The launcher's own
 child (torchrun), started from its main thread, gets that signal (lifetime.signal_at_parent_death).
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from training.contract.errors import INTERRUPTED_EXIT
-from training.contract.lifetime import exit_with
+from training.contract.lifetime import AGENT_PID_VAR, exit_with
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -161,3 +161,16 @@ def exit_with_parent(forked_by: int | None = None) -> None:
     """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death;
     `forked_by`: the parent's pid, when the parent could pass it (lifetime.exit_with)."""
     exit_with(forked_by=forked_by)
+
+
+def exit_with_agent() -> None:
+    """A torchrun worker's watchdog: kill this process within a moment of its torchrun agent's death.
+    Under `gristmill train` the agent gives its pid (lifetime.AGENT_PID_VAR), watched through a pidfd:
+    an agent that died during this worker's first seconds of imports ends it at once, where a watch of
+    the parent found now would watch the reaper, and the worker would wait on the dead agent's store
+    until torch's timeout (review RV34f M1). A torchrun started by hand gives none: the parent."""
+    agent = os.environ.get(AGENT_PID_VAR)
+    if agent:
+        exit_with(int(agent))
+    else:
+        exit_with()
