@@ -393,6 +393,8 @@ class TaskPlan:
         # scored under the group's (eval_data.reconfigured_members)
         self.reconfigured: dict[str, set[str]] = {}
         self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
+        # scoring_as_is's answers, by group or tag: made again with the definitions
+        self._as_is: dict[str, tuple[dict[str, str | None], set[str]] | None] = {}
         self.refresh_definitions()
 
     def refresh_definitions(self) -> None:
@@ -417,6 +419,7 @@ class TaskPlan:
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in hub}
         self._files = self._watched()
+        self._as_is = {}
         # each planned group's or tag's members that are tasks of their own, by their own definition:
         # what a member's scores record (they carried their group's, and a later eval of the member
         # alone said it was "scored again under other settings" for a task nobody edited: R30a F2)
@@ -470,6 +473,30 @@ class TaskPlan:
         if not str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
             return None
         return [m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)]
+
+    def scoring_as_is(self, group: str, member: str) -> dict[str, str | None] | None:
+        """Group or tag `group`'s `definition` and `documents` (score_settings' keys; None: no local
+        files) as they are now, where it scores task `member` as it is; None where it scores its variant
+        (a group under it lists it with keys of its own, `overridden`, or gives it its own,
+        eval_data.reconfigured_members: a gristmill before d7917da recorded the variant's scores under
+        the member's name: review RV35a F1b) or lm-eval knows no `group` here. What an older entry of
+        `group` must record to vouch for the scores of a member recorded without settings of its own
+        (`evaluated`, eval_results.settings_holders: review RV35a F1)."""
+        if group not in self._as_is:
+            self._as_is[group] = None
+            if group in self.task_manager.task_index and group not in self.local:
+                try:
+                    files = task_data_files(self.task_manager, group).files
+                except EvalError:  # its files cannot be resolved: nothing vouches for its scores
+                    return None
+                now = {
+                    "definition": task_definition(self.task_manager, group),
+                    "documents": files_sha256(files) if files else None,
+                }
+                variants = set(self.overridden(group)) | reconfigured_members(self.task_manager, group)
+                self._as_is[group] = (now, variants)
+        known = self._as_is[group]
+        return None if known is None or member in known[1] else known[0]
 
     def cache(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Where datasets caches planned task `name`'s documents (local_data_cache): a folder of their
@@ -1205,7 +1232,8 @@ def _as_now(results: dict[str, Any], name: str, holder: str | None, want: dict[s
     (eval_results.num_fewshot_passed of the entry that recorded it: a 0 from before the n-shot record
     was the task's own, passed as None: review R23a S3). Of a group's or tag's entry only the keys a
     member's own record holds: the group's own definition and documents are not the member's (every
-    such member was scored again: review RV34l P1), and its local settings no member's."""
+    such member was scored again: review RV34l P1; `evaluated` holds them to the group's as it is now),
+    and its local settings no member's."""
     if holder is None:
         return {}
     settings = dict(results[GRISTMILL_TASKS][holder]["settings"])
@@ -1242,6 +1270,7 @@ def evaluated(
     contents: dict[str, str | None] | None = None,
     scored_as: dict[str, list[str]] | None = None,
     tag_members: Callable[[str], Sequence[str] | None] | None = None,
+    scoring_as_is: Callable[[str, str], dict[str, str | None] | None] | None = None,
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
     before they were counts as done under any; a group's or tag's member recorded before members
@@ -1251,15 +1280,26 @@ def evaluated(
     tag's scores are its members' (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review
     R30a F3), each under its own definition and contents where these hold its name (a member scored as
     it is records its own). `tag_members` (TaskPlan.tag_members): a tag's, for a member recorded without
-    settings under its tag's entry. The `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`:
-    recorded before it was per task, the file's header says whose, kept per task when a later eval
-    replaces the header, eval_results.merge_results)."""
+    settings under its tag's entry, and only where that entry's definition and documents are those of
+    the group or tag now, which scores the member as it is (`scoring_as_is`, TaskPlan.scoring_as_is:
+    review RV35a F1, F1b); a task with none of its own and no such entry in a file that records some is
+    not done (its group was scored again since). The `local` tasks' must be of `heldout`'s documents
+    (`HeldOut.scored`: recorded before it was per task, the file's header says whose, kept per task when
+    a later eval replaces the header, eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")
+    # written since settings were recorded (ed48cab): a task of no known settings there is not done
+    recorded = any(isinstance(i, dict) and isinstance(i.get("settings"), dict) for i in tasks.values())
 
     def same(name: str, planned: str, holder: str | None) -> bool:  # `name`'s scores, as planned name
         # `planned` makes them, under the settings of entry `holder` (settings_holders)
+        if holder is None and recorded:
+            return False
+        if holder not in (None, name):  # its group's or tag's entry vouches for them only as it is now
+            vouched = {key: tasks[holder]["settings"].get(key) for key in LATER_SETTINGS}
+            if scoring_as_is is None or scoring_as_is(holder, name) != vouched:
+                return False
         info = tasks.get(name, {})
         key = name if name in (definitions or {}) else planned  # a tag's member: its own definition
         definition = (definitions or {}).get(key)
@@ -1305,6 +1345,7 @@ def evaluate_missing(
             {**plan.member_contents, **plan.contents},
             plan.scored_as,
             plan.tag_members,
+            plan.scoring_as_is,
         ):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)

@@ -483,6 +483,7 @@ def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     # eval (no heldout in its header) re-scored them all, a local one on another source took them for
     # its own, and their rows named its model (review R17f F1)
     header["export"] = "/r/exports/step-000004"
+    tasks["heldout_cloze"] = tasks["heldout_ppl"]  # settings, as each task's since they were recorded
     write_step_json(
         tmp_path,
         4,
@@ -2942,13 +2943,16 @@ def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks", extra="tag: own_tag\n")
+    (tasks / "gov.yaml").write_text('group: gov\ntask:\n  - task: own_mc\n    doc_to_text: "Q: {{context}}"')
     cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_tag")
     plan = TaskPlan(run, cfg)
     # own_mc recorded by a gristmill between ed48cab and d7917da: no settings of its own, the tag's entry
-    # holds them (review RV34l P1: done under any; test_a_member_recorded_before_members_recorded_settings_…)
+    # holds them (review RV34l P1: done under any; test_a_member_recorded_before_members_recorded_settings_…),
+    # done where they are the tag's definition and documents now (such a record holds no documents: RV35a F1)
     for shots, scored in ((None, []), (0, [5])):  # the default then; `--set num_fewshot=0`, today's 2-shot
         settings = {"limit": 0, "num_fewshot": shots, "max_length": 0, "dtype": "float32", "seed": 1234,
-                    "definition": "b" * 64}  # fmt: skip
+                    "definition": plan.definitions["own_tag"],
+                    "documents": plan.contents["own_tag"]}  # fmt: skip
         tag = {"seconds": 2.5, "docs": 6, "settings": settings, "n_shot": {"own_mc": shots or 0}}
         metrics = {"acc,none": 0.5, "acc_stderr,none": "N/A"}  # scored under bootstrap_iters=0
         then = {"results": {"own_mc": metrics}, "n-samples": {"own_mc": {"effective": 6}}}
@@ -2958,6 +2962,10 @@ def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
     assert evaluate_missing(run, cfg, plan, show=False) == []
     (tasks / "own_mc.yaml").write_text((tasks / "own_mc.yaml").read_text() + "num_fewshot: 1\n")
     assert evaluate_missing(run, cfg, plan, show=False) == [5]  # a task of the tag edited: scored again
+    # what vouches for a member recorded without settings: the tag as it is now (RV35a F1); gov's variant
+    # of own_mc is none of own_mc's scores (F1b)
+    now = {"definition": plan.definitions["own_tag"], "documents": plan.contents["own_tag"]}
+    assert plan.scoring_as_is("own_tag", "own_mc") == now and plan.scoring_as_is("gov", "own_mc") is None
 
 
 def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_path):
@@ -3021,11 +3029,16 @@ def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_i
 
     defined = {"own_mc": "a" * 64}  # its own definition; its group's is another
     tag_members = {"mytag": ["own_mc"]}.get  # as TaskPlan.tag_members: the record names no tag's members
+    # as TaskPlan.scoring_as_is: each group's and tag's definition and documents now, None for a variant
+    now = {g: {"definition": "b" * 64, "documents": None} for g in ("grp", "outer", "mytag", "g1", "g2")}
+
+    def as_is(group: str, member: str) -> dict | None:  # gov overrides own_mc
+        return None if group == "gov" else now[group]
 
     def done(step: int, shots: int | None, names: tuple[str, ...] = ("own_mc",)) -> bool:
         scored_as = {n: tag_members(n) or [n] for n in names}
         return evaluated(tmp_path, step, list(names), [], None, EvalConfig(num_fewshot=shots), defined, None,
-                         scored_as, tag_members)  # fmt: skip
+                         scored_as, tag_members, as_is)  # fmt: skip
 
     # requests_summary's entry, all a member got then: no settings
     member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "cut_requests": 0, "longest": 9, "limit": 256,
@@ -3067,6 +3080,21 @@ def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_i
     )
     for names in (("mytag",), ("own_mc",)):
         assert [done(6, asked, names) for asked in (0, 2)] == [True, False], names
+    # its task edited since (the tag's definition now another), or its local files, which no record of
+    # then holds: the tag's entry vouches for no scores of it as it is now (review RV35a F1: counted done)
+    for edited in ({"definition": "c" * 64}, {"documents": "d" * 64}):
+        now["mytag"] = now["grp"] | edited
+        assert not done(6, 0, ("mytag",)) and not done(6, 0), edited
+    # gov overrides it (`- task: own_mc` with its own doc_to_text): its variant's scores, recorded under
+    # own_mc's name, are no scores of own_mc, alone or in a tag; nor once today's eval of gov recorded
+    # gov::own_mc, leaving that entry under no group (review RV35a F1b: counted done)
+    then = {"results": {"own_mc": {}, "gov": {}}, "group_subtasks": {"gov": ["own_mc"]}}
+    write_step_json(tmp_path, 9, {**then, "gristmill_tasks": {"gov": scored("gov", 0), "own_mc": member}})
+    today = {"results": {**then["results"], "gov::own_mc": {}}, "group_subtasks": {"gov": ["gov::own_mc"]}}
+    again = {"gov": scored("gov", 0), "gov::own_mc": scored("gov", 0), "own_mc": member}
+    write_step_json(tmp_path, 10, {**today, "gristmill_tasks": again})
+    for step in (9, 10):
+        assert not done(step, 0, ("mytag",)) and not done(step, 0), step
     # under two such groups (which scored it last is not recorded): done only under both's settings
     two = {
         "results": {"own_mc": {}, "g1": {}, "g2": {}},
