@@ -93,20 +93,20 @@ def propose(config: Path, out: Path, *flags: str) -> subprocess.CompletedProcess
     return forked.run([*command(config, out), *flags], cwd=ROOT, capture_output=True, text=True)
 
 
-def make_sources(root: Path) -> dict[str, Path]:
-    return {
-        "web": make_dataset(root / "web", n_docs=240, seed=1),
-        "code": make_dataset(root / "code", n_docs=200, seed=2),
-    }
-
-
 @pytest.fixture(scope="module")
 def shared_sources(synthetic_dataset) -> dict[str, Path]:
     return {"web": synthetic_dataset(n_docs=240, seed=1), "code": synthetic_dataset(n_docs=200, seed=2)}
 
 
-def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path):
-    sources = make_sources(tmp_path)
+@pytest.fixture(scope="module")
+def long_sources(synthetic_dataset) -> dict[str, Path]:
+    """Sources for proxies of proxy.tokens = 150000 (the searches stopped while a proxy trains)."""
+    return {"web": synthetic_dataset(n_docs=1500, seed=1), "code": synthetic_dataset(n_docs=1500, seed=2)}
+
+
+def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path, shared_sources):
+    sources = {"web": shared_sources["web"], "code": tmp_path / "code"}  # code is rebuilt below: a copy
+    shutil.copytree(shared_sources["code"], sources["code"])
     config, out = recipe(tmp_path, sources), tmp_path / "search"
     first = propose(config, out)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -666,14 +666,10 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def test_a_killed_search_leaves_no_worker_training(tmp_path):
+def test_a_killed_search_leaves_no_worker_training(tmp_path, long_sources):
     """kill -9 of `mix propose` (or its terminal gone): its workers stop within a moment instead of
     training on for nothing (training.run.shutdown.exit_with_parent as the pool's initializer)."""
-    sources = {
-        "web": make_dataset(tmp_path / "web", n_docs=1500, seed=1),
-        "code": make_dataset(tmp_path / "code", n_docs=1500, seed=2),
-    }
-    config, out = recipe(tmp_path, sources), tmp_path / "search"
+    config, out = recipe(tmp_path, long_sources), tmp_path / "search"
     proc = forked.popen([*command(config, out), "--set", "proxy.tokens=150000"], cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
@@ -737,14 +733,12 @@ def test_a_search_under_a_test_fault_says_so_and_is_other_evidence(
     assert clean and len(faulted) == len(clean) and not clean & faulted, (clean, faulted)
 
 
-def test_a_source_replaced_during_the_search_is_one_line_and_never_evidence(tmp_path):
+def test_a_source_replaced_during_the_search_is_one_line_and_never_evidence(tmp_path, long_sources):
     """Issue 47: a source replaced while the proxies trained gave a ValueError traceback, and one
     proxy trained on the new data under the old fingerprint's name. Now the proxy that ran while it
     changed is cleared and the search ends in one line naming the source and both fingerprints."""
-    sources = {
-        "web": make_dataset(tmp_path / "web", n_docs=1500, seed=1),
-        "code": make_dataset(tmp_path / "code", n_docs=1500, seed=2),
-    }
+    sources = {"web": long_sources["web"], "code": tmp_path / "code"}  # code is replaced below: a copy
+    shutil.copytree(long_sources["code"], sources["code"])
     config, out = recipe(tmp_path, sources), tmp_path / "search"
     old = read_dataset_info(sources["code"])["fingerprint"]
     replacement = make_dataset(tmp_path / "new-code", n_docs=1500, seed=7)
