@@ -169,6 +169,14 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
     reproduce = f"# gristmill mix propose --config {config} --out {out} {sets}"
     assert (out / "proposal.toml").read_text().splitlines()[0] == reproduce
 
+    # The swarm's own data.seed (1234) beside seed 1 as validation seeds, at a proxy.tokens of no whole
+    # number of steps: the same swarm and seed 1's validation runs (reused), seed 1234's trained.
+    own = propose(config, out, "--set", "validation.seeds=[1234, 1]", "proxy.tokens=3300")
+    assert own.returncode == 0, own.stdout + own.stderr
+    assert "4 of 4 reused" in own.stdout and "3 of 6 reused" in own.stdout, own.stdout
+    assert_own_seed_measured_apart(out, own.stdout)
+    own_report = json.loads((out / "report.json").read_text())
+
     # The code source rebuilt (other documents): no run of the old datasets counts, each slot whose
     # recipe is unchanged says why it trains again, and the old runs stay on disk. --write-commands
     # (the cluster's path) lists every proxy as missing instead of training them.
@@ -185,6 +193,7 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
         not (out / "report.json").exists() and not (out / "proposal.toml").exists()
     )  # none outlives its data beside the recipe, and none is lost
     assert json.loads((out / "earlier/2/report.json").read_text()) == again
+    assert json.loads((out / "earlier/3/report.json").read_text()) == own_report
     for line in trains:
         recipe_path = Path(line.split()[3])
         assert recipe_path.is_file() and str(recipe_path.with_suffix("")) not in old_dirs
@@ -237,23 +246,16 @@ def assert_honest_about_noise(report: dict, stdout: str) -> None:
     assert f"noise: {noise['explanation']}" in stdout.splitlines()
 
 
-def test_the_swarms_own_validation_seed_is_measured_apart_and_every_mix_is_as_trained(
-    tmp_path, shared_sources
-):
-    """Review R25c 3–5: with validation.seeds holding the swarm's own data.seed beside another, the
-    noise text's "fit's own miss at the proposal" averaged the own seed (no shift there) into the
-    other's estimate; report.json did not record the baselines as trained (uniform is projected into
-    the bounds); and the console said "proxies of 30,000 tokens" of proxies that trained whole steps."""
-    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
-    text = config.read_text().replace("seeds = [1]", "seeds = [1234, 1]")  # 1234: the swarm's data.seed
-    config.write_text(text.replace("tokens = 3072", "tokens = 3300"))
-    done = propose(config, out)
-    assert done.returncode == 0, done.stdout + done.stderr
+def assert_own_seed_measured_apart(out: Path, stdout: str) -> None:
+    """Review R25c 3–5: with validation.seeds = [1234, 1] (1234: the swarm's own data.seed) the noise
+    text's "fit's own miss at the proposal" averaged the own seed (no shift there) into the other's
+    estimate; report.json did not record the baselines as trained (uniform is projected into the
+    bounds); and the console said "proxies of 30,000 tokens" of proxies that trained whole steps."""
     # what each proxy trains: 6 whole steps of 512, not proxy.tokens
     assert any(
         line.startswith("swarm: 4 proxies of 6 steps × 512 = 3,072 tokens (tiny), ")
-        for line in done.stdout.splitlines()
-    ), done.stdout
+        for line in stdout.splitlines()
+    ), stdout
     report = json.loads((out / "report.json").read_text())
     v, noise = report["validation"], report["noise"]
     # every validation mixture as its runs trained it
