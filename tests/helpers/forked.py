@@ -80,6 +80,13 @@ def workers_env() -> dict[str, str]:
     return {"PYTHON_EXEC": stub, workers.ADDRESS: address}
 
 
+def worker_server_pid() -> int:
+    """The pid of this process's worker server (started at the first call): the parent of the workers
+    a forked command's torchrun starts (the stubs are torchrun's children), and so of their children."""
+    workers_env()
+    return _workers[0].pid
+
+
 def stop_server() -> None:
     """End the servers (they end on their own with this process too), reap them (the worker
     server first: the forkserver reaps it), remove the outputs."""

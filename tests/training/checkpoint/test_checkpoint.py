@@ -302,11 +302,10 @@ def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_pat
     sets = overrides(dataset, run_dir, "parallel.shard=2", "data.num_workers=1", "schedule.steps=400",
                      "checkpoint.interval=400")  # fmt: skip
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
-    piped = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # real ranks: torchrun's children
-    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True, **piped)
+    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True)
 
-    def loader_workers(pid: int) -> list[int]:  # launcher → torchrun → 2 ranks → 1 worker each
-        return [w for t in child_pids(pid) for r in child_pids(t) for w in child_pids(r)]
+    def loader_workers(_) -> list[int]:  # the ranks, forked by the worker server → 1 worker each
+        return [w for r in child_pids(forked.worker_server_pid()) for w in child_pids(r)]
 
     killed, out, err = kill_one_at_step_3(proc, run_dir, loader_workers, 1)
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
