@@ -7,7 +7,8 @@ One 2-rank launch trains for real (the non-finite stop: the trainer's own messag
 torchrun; its workers forked from the tests' server, tests/helpers/forked_workers.py: two
 interpreters' start-up less); the others check what the launcher and torchrun do with a worker's
 status, message and signals, with light workers (tests/helpers/light_trainer.py: no torch import,
-no model), and the trainer's side of those exits with the real trainer in one process."""
+no model), and the trainer's side of those exits with the real trainer in one process (a loader
+worker killed under a one-process `gristmill train`: tests/training/checkpoint/test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -162,25 +163,6 @@ def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, 
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
     assert f"error: training.train rank 1 (pid {workers[1]}) was killed by SIGKILL" in err.splitlines()
     assert "ChildFailedError" not in err and "Root Cause" not in err
-
-
-def test_a_loader_worker_killed_is_the_trainers_line_with_128_plus_the_signal(dataset, tmp_path):
-    """A data.num_workers process SIGKILLed under `gristmill train` (the OOM killer takes the worker,
-    not the trainer, which one process runs here): the last trained step is saved, and the status is
-    the shell's for the kill, 137, with one line that names the step a resume continues from."""
-    run = tmp_path / "run"
-    extra = ["data.num_workers=1", "schedule.steps=400", "run.log_every=1", "checkpoint.interval=400"]
-    proc = launch(1, sets(dataset, run, *extra))
-    wait_for_step(proc, 2)
-    loader_workers = child_pids(proc.pid)  # one process trains: its own children
-    assert len(loader_workers) == 1, loader_workers
-    os.kill(loader_workers[0], signal.SIGKILL)
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
-    line = the_one_line(err)
-    assert line.startswith(f"error: DataLoader worker (pid {loader_workers[0]}) is killed by signal: Killed")
-    saved = re.search(r"; step (\d+) was saved: --resume auto continues from it", line)
-    assert saved and (checkpoint_dir(run, int(saved[1])) / COMPLETE_FILE).is_file(), line
 
 
 def failure(rank: int, exitcode: int) -> ProcessFailure:

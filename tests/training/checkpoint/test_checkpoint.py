@@ -270,11 +270,13 @@ def test_a_loader_worker_killed_costs_no_training_its_last_step_saved_and_resume
     in the main thread wherever it was (a backward, an optimizer step), so nothing could be saved and
     the steps since the last checkpoint were lost. The death is found at the next fetch, between two
     steps: the last trained step is saved, the run stops in one line with the shell's 137, and the
-    resume reads again the batches the dead worker had prefetched: the uninterrupted run's losses."""
+    resume reads again the batches the dead worker had prefetched: the uninterrupted run's losses.
+    Under `gristmill train`, which trains one process itself: its exit status and line are the CLI's
+    (under torchrun, training.train's: test_a_loader_worker_killed_under_torchrun_every_rank_saves)."""
     run_dir, reference = tmp_path / "run", tmp_path / "uninterrupted"
     job = ("data.num_workers=2", "schedule.steps=200", "checkpoint.interval=100", "run.threads=1")
     sets = overrides(dataset, run_dir, *job)
-    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
     proc = forked.popen(cmd, cwd=ROOT, env=ENV, start_new_session=True)
     killed, out, err = kill_one_at_step_3(proc, run_dir, descendants, 0)  # the trainer's 2 workers
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
