@@ -6,6 +6,7 @@ dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (t
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
 forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
 forked_workers          the forked commands' torchrun workers, forked too (a second server; PYTHON_EXEC stub)
+forkserver_trainer      `python -m training.train` with the forkserver start method set first (forkable)
 fsize_limited           `python -m MODULE` under a file-size limit (`ulimit -f`), set in the process: forkable
 frozen_preload          imported last by forked's server: its preloaded objects, out of the collector's walks
 hub_server              a local stand-in for the Hugging Face hub's HTTP API

@@ -233,13 +233,8 @@ def test_sigterm_to_the_loader_workers_first_then_the_trainer_saves_and_resumes_
     run_dir, reference = tmp_path / "run", tmp_path / "uninterrupted"
     job = ("data.num_workers=2", "schedule.steps=200", "checkpoint.interval=100")
     sets = overrides(dataset, run_dir, *job)
-    start = (
-        "import multiprocessing, sys; multiprocessing.set_start_method('forkserver'); "
-        "from training.train import main; sys.exit(main(sys.argv[1:]))"
-    )
-    cmd = [sys.executable, "-c", start, "--config", TINY, "--set", *sets]
-    piped = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, start_new_session=True, **piped)
+    cmd = [sys.executable, "-m", "tests.helpers.forkserver_trainer", "--config", TINY, "--set", *sets]
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_step(proc, run_dir, 3)
         started = descendants(proc.pid)
