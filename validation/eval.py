@@ -139,6 +139,7 @@ from validation.eval_results import (
     nonfinite_metrics,
     num_fewshot_passed,
     renamed_task,
+    scored_itself,
     settings_holders,
     write_plot,
     write_step_json,
@@ -1282,8 +1283,9 @@ def evaluated(
     it is records its own). `tag_members` (TaskPlan.tag_members): a tag's, for a member recorded without
     settings under its tag's entry, and only where that entry's definition and documents are those of
     the group or tag now, which scores the member as it is (`scoring_as_is`, TaskPlan.scoring_as_is:
-    review RV35a F1, F1b); a task with none of its own and no such entry in a file that records some is
-    not done (its group was scored again since). The `local` tasks' must be of `heldout`'s documents
+    review RV35a F1, F1b); a member with none of its own and no such entry in a file that records some
+    is not done (its group was scored again since); a task's own entry without settings is older than
+    them, done under any. The `local` tasks' must be of `heldout`'s documents
     (`HeldOut.scored`: recorded before it was per task, the file's header says whose, kept per task when
     a later eval replaces the header, eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
@@ -1294,8 +1296,9 @@ def evaluated(
 
     def same(name: str, planned: str, holder: str | None) -> bool:  # `name`'s scores, as planned name
         # `planned` makes them, under the settings of entry `holder` (settings_holders)
-        if holder is None and recorded:
-            return False
+        if holder is None and recorded and not scored_itself(tasks.get(name, {})):
+            return False  # a member whose group or tag was scored again since; a task's own entry
+            # without settings is older than settings (ed48cab): done under any, as in a file of its own
         if holder not in (None, name):  # its group's or tag's entry vouches for them only as it is now
             vouched = {key: tasks[holder]["settings"].get(key) for key in LATER_SETTINGS}
             if scoring_as_is is None or scoring_as_is(holder, name) != vouched:

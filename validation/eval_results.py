@@ -578,8 +578,13 @@ def num_fewshot_passed(results: dict[str, Any], task: str) -> int | None:
     group's member had no listing group that recorded an n-shot (RV34k M1, RV34h M1)."""
     info = results.get(GRISTMILL_TASKS, {})[task]
     passed = info["settings"]["num_fewshot"]
-    own = "seconds" in info or "docs" in info
-    return None if passed == 0 and own and "n_shot" not in info else passed
+    return None if passed == 0 and scored_itself(info) and "n_shot" not in info else passed
+
+
+def scored_itself(info: dict[str, Any]) -> bool:
+    """Whether a task's entry in a step's gristmill_tasks is one an eval planned and scored (its own
+    `seconds` and `docs`), not a group's or tag's member's."""
+    return "seconds" in info or "docs" in info
 
 
 def settings_holders(

@@ -3021,8 +3021,9 @@ def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_i
     settings) and d7917da (each member records its own) has none of its own: its group's or tag's entry
     holds them. It counted as done under any: `eval --tasks grp --set num_fewshot=0`, then a watch of
     own_mc (or of grp, or of a tag listing it) under num_fewshot=2 kept the 0-shot scores as 2-shot ones,
-    nothing scored, exit 0 (review RV34l P1). It is done under its group's or tag's settings, less the
-    group's own definition (not the member's: read as its own, every such member was scored again).
+    nothing scored, exit 0 (review RV34l P1). It is done under its group's or tag's settings, where that
+    entry's definition and documents are the group's or tag's now (not compared with the member's own:
+    every such member was scored again).
     Through evaluate_missing and a real plan: test_watch_of_a_tag_ends_once_its_tasks_are_scored."""
     from validation.eval import evaluated
     from validation.eval_results import write_step_json
@@ -3108,6 +3109,12 @@ def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_i
         tmp_path, 8, {**group, "gristmill_tasks": {"grp": {"seconds": 2.5, "docs": 6}, "own_mc": member}}
     )
     assert done(8, 0) and done(8, 2)
+    # a task's own entry from then (its seconds and docs), a later eval's merged beside it: still done
+    # under any (review RV35c L1: scored again once, each such task of each step)
+    merged = {"results": {"own_mc": {}, "grp": {}}, "gristmill_tasks": {"own_mc": {"seconds": 2.5, "docs": 6},
+              "grp": scored("grp", 0)}}  # fmt: skip
+    write_step_json(tmp_path, 11, merged)
+    assert done(11, 0) and done(11, 2)
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
