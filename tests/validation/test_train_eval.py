@@ -294,7 +294,7 @@ def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, caps
 
     run = tmp_path / "run"
     merging = ["merge.kind='window'", "merge.every=2", "merge.window=1"] if merge else []
-    cfg = load_train_config(TINY, [*_sets(built_dataset, run, steps=6), "checkpoint.keep_last=1", *merging])
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run), "checkpoint.keep_last=1", *merging])
     evaluator = _FollowsTheExportAdviceAtStep2(cfg)
     evaluator.merges = merge
     train(cfg, evaluator=evaluator)
@@ -305,7 +305,7 @@ def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, caps
         f"retention keeps checkpoint 2 (the newest checkpoint.keep_last = 1; `gristmill export {run} "
         f"{which}` keeps it for good))"
     ) in line, line
-    assert complete_steps(run) == [6]  # checkpoint 2 is gone, its export stays
+    assert complete_steps(run) == [4]  # checkpoint 2 is gone, its export stays
     (advice,) = [c for c in line.split("`")[1::2] if c.startswith("gristmill eval")]
     assert cli_main([*advice.split()[1:], "device=cpu"]) == 0
     later = read_step_results(run, 2, merge)
@@ -389,7 +389,7 @@ def test_an_in_training_task_that_fails_in_lm_eval_keeps_its_traceback_in_the_ev
         ]
     )  # fmt: skip
     run = tmp_path / "run"
-    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    cfg = load_train_config(TINY, _sets(built_dataset, run, steps=2))
     train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr()
     log = eval_dir(run, 2) / "eval.log"
