@@ -167,19 +167,20 @@ class _DamagesClozeDataAtStep2(TrainingEval):
         return super().__call__(model, step, merged)
 
 
-@pytest.mark.parametrize("merge", [False, True])
-def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, merge):
+def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
     """RUN/eval/data/heldout_cloze.jsonl corrupted mid-run: the step's checkpoint is saved before the
     eval, the failure is one line and an `eval_error` in the metrics row, and training goes on with
     the other task; every later eval tries the task again (still damaged here: its line again, the
     last step's saying so); the line's advice is a command that evaluates the task afterwards, and
     where the run merges weights, the merged weights' eval has its own line with --merged (they lost
-    the task silently: R21c 4)."""
+    the task silently: R21c 4). The run merges: the raw weights' lines are those of a run that does
+    not (one code path); that a run without merging has no merged line, the exact lines of
+    test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval say."""
     from pipelines.cli import main as cli_main
 
     _DamagesClozeDataAtStep2.complete_at_eval = []
     run = tmp_path / "run"
-    merging = ["merge.kind='window'", "merge.every=2", "merge.window=1"] if merge else []
+    merging = ["merge.kind='window'", "merge.every=2", "merge.window=1"]
     cfg = load_train_config(TINY, [*_sets(built_dataset, run), *merging])
     train(cfg, evaluator=_DamagesClozeDataAtStep2(cfg))
     out = capsys.readouterr()
@@ -194,18 +195,17 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
         for line in (out.out + out.err).splitlines()
         if "heldout_cloze" in line and line.startswith("[eval]")
     ]
-    weights = ["", " (merged weights)"] if merge else [""]
     assert [line.split(": task")[0] for line in lines] == [
-        f"[eval] step {s}{w}" for s in (2, 4) for w in weights
+        f"[eval] step {s}{w}" for s in (2, 4) for w in ("", " (merged weights)")
     ], out.out + out.err
     assert "Traceback" not in out.err
     assert f"{eval_data(run)}/<task>.jsonl not as" in lines[0], lines[0]
-    assert "the next eval tries it again" in lines[0] and "it was this run's last eval step" in lines[-1]
-    if merge:
-        assert (
-            f"`gristmill eval {run} --step 2 --merged --tasks heldout_cloze --set limit={LIMIT}` while "
-            "retention keeps checkpoint 2"
-        ) in lines[1], lines[1]
+    assert all("the next eval tries it again" in line for line in lines[:2]), lines
+    assert all("it was this run's last eval step" in line for line in lines[2:]), lines
+    assert (
+        f"`gristmill eval {run} --step 2 --merged --tasks heldout_cloze --set limit={LIMIT}` while "
+        "retention keeps checkpoint 2"
+    ) in lines[1], lines[1]
     (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
     argv = advice.split()[1:]
     assert argv[-1] == f"limit={LIMIT}"  # the run's eval.limit
