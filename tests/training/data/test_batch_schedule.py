@@ -324,9 +324,10 @@ def test_a_changed_batch_rule_is_refused_naming_it(reference, sources, tmp_path,
 def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, capsys):
     """The documented resume (`--config RUN/config.toml`), into another run.output_dir: no note when
     nothing else differs; the changed keys, named, when something does (issue 47: "the config
-    differs from the one step-N was saved with", naming nothing, on the documented path)."""
+    differs from the one step-N was saved with", naming nothing, on the documented path). From the
+    next to last step's checkpoint: the note is said before the first step, one step to train."""
     run_dir, _ = reference
-    resume = str(run_dir / "checkpoints" / "step-000006")
+    resume = str(run_dir / "checkpoints" / "step-000010")
     for sets, said in [
         ([], None),
         (["optim.weight_decay=0.05"], "optim.weight_decay 0.1 → 0.05"),
@@ -337,8 +338,8 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
                 f"run.output_dir={json.dumps(str(copy))}", *sets]  # fmt: skip
         assert gristmill(argv) == 0
         notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
-        saved = "note: changed since step-000006 was saved"  # from the config its COMPLETE records
-        when = "in effect from step 7, and for step 6's validation and eval if a stop cut them off"
+        saved = "note: changed since step-000010 was saved"  # from the config its COMPLETE records
+        when = "in effect from step 11, and for step 10's validation and eval if a stop cut them off"
         want = [] if said is None else [f"{saved}: {said}; {when}"]
         assert [n for n in notes if "config differs" in n or "changed since" in n] == want, notes
 
