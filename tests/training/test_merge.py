@@ -152,20 +152,21 @@ def test_the_rows_the_step_line_the_trackers_and_the_loss_curve_carry_the_merged
     assert curves["validation, merged weights ([merge])"] == [[s, rows[s]["merged/val_loss"]] for s in (4, 8)]
 
 
-@pytest.mark.parametrize("point", ["trained:7", "saved:4"])
-def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_path, point):
-    """Killed once step 7 is trained and folded into the window (steps 6–8), before its checkpoint:
-    the resume goes back to step 6's checkpoint, whose accumulator holds step 6 alone, and trains 7
-    and 8 again. Killed once merge point 4's checkpoint is complete, before its row: the resume
-    validates the merged weights that checkpoint holds for the row. Either way the merged weights
-    and every row equal the uninterrupted run's."""
+def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_path):
+    """Killed once merge point 4's checkpoint is complete, before its row: the resume validates the
+    merged weights that checkpoint holds for the row. That resume killed once step 7 is trained and
+    folded into the window (steps 6–8), before its checkpoint: the next resume goes back to step 6's
+    checkpoint, whose accumulator holds step 6 alone, and trains 7 and 8 again. The merged weights
+    and every row equal the uninterrupted run's (one run for both kills)."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets(dataset, run, *WINDOW)]
-    killed = forked.run(cmd, cwd=ROOT, env={**ENV, KILL: point}, timeout=300)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    saved = 6 if point == "trained:7" else 4
-    assert list_steps(run / "checkpoints")[-1] == saved and list_steps(run / "exports", merged=True) == [4]
-    assert saved not in [r["step"] for r in read_metrics(run)] or point == "trained:7"
+    for point, saved in (("saved:4", 4), ("trained:7", 6)):
+        resume = ["checkpoint.resume='auto'"] if saved == 6 else []
+        killed = forked.run([*cmd, *resume], cwd=ROOT, env={**ENV, KILL: point}, timeout=300)
+        assert killed.returncode == -9, (point, killed.stderr[-2000:])
+        assert list_steps(run / "checkpoints")[-1] == saved, point
+        assert list_steps(run / "exports", merged=True) == [4], point
+        assert saved not in [r["step"] for r in read_metrics(run)] or point == "trained:7"
     run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
     assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
     scores = ("loss", "val_loss", "merged/val_loss", "merged/steps")
