@@ -1648,14 +1648,12 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     shard.write_bytes(good)
     if not unshare_works():
         pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
-    cmd = " ".join(
-        map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "upload", str(local), s3.url("ro")])
-    )
     q = sh_quote(str(local))
-    done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f"mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec {cmd}"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    read_only = f"mount --bind {q} {q} && mount -o remount,bind,ro {q}"
+    # in a mount namespace of its own, forked (tests/helpers/mounts.py), not a fresh interpreter
+    cmd = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", "pipelines.cli"]
+    cmd += ["data", "upload", str(local), s3.url("ro")]
+    done = forked.run(cmd, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
         f"note: could not record the sum of its documents' sha256 in {local / DATASET_JSON} (read-only): "
@@ -1666,10 +1664,7 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     assert s3.client.get_object(Bucket=BUCKET, Key=f"ro/{DATASET_JSON}")["Body"].read() == before
     wrong = {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 63 + "1"}}
     write_dataset_info(local, wrong)  # refused read-only with the upload's way out (RV33e L2)
-    done = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f"mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec {cmd}"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    done = forked.run(cmd, cwd=ROOT, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.endswith(
         f"it cannot be written here (read-only): `gristmill data index {local}` records it again where it "
