@@ -43,6 +43,8 @@ def env(tmp_path_factory):
         mp.setenv("WANDB_MODE", "offline")
         mp.setenv("WANDB_SILENT", "true")
         mp.setenv("WANDB_CONSOLE", "off")  # keep wandb's stdout capture out of pytest's
+        # wandb lists every installed distribution into each run (~200 here): nothing a test reads
+        mp.setenv("WANDB__SAVE_REQUIREMENTS", "false")
         mp.delenv("WANDB_DIR", raising=False)
         for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # not the user's ~/.cache
             mp.setenv(var, str(store.parent / var.lower()))
