@@ -348,7 +348,9 @@ class MetricsSection:
     wandb_project: str | None = None
     """Older key: adds "wandb" to trackers with this project (with a note; use trackers and project)."""
     plot: bool = True
-    """Write RUN/loss.png (train and validation loss) at the end (needs matplotlib)."""
+    """Draw the run's pictures (needs matplotlib): RUN/plan.png at the start, RUN/loss.png (train and
+    validation loss) at the end or a stop, RUN/eval.png after each in-training eval. Off, none is drawn
+    or updated (`gristmill eval RUN --table` draws eval.png from the results later)."""
 
 
 @dataclass

@@ -103,6 +103,7 @@ class TrainingEval:
         )
         self.checkpoint = cfg.checkpoint  # how long a failed step's weights stay (the advice says)
         self.merge_export = cfg.merge.export  # the merged weights kept for good, or with their checkpoint
+        self.plot = cfg.metrics.plot  # eval.png too: metrics.plot is the switch for all the run's pictures
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
@@ -313,7 +314,7 @@ class TrainingEval:
         ):  # the truncation warnings only
             if line.startswith("warning:"):
                 say(line)
-        if warning := write_plot(self.run_dir):  # a side output, as loss.png: the scores stand
+        if self.plot and (warning := write_plot(self.run_dir)):  # a side output, as loss.png: scores stand
             say(warning)
         return metrics
 

@@ -93,6 +93,7 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(
     # its record of a step gets what `gristmill eval`'s does for the older entries it merges into: a
     # group's member's own config and a folder's documents by the rule before (review RV33a L3: untested)
     assert len(written) == 2, written
+    assert not (run / "eval.png").exists()  # metrics.plot = false (_sets): no picture, eval.png's neither
     for kwargs in written:
         assert kwargs["own_config"].__func__ is TaskPlan.own_config, kwargs
         assert kwargs["documents_before"].__func__ is TaskPlan.documents_before, kwargs
@@ -352,7 +353,7 @@ def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
     run = tmp_path / "run"
     (run / "eval.png" / "x").mkdir(parents=True)
     (run / "eval.parquet" / "x").mkdir(parents=True)
-    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run), "metrics.plot=true"])
     train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr()
     rows = _rows(run)

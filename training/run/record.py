@@ -122,7 +122,7 @@ class RunRecord:
 
     def __init__(self, run_dir: Path, timeline: Timeline, state: TrainState, *, rank: int, plot: bool):
         """`state`: the run's TrainState (its pending row); `rank`: this process's, rank 0 writes;
-        `plot`: metrics.plot (plan.png, loss.png)."""
+        `plot`: metrics.plot (plan.png, loss.png; the in-training eval's eval.png reads it too)."""
         self.run_dir, self.timeline, self.state = Path(run_dir), timeline, state
         self.rank, self.plot = rank, plot
         # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
