@@ -1,7 +1,7 @@
 """A real S3 server on this machine, for the demo's bucket stage and bench/object_store.py (the tests
-start it too): moto's server (`moto[server]`, in the dev extra) in its own process on 127.0.0.1, on a
-free port, with a bucket; `env()` is the standard AWS environment that points a client at it.
-Nothing here is used when training on a real bucket.
+start it too): moto's S3 app (`moto[server]`, in the dev extra; `serve`) in its own process on
+127.0.0.1, on a free port, with a bucket; `env()` is the standard AWS environment that points a client
+at it. Nothing here is used when training on a real bucket.
 """
 
 from __future__ import annotations
@@ -37,6 +37,22 @@ def aws_env(endpoint: str) -> dict[str, str]:
     }
 
 
+def serve(port: int) -> None:
+    """moto's S3 app alone on 127.0.0.1:`port`, until SIGTERM: `python -m moto.server` answers every
+    AWS service, guessing each request's from its headers under one lock, and logs each request; the
+    buckets here need S3 only (the same app moto's dispatcher hands S3 requests to)."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    class Quiet(MotoRequestHandler):
+        def log_request(self, *args, **kwargs) -> None:
+            pass
+
+    os.environ.setdefault("MOTO_PORT", str(port))  # moto's own server sets it: URLs it builds name it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    run_simple("127.0.0.1", port, create_backend_app("s3"), threaded=True, request_handler=Quiet)
+
+
 class LocalS3:
     """moto's S3 server on a free loopback port (state in its process); `stop()` ends it."""
 
@@ -50,7 +66,7 @@ class LocalS3:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-P", "-m", "pipelines.local_s3", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             # SIGTERM when the process that started it dies, even by SIGKILL: a test run or a
@@ -81,3 +97,7 @@ class LocalS3:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
