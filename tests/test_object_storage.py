@@ -140,7 +140,7 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     # A process of its own, as `gristmill data build`: its worker pool starts with the AWS environment.
     s3.proxy.set_faults(FaultMix(seed=3))
     try:
-        built = run_build(config, url, s3.env, "--set", sets[1])
+        built = run_build(config, url, s3.env, "--set", sets[1], fork=True)
     finally:
         s3.proxy.set_faults(None)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
@@ -333,7 +333,9 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     sets = [f"build.workdir={json.dumps(str(work))}", "build.workers=1"]
     s3.proxy.set_faults(FaultMix(seed=11))
     try:
-        killed = run_build(config, url, {**s3.env, "GRISTMILL_TEST_KILL": "1:second_shard"}, "--set", *sets)
+        killed = run_build(
+            config, url, {**s3.env, "GRISTMILL_TEST_KILL": "1:second_shard"}, "--set", *sets, fork=True
+        )
     finally:
         s3.proxy.set_faults(None)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

@@ -1,7 +1,7 @@
 """A real S3 server on loopback for the object-storage tests: moto's server in its own process, and
 a seeded fault-injecting proxy in front of it.
 
-`MotoServer` is pipelines/local_s3.py's server (`python -m moto.server` on 127.0.0.1 on a free
+`MotoServer` is pipelines/local_s3.py's server (moto's S3 app alone, on 127.0.0.1 on a free
 port, no docker; its state lives in that process) with a boto3 client for the tests' own setup and
 damage. `FaultProxy` is a stdlib HTTP server in a
 thread that forwards every request to it and, drawn from a seeded RNG per request, answers
