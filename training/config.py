@@ -282,7 +282,8 @@ class RunSection:
     output_dir: str = "runs/train/tiny"
     """Run directory: config.toml, metrics.jsonl, tensorboard events, loss.png (checkpoints later)."""
     max_steps: int | None = None
-    """Stop after this many steps (default: schedule.steps); the schedule is not stretched."""
+    """Stop after this many steps (default: schedule.steps); the schedule is not stretched. The stop
+    saves a checkpoint only with checkpoint.interval > 0 (the header warns where it saves nothing)."""
     log_every: int = 10
     """Print and record metrics every N steps (the first and last step are always logged)."""
     val_every: int = 100

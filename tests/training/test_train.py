@@ -27,7 +27,7 @@ from tests.helpers.train_runs import (
 from tests.helpers.train_runs import RECIPE_STEPS as STEPS
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
-from training.contract.run_layout import config_history
+from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, config_history
 from training.train import load_train_config, main, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -322,6 +322,11 @@ def test_the_header_says_where_run_max_steps_stops(dataset, tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     run_line = next(line for line in out if line.startswith("  run "))
     assert run_line.endswith("8 steps in 1 phase, stopping at step 2 (run.max_steps) (plan below)"), run_line
+    # recipe()'s checkpoint.interval = 0 saves nothing at that stop: said before step 1, not found at the
+    # resume ("starts over from step 0")
+    warning = "warning: run.max_steps = 2 stops before the plan's last step (8) and checkpoint.interval = 0 "
+    assert sum(line.startswith(warning) for line in out) == 1, out
+    assert not (tmp_path / "run" / "checkpoints").exists()
     # Issue 37 item 19: each step's line says where the invocation is (step N/its last step) and, before
     # the last, when it ends at this invocation's pace so far (the row's eta_s).
     lines = [line for line in out if line.startswith("step ")]
@@ -329,3 +334,10 @@ def test_the_header_says_where_run_max_steps_stops(dataset, tmp_path, capsys):
     assert lines[0].startswith("step      1/2 | ") and lines[1].startswith("step      2/2 | "), lines
     assert rows[0]["eta_s"] == pytest.approx(rows[0]["elapsed_s"]) and rows[1]["eta_s"] == 0
     assert lines[0].endswith(f" | eta {round(rows[0]['eta_s'])}s") and " eta " not in lines[1], lines
+    # saves on a grid also save at run.max_steps (CheckpointSection.saves): nothing to warn of
+    saved = tmp_path / "saved"
+    train(
+        load_train_config(TINY, [*sets, f"run.output_dir={json.dumps(str(saved))}", "checkpoint.interval=4"])
+    )
+    assert not any(line.startswith("warning: run.max_steps") for line in capsys.readouterr().out.splitlines())
+    assert (checkpoint_dir(saved, 2) / COMPLETE_FILE).is_file()
