@@ -221,10 +221,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     if env.rank == 0:
         for line in _header(cfg, spec, shapes, model_config, env, device, mesh, model, flops[0], peak):
             say(line)
-        if cfg.run.max_steps and cfg.run.max_steps < spec.last_step and cfg.checkpoint.interval == 0:
+        if last_step < spec.last_step and not cfg.checkpoint.saves(last_step, last_step):
             # run.max_steps is how a run is trained in chunks; the stop saves only on a grid (or a signal)
             say(
-                f"warning: run.max_steps = {cfg.run.max_steps} stops before the plan's last step "
+                f"warning: run.max_steps = {last_step} stops before the plan's last step "
                 f"({spec.last_step}) and checkpoint.interval = 0 saves nothing there: a later --resume auto "
                 "starts over from step 0; set checkpoint.interval (a save also at run.max_steps) to go on"
             )
