@@ -25,6 +25,7 @@ import glob
 import hashlib
 import inspect
 import json
+import logging
 import os
 import re
 import socket
@@ -1157,7 +1158,43 @@ def hub_task_manager(names: list[str], include_path: Sequence[str] = (), own: se
         )
         if all(n in tm.task_index for n in names) and not split_tag:
             return tm
-    return TaskManager(include_path=extra or None)
+    return full_task_manager(extra)
+
+
+@functools.cache
+def _shipped_task_index(root: Path) -> dict[str, Any]:
+    """lm-eval's index of the tasks it ships under `root` (~14k YAML files, ~10 CPU s): built once per
+    process, as that folder does not change in one; an in-training eval that falls back to the full
+    index rebuilt it at every eval step."""
+    from lm_eval.tasks._index import TaskIndex
+
+    return TaskIndex.build([root])
+
+
+def full_task_manager(include_path: Sequence[str] = ()) -> Any:
+    """TaskManager(include_path=include_path or None): lm-eval's shipped tasks (indexed once per process)
+    and `include_path`'s, indexed afresh at each call (a user's files may change between calls). The
+    same index as lm-eval's own: each root indexed apart, a later root's names replacing an earlier's."""
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    tm = TaskManager(include_defaults=False, include_path=list(include_path) or None)
+    index = dict(_shipped_task_index(Path(lm_eval.tasks.__file__).parent))
+    for name, entry in tm.task_index.items():
+        if name in index:  # lm-eval's warning, as when it indexes both roots itself
+            shipped = index[name].yaml_path
+            logging.getLogger("lm_eval.tasks._index").warning(
+                "Task '%s' from %s overrides existing task from %s", name, entry.yaml_path, shipped
+            )
+        index[name] = entry
+    # TaskManager.__init__'s own fields for the index it built (lm-eval 0.4.13, pinned)
+    tm._index = index
+    tm._all_tasks = sorted(index)
+    tm._all_subtasks = sorted(n for n, e in index.items() if e.kind in (Kind.TASK, Kind.PY_TASK))
+    tm._all_groups = sorted(n for n, e in index.items() if e.kind == Kind.GROUP)
+    tm._all_tags = sorted(n for n, e in index.items() if e.kind == Kind.TAG)
+    return tm
 
 
 def checked_task_manager(

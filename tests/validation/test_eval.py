@@ -896,19 +896,32 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     assert build_task_data(built_dataset, 0.1, out, max_docs=6, tasks=["heldout_ppl"]) == out
 
 
-def test_a_hub_tag_whose_tasks_lie_in_several_families_keeps_them_all():
+def test_a_hub_tag_whose_tasks_lie_in_several_families_keeps_them_all(tmp_path):
     """The task index restricted to the families that mention a name indexes each family apart, and
     lm-eval replaces a tag's entry from an earlier root by a later one's: math_word_problems was 8 of
     its 26 tasks, scored under its name, and its definition digest changed with the other names asked
-    (review R23d 3). Such a tag takes the full index."""
+    (review R23d 3). Such a tag takes the full index. Its shipped part is indexed once per process; an
+    include_path is indexed afresh at each call, its task replacing a shipped one of the same name."""
     import lm_eval.tasks
 
-    from validation.eval_data import hub_task_manager
+    from validation.eval_data import full_task_manager, hub_task_manager
 
     index = hub_task_manager(["math_word_problems"]).task_index
     root = Path(lm_eval.tasks.__file__).parent
     families = {Path(index[t].yaml_path).relative_to(root).parts[0] for t in index["math_word_problems"].tags}
     assert len(index["math_word_problems"].tags) == 26 and len(families) > 1, families
+    mine = tmp_path / "mine.yaml"
+    task = "dataset_path: x\noutput_type: loglikelihood\ndoc_to_text: a\ndoc_to_target: b\n"
+    mine.write_text(f"task: arc_easy\ntag: [mine, ai2_arc]\n{task}")
+    tm = full_task_manager([str(tmp_path)])
+    assert tm.task_index["arc_easy"].yaml_path == mine and tm.task_index["mine"].tags == {"arc_easy"}
+    assert tm.task_index["ai2_arc"].tags == {"arc_easy"}, tm.task_index["ai2_arc"]  # lm-eval's own rule
+    assert "arc_easy" in tm.all_subtasks and "mine" in tm.all_tags and "math_word_problems" in tm.all_tags
+    mine.write_text(f"task: arc_mine\n{task}")  # the same process, the user's file edited
+    tm = full_task_manager([str(tmp_path)])
+    assert tm.task_index["arc_mine"].yaml_path == mine and "mine" not in tm.task_index
+    assert tm.task_index["arc_easy"].yaml_path == root / "arc" / "arc_easy.yaml"
+    assert tm.task_index["math_word_problems"].tags == index["math_word_problems"].tags
     # a task of one family takes its family alone: test_a_hub_task_s_definition_is_the_same_in_every_process
 
 
