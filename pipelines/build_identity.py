@@ -47,7 +47,7 @@ from training.contract.dataset_format import (
     file_sha256,
 )
 from training.contract.errors import GristmillError
-from training.contract.object_store import ObjectURL, is_url, user_cache_dir
+from training.contract.object_store import ObjectURL, is_url, refuse_url, user_cache_dir
 from training.contract.run_layout import run_record
 
 
@@ -77,6 +77,7 @@ def output_dir(cfg: DataConfig) -> Path:
     if not is_url(cfg.output):
         return Path(cfg.output).expanduser().resolve()
     if cfg.build.workdir:
+        refuse_url("build.workdir", cfg.build.workdir)
         return Path(cfg.build.workdir).expanduser().resolve()
     url = ObjectURL.parse(cfg.output)
     return user_cache_dir() / "builds" / url.bucket / (url.prefix or "_bucket_root")

@@ -1798,16 +1798,56 @@ def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):
     assert DATASET_JSON not in s3.keys("window")
 
 
-def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys):
-    """`S3://…` was taken for a path ("S3:/bucket/x does not exist": review R20a 2)."""
+def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_path, monkeypatch):
+    """`S3://…` was taken for a path ("S3:/bucket/x does not exist": review R20a 2). So were a URL missing
+    a slash or its colon and a URL given for a local directory: a build or a conversion into `s3:/b/x`,
+    or a cache in `s3://b/c`, wrote a folder `s3:` in the working directory, exit 0 (trial T38 M2); a
+    prefix of `..` wrote keys that stores reject (L7). Each is one line, before anything is written."""
+    monkeypatch.chdir(tmp_path)
     geometry = ["--seq-len", "32", "--global-batch", "8", "--seed", "0"]
     for url, fix in (
         ("S3://bucket/x", "the scheme is lower-case: s3://bucket/x"),
         ("gs://bucket/x", "s3://bucket/x"),
+        ("gs:/bucket/x", "s3://bucket/x"),
+        ("s3:/bucket/x", "did you mean s3://bucket/x?"),
+        ("s3:bucket/x", "did you mean s3://bucket/x?"),
+        ("s3//bucket/x", "did you mean s3://bucket/x?"),
+        ("s3://bucket/../x", "write the prefix without them"),
+        ("s3://bucket/a/./x", "write the prefix without them"),
     ):
         assert gristmill(["data", "inspect", url, *geometry]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: {url}: ") and fix in err[0], err
+        assert len(err) == 1 and err[0].startswith("error: ") and url in err[0] and fix in err[0], err
+    demo = Path(__file__).resolve().parents[1] / "configs" / "data" / "demo.toml"
+    for argv in (
+        ["data", "build", "--config", str(demo), "--set", 'output="s3:/bucket/x"'],
+        ["data", "convert", str(tmp_path / "old"), "s3:bucket/x"],
+    ):
+        assert gristmill(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "did you mean s3://bucket/x?" in err[0], err
+    for argv, key in (
+        (["data", "inspect", "s3://bucket/x", *geometry, "--cache-dir", "s3://bucket/c"], "--cache-dir"),
+        (["data", "validate", "s3://bucket/x", "--cache-dir", "s3:/bucket/c"], "--cache-dir"),
+        (["data", "audit", "s3://bucket/x", "--cache-dir", "s3//bucket/c"], "--cache-dir"),
+    ):
+        assert gristmill(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{key} = " in err[0] and "name a local directory" in err[0], err
+    from pipelines.build_identity import output_dir
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+    from training.data.spec import check_config
+
+    cfg = load_config(DataConfig, demo, ['output="s3://bucket/x"', 'build.workdir="s3://bucket/w"'])
+    with pytest.raises(ObjectStoreError, match=r"^build.workdir = 's3://bucket/w' names a bucket"):
+        output_dir(cfg)
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "train" / "tiny.toml"
+    for key in ("run.output_dir", "data.cache_dir"):
+        cfg = load_train_config(str(tiny), [f'{key}="s3://bucket/r"'])
+        with pytest.raises(ObjectStoreError, match=rf"^{re.escape(key)} = 's3://bucket/r' names a bucket"):
+            check_config(cfg, 1)
+    assert not any(tmp_path.iterdir())  # no folder `s3:` made here
 
 
 def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):

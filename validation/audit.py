@@ -486,10 +486,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
+    cache = cache_of(args)  # a --cache-dir that cannot be one: one line before the bucket is asked
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
-    # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
-    cache = cache_of(args)
     args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
     with _damaged_files_named(args.dirs):
         return _run(args)

@@ -1399,6 +1399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
+    cache = cache_of(args)  # a --cache-dir that cannot be one: one line before the bucket is asked
     if args.workers is not None and args.workers < 1:  # was taken as 1 without a word (review R21b)
         raise DatasetError(f"--workers {args.workers}: give the processes that check shards, ≥ 1")
     if not is_url(args.dir) and not root.is_dir():
@@ -1428,7 +1429,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         workers=args.workers,
         write=not args.no_write,
-        cache=cache_of(args),
+        cache=cache,
     )
     print(format_report(report))
     return 0 if report.ok else 1

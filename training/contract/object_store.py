@@ -97,9 +97,24 @@ def user_cache_dir() -> Path:
 
 
 def is_url(location: str | Path) -> bool:
-    """Whether a dataset location is an object-store URL (s3://; gs:// or an upper-case scheme, which
-    ObjectURL.parse refuses with the fix, rather than a path "S3:/…" that does not exist)."""
-    return isinstance(location, str) and location[:5].lower() in (SCHEME, "gs://")
+    """Whether a location is meant as an object-store URL: s3://, and what ObjectURL.parse refuses with
+    the fix rather than take for a local path (which a build, a conversion or a cache would then make
+    in the working directory, exit 0): gs://, an upper-case scheme, a slash or the colon missing
+    (s3:/b/x, s3:b/x, s3//b/x)."""
+    if not isinstance(location, str):
+        return False
+    head = location[:4].lower()
+    return head[:3] in ("s3:", "gs:") or head in ("s3//", "gs//")
+
+
+def refuse_url(key: str, value: str) -> None:
+    """A setting that names a directory on this machine (data.cache_dir, --cache-dir, build.workdir,
+    run.output_dir) given a bucket URL, which would become a folder named "s3:" here: one line."""
+    if is_url(value):
+        raise ObjectStoreError(
+            f"{key} = {value!r} names a bucket, but {key} is a directory on this machine (only datasets "
+            "live in buckets: docs/object-storage.md); name a local directory"
+        )
 
 
 @dataclass(frozen=True)
@@ -113,16 +128,24 @@ class ObjectURL:
     def parse(cls, text: str) -> ObjectURL:
         if text[:5].lower() == SCHEME and not text.startswith(SCHEME):
             raise ObjectStoreError(f"{text}: the scheme is lower-case: {SCHEME}{text[5:]}")
-        if text[:5].lower() == "gs://":
+        rest = re.sub(r"^(s3|gs):?/*", "", text, flags=re.IGNORECASE)  # what follows the scheme meant
+        if text[:2].lower() == "gs":
             raise ObjectStoreError(
                 f"{text}: gs:// URLs are not read directly; use Google Cloud Storage through its "
                 "S3-compatible API: AWS_ENDPOINT_URL=https://storage.googleapis.com, an HMAC key as "
-                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and s3://{text[5:]} (docs/object-storage.md)"
+                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and s3://{rest} (docs/object-storage.md)"
             )
-        rest = text.removeprefix(SCHEME)
-        bucket, _, prefix = rest.partition("/")
-        if not text.startswith(SCHEME) or not bucket or "//" in prefix:
+        if not text.startswith(SCHEME):  # a slash or the colon missing (is_url)
+            meant = SCHEME + rest
+            raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL; did you mean {meant}?")
+        bucket, _, prefix = text.removeprefix(SCHEME).partition("/")
+        if not bucket or "//" in prefix:
             raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL")
+        if {".", ".."} & set(prefix.strip("/").split("/")):  # stores reject or normalize such keys
+            raise ObjectStoreError(
+                f"{text!r}: a prefix of '.' or '..' segments names no one place in a bucket (stores "
+                "reject such keys or read them as other keys); write the prefix without them"
+            )
         return cls(bucket, prefix.strip("/"))
 
     def key(self, rel: str) -> str:

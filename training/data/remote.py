@@ -53,6 +53,7 @@ from training.contract.object_store import (
     ObjectStore,
     ObjectURL,
     is_url,
+    refuse_url,
     user_cache_dir,
 )
 
@@ -103,9 +104,11 @@ class CacheSettings:
         requests: int = DEFAULT_FETCH_REQUESTS,
         timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
         bound_key: str = "data.cache_gb",
+        dir_key: str = "data.cache_dir",
     ) -> CacheSettings:
         """From `[data] cache_dir` ("" for the default), `cache_gb`, `fetch_requests`, `fetch_timeout_s`
-        (`bound_key`: a command's own name for cache_gb, e.g. --cache-gb)."""
+        (`bound_key`, `dir_key`: a command's own names for cache_gb and cache_dir, e.g. --cache-gb)."""
+        refuse_url(dir_key, cache_dir)
         where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         return cls(where, int(cache_gb * 1e9), requests, timeout_s, bound_key)
 
@@ -145,9 +148,9 @@ def _positive_gb(value: str) -> float:
 def cache_of(args) -> CacheSettings:
     """The cache of a command's --cache-dir (and --cache-gb, where it has one: add_cache_argument)."""
     if not hasattr(args, "cache_gb"):  # validate, audit: whole files, outside the bound
-        return CacheSettings.of(args.cache_dir)
+        return CacheSettings.of(args.cache_dir, dir_key="--cache-dir")
     gb = DEFAULT_CACHE_GB if args.cache_gb is None else args.cache_gb
-    return CacheSettings.of(args.cache_dir, gb, bound_key="--cache-gb")
+    return CacheSettings.of(args.cache_dir, gb, bound_key="--cache-gb", dir_key="--cache-dir")
 
 
 @contextlib.contextmanager

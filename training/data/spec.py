@@ -35,6 +35,7 @@ from training.config_checks import (
     check_training,
 )
 from training.contract.config_loader import ConfigError, override_of, to_dict
+from training.contract.object_store import refuse_url
 from training.data.remote import CacheSettings
 
 
@@ -279,6 +280,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     """Everything about the recipe that can be checked before any work, for `world_size` ranks
     (each phase's batch shape too, `batch_shapes`); returns the resolved recipe."""
     d, r = cfg.data, cfg.run
+    refuse_url("run.output_dir", r.output_dir)  # runs are local; their datasets may be in a bucket
     check_model_section(cfg.model)
     check_parallel_section(cfg.parallel)
     if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
