@@ -213,6 +213,11 @@ def _check_new(old: str, new: str) -> None:
             )
         return
     path = Path(new)
+    if path.name in ("", ".."):  # ".", "/", "..": no name for the folder NEW is written in, beside it
+        raise DatasetError(
+            f"{new} names no directory of its own (the conversion writes NEW beside it, as .NAME.converting, "
+            "and renames it into place): name a new directory, e.g. ./converted"
+        )
     if not is_url(old):
         here, work = Path(old).resolve(), _converting(new).resolve()
         for p, what in ((path.resolve(), new), (work, f"the folder a conversion into {new} is written in")):

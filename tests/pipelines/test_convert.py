@@ -130,6 +130,9 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
     for new, what in [("a-file", "is a file"), ("a-link", "is a link")]:
         with pytest.raises(DatasetError, match=f"^{tmp_path / new} {what}: name a new directory"):
             convert_dataset(str(legacy), str(tmp_path / new), log=lambda *a: pytest.fail("converted"))
+    for new in (".", "/"):  # Path.with_name's ValueError, a traceback (session 38's trial)
+        with pytest.raises(DatasetError, match=f"^{new} names no directory of its own"):
+            convert_dataset(str(legacy), new, log=lambda *a: pytest.fail("converted"))
     with pytest.raises(DatasetError, match=f"^{legacy / 'sub'} is inside {legacy}: convert into"):
         convert_dataset(str(legacy), str(legacy / "sub"), log=lambda *a: pytest.fail("converted"))
     edited = tmp_path / "edited"
