@@ -56,7 +56,8 @@ def test_validation_reads_its_batches_without_forking_workers(tmp_path, monkeypa
 def test_held_out_data_that_cannot_be_read_costs_no_training(tmp_path, capsys):
     """Every held-out document damaged (its ids zeroed: separators only): the run's validation raised
     and the run ended, everything since its last checkpoint lost. Validation is a side activity: a
-    warning at each of its steps, training to the end."""
+    warning at each of its steps, training to the end; each of those steps' rows says why it has no
+    val_loss (`val_error`: a bucket down past data.fetch_timeout_s left nothing in the row, trial T38 M1)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -77,3 +78,6 @@ def test_held_out_data_that_cannot_be_read_costs_no_training(tmp_path, capsys):
     assert out.count("WARNING: validation of step") == 3, out[-2000:]
     assert "separator check failed at held-out batch 1 rank 0" in out, out[-2000:]
     assert [r["step"] for r in read_metrics(run) if "loss" in r][-1] == 12
+    failed = {r["step"]: r.get("val_error", "") for r in read_metrics(run) if "val_loss" not in r}
+    why = "separator check failed at held-out batch 1"
+    assert [step for step, line in failed.items() if why in line] == [4, 8, 12], failed

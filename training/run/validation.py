@@ -123,10 +123,11 @@ class Validation:
         return out
 
     def __call__(self, model: nn.Module, step: int, amp) -> dict[str, float]:
-        """The step's row entries (every rank: the forwards are collectives); none, with a warning,
-        when some rank cannot read its held-out batches (a damaged document, a bucket down): a side
-        activity, it costs no training. The batches are read before any forward, and the ranks agree
-        on them, so a rank's error never leaves the others waiting inside a forward."""
+        """The step's row entries (every rank: the forwards are collectives); `val_error`, the line, with
+        a warning, when some rank cannot read its held-out batches (a damaged document, a bucket down
+        past data.fetch_timeout_s): a side activity, it costs no training, and the row says why it has
+        no val_loss (it said nothing: trial T38 M1). The batches are read before any forward, and the
+        ranks agree on them, so a rank's error never leaves the others waiting inside a forward."""
         phase, _ = self.plan.locate(step - 1)
         n, error = self.cfg.run.val_batches, None
         try:
@@ -141,7 +142,7 @@ class Validation:
                     print(f"rank {rank}: validation of step {step}: {error}", file=sys.stderr, flush=True)
             why = error if error is not None and not rank else "another rank could not read its held-out data"
             say(f"WARNING: validation of step {step} skipped: {why}; training goes on")
-            return {}
+            return {"val_error": str(why)}
         losses = {
             name: evaluate(model, batches, amp, self.device, self.world_size)
             for name, batches in held_out.items()
