@@ -132,7 +132,7 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import check_saved_config_place
 from validation.audit_reports import WHY_DROPPED_SQL
-from validation.validate import format_report, validate_dataset
+from validation.validate import VALIDATION_JSON, format_report, validate_dataset
 
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
 # An s3:// build's driver assembles here, in build.workdir, the dataset but its shards (which the tasks
@@ -721,11 +721,17 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             damaged = [d for d in mismatched if not _as_recorded(store, files, listing, d[1], by_size=False)]
             if damaged:
                 _, rel, what = damaged[0]
+                # the bucket's validation record vouched for objects that are not there now: the audit
+                # answered "ok, 0 problems" until the repair (trial T38 M4)
+                removed = ""
+                if VALIDATION_JSON in listing:
+                    store.delete(VALIDATION_JSON)
+                    removed = f" ({store.url.child(VALIDATION_JSON)}, which validated it before, was removed)"
                 raise BuildError(
-                    f"{store.url.child(rel)} {what}{_more(damaged)}: the dataset in the bucket is damaged. "
-                    f"To repair it, delete {store.url.child(DATASET_JSON)} and rerun the same command: the "
-                    f"task(s) {_tasks(damaged)} are redone, and only their objects that are not as recorded "
-                    "are uploaded again"
+                    f"{store.url.child(rel)} {what}{_more(damaged)}: the dataset in the bucket is damaged"
+                    f"{removed}. To repair it, delete {store.url.child(DATASET_JSON)} and rerun the same "
+                    f"command: the task(s) {_tasks(damaged)} are redone, and only their objects that are not "
+                    "as recorded are uploaded again"
                 )
             for rank in sorted({rank for rank, _, _ in mismatched}):
                 store.delete(record_rel(rank))

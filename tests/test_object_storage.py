@@ -87,6 +87,7 @@ from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, local_root, tmp_name
 from training.run.faults import DATA
 from training.train import load_train_config, train
+from validation.validate import VALIDATION_JSON
 
 pytestmark = [
     pytest.mark.process,  # starts processes: the second tier of `make test`
@@ -381,8 +382,11 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
     assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
-    # Damaged once the dataset is complete: a rerun says so and how to repair it, and changes nothing;
-    # the repair redoes that task alone.
+    # Damaged once the dataset is complete: a rerun says so and how to repair it, and changes nothing
+    # but the bucket's validation record, which vouched for the objects as they were (the audit said
+    # "ok" until the repair: trial T38 M4); the repair redoes that task alone.
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    assert VALIDATION_JSON in s3.keys("killed-build")
     damage(s3, f"killed-build/{damaged}")
     s3.proxy.reset_counts()
     # (every object counted as too large to hash, as a real shard is: its size equal to dataset.json's
@@ -392,7 +396,9 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
         build(cfg, log=lines.append)
     assert f"{url}/{damaged} is not the object its task uploaded" in str(e.value)
     assert f"delete {url}/{DATASET_JSON} and rerun the same command: the task(s) 0 are redone" in str(e.value)
-    assert "PUT" not in s3.proxy.counts.requests
+    assert f"({url}/{VALIDATION_JSON}, which validated it before, was removed)" in str(e.value)
+    assert "PUT" not in s3.proxy.counts.requests and VALIDATION_JSON not in s3.keys("killed-build")
+    capsys.readouterr()
     s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
     s3.proxy.reset_counts()
     assert build(cfg, log=lines.append).ok
