@@ -149,9 +149,15 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                     Path(new).rmdir()  # empty (checked above)
                 os.replace(out, new)  # its lock file with it: held until the end, as any writer's
         # said once it is there, under the name the user gave (it named the folder it was written in)
+        checked = (  # a bucket's validation.json comes only from validating the bucket (trial T38 L9)
+            f"validated before its upload (`gristmill data validate {new}` checks the bucket and writes its "
+            "validation.json)"
+            if is_url(new)
+            else "validated"
+        )
         log(
             f"converted {old} ({was}) into {new} ({FORMAT}): {info['documents']:,} documents in "
-            f"{info['shards']} shards, the same batches (runs trained on it resume on this one); validated"
+            f"{info['shards']} shards, the same batches (runs trained on it resume on this one); {checked}"
         )
         return info
 

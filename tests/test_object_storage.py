@@ -2102,7 +2102,14 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {url} is a gristmill-shards/1 dataset"), err
     assert f"gristmill data convert {url} NEW" in err[0]
-    convert_dataset(url, new_url, log=lambda *a: None)
+    lines: list[str] = []
+    convert_dataset(url, new_url, log=lines.append)
+    # validated before the upload; the bucket's own record comes from validating the bucket (T38 L9)
+    assert lines[-1].endswith(
+        f"validated before its upload (`gristmill data validate {new_url}` checks the "
+        "bucket and writes its validation.json)"
+    ), lines[-1]
+    assert VALIDATION_JSON not in s3.keys("legacy-converted")
     outs = []
     for where in (str(old), new_url):
         assert gristmill(["data", "inspect", where, *geometry]) == 0
