@@ -2432,6 +2432,12 @@ def test_a_cache_emptied_at_every_try_of_a_write_says_so(s3, synthetic, tmp_path
     assert "stop whatever keeps clearing the cache" in line and "writable directory with room" not in line
     assert "data.cache_dir in a train config, --cache-dir in the data commands" in line
     assert "\n" not in line
+    # a cache directory that cannot be made at all is no clearing: the writable-directory line (T38 L8)
+    with pytest.raises(CacheError) as e:
+        DocumentTable(url, cache=CacheSettings.of(f"/proc/gristmill-{os.getpid()}/cache"))
+    line = str(e.value)
+    assert f"cannot write the cache /proc/gristmill-{os.getpid()}/cache (" in line, line
+    assert "give it a writable directory with room" in line and "keeps clearing" not in line, line
 
 
 def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, small_blocks, tmp_path):

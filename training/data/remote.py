@@ -322,14 +322,17 @@ def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[],
     one line."""
     retries = EMPTIED_RETRIES
     while True:
+        making = True
         try:
             folders()
+            making = False
             return write()
         except OSError as e:
             if not isinstance(e, FileNotFoundError):
                 raise unwritable_cache(cache_dir, e) from None
-            if not retries:
-                raise unwritable_cache(cache_dir, e, emptied=EMPTIED_RETRIES + 1) from None
+            if not retries:  # a folder that cannot be made at all (data.cache_dir under /proc) was
+                # told as one something kept clearing (trial T38 L8)
+                raise unwritable_cache(cache_dir, e, emptied=0 if making else EMPTIED_RETRIES + 1) from None
             retries -= 1
 
 
