@@ -790,6 +790,15 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 f"{p.cfg.output} already holds {len(there)} object(s) but no {BUILD_JSON} (e.g. "
                 f"{sorted(there)[0]}): not a gristmill build's; build into an empty prefix, or delete them"
             ) from None
+        mine = p.out / BUILD_JSON
+        if mine.is_file() and read_build_json(p.out).get("config_sha256") != p.sha:
+            # another prefix's build (or another config's, killed before its first upload): it was
+            # "{output} was built with a different config", of a prefix that holds nothing (trial T38 M3)
+            raise BuildError(
+                f"{p.cfg.output} is empty, but build.workdir {p.out} holds the files of another build (its "
+                f"{BUILD_JSON} is of another config): give each bucket build a build.workdir of its own (the "
+                f"default is one per prefix), or `rm -rf {p.out}` if that build is done or abandoned"
+            ) from None
         return False
     p.out.mkdir(parents=True, exist_ok=True)
     if not (p.out / BUILD_JSON).is_file() or (p.out / BUILD_JSON).read_bytes() != record:

@@ -357,6 +357,14 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
         f"rm --recursive {url}/`) and `rm -rf {work2}`, then the same command."
     ), e.value
     assert bucket_objects(s3, "killed-build") == before
+    # The first work directory given to a build of another, empty prefix: it named that prefix as
+    # "built with a different config" (trial T38 M3); the work directory is named, nothing is written.
+    elsewhere = [f"output={json.dumps(s3.url('killed-build-2'))}", *sets[:1], "shards.seed=99"]
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, elsewhere), log=lambda *a: None)
+    said = f"{s3.url('killed-build-2')} is empty, but build.workdir {work} holds the files of another build"
+    assert str(e.value).startswith(said), e.value
+    assert not s3.keys("killed-build-2")
     # One of task 0's shards is replaced in the bucket by other bytes under the old sha256 claim.
     damaged = "shards/00000_00001.tar"
     damage(s3, f"killed-build/{damaged}")
