@@ -34,6 +34,9 @@ pytestmark = pytest.mark.process  # starts processes: the second tier of `make t
 
 WINDOW = ("merge.kind='window'", "merge.every=4", "merge.window=3", "merge.export=true")
 EMA = ("merge.kind='ema'", "merge.every=4", "merge.decay=0.7", "merge.export=true")
+# Fewer saves where a test reads no per-step export or checkpoint: writing them is most of a run's cost
+NO_STEP_EXPORTS = "checkpoint.export_interval=0"  # the merged exports only
+SPARSE = "checkpoint.interval=2"  # merge.every = 4 (export = true) still meets a checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +162,8 @@ def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_
     checkpoint, whose accumulator holds step 6 alone, and trains 7 and 8 again. The merged weights
     and every row equal the uninterrupted run's (one run for both kills)."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets(dataset, run, *WINDOW)]
+    merged_only = sets(dataset, run, *WINDOW, NO_STEP_EXPORTS)  # no per-step export is read here
+    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *merged_only]
     for point, saved in (("saved:4", 4), ("trained:7", 6)):
         resume = ["checkpoint.resume='auto'"] if saved == 6 else []
         killed = forked.run([*cmd, *resume], cwd=ROOT, env={**ENV, KILL: point}, timeout=300)
@@ -167,7 +171,7 @@ def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_
         assert list_steps(run / "checkpoints")[-1] == saved, point
         assert list_steps(run / "exports", merged=True) == [4], point
         assert saved not in [r["step"] for r in read_metrics(run)] or point == "trained:7"
-    run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
+    run_here(dataset, run, *WINDOW, NO_STEP_EXPORTS, "checkpoint.resume='auto'")
     assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
     scores = ("loss", "val_loss", "merged/val_loss", "merged/steps")
     assert [[r.get(k) for k in scores] for r in read_metrics(run)] == [
@@ -180,9 +184,10 @@ def test_a_run_cut_by_max_steps_inside_a_window_merges_as_the_run_trained_at_onc
     read the window as a merge point, closed it, and step 8 averaged step 8 alone; the merged weights
     a run ships depended on how it was cut into jobs. A cut is no merge point."""
     run = tmp_path / "run"
-    run_here(dataset, run, *WINDOW, "run.max_steps=7")
+    merged_only = (*WINDOW, NO_STEP_EXPORTS)  # no per-step export is read here
+    run_here(dataset, run, *merged_only, "run.max_steps=7")
     assert list_steps(run / "exports", merged=True) == [4]
-    run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
+    run_here(dataset, run, *merged_only, "checkpoint.resume='auto'")
     assert list_steps(run / "exports", merged=True) == [4, 8]
     assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
     assert merged_rows(run)[8] == merged_rows(runs["window"])[8] and merged_rows(run)[8]["merged/steps"] == 3
@@ -203,8 +208,10 @@ def test_a_plan_grown_on_resume_merges_as_the_grown_plan_trained_at_once(
         monkeypatch.setenv(NAN_LOSS, "11")
         constant += ("run.on_nonfinite='rewind'", "run.rewind.skip_steps=1", "run.rewind.margin_steps=1")
     at_once, grown = tmp_path / "at-once", tmp_path / "grown"
-    run_here(dataset, at_once, *constant, "schedule.steps=12")
-    run_here(dataset, grown, *constant, "schedule.steps=10")
+    # saved only where read: at_once's merged exports and (rewound) step 10's checkpoint, grown's step
+    # 10 (its checkpoint and export) before the resume's per-step ones
+    run_here(dataset, at_once, *constant, "schedule.steps=12", SPARSE, NO_STEP_EXPORTS)
+    run_here(dataset, grown, *constant, "schedule.steps=10", SPARSE, "checkpoint.export_interval=10")
     assert list_steps(grown / "exports", merged=True) == [4, 8, 10]
     capsys.readouterr()
     run_here(dataset, grown, *constant, "schedule.steps=12", "checkpoint.resume='auto'")
