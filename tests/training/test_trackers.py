@@ -411,10 +411,17 @@ def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(e
     assert not list(fresh.rglob("events.out.tfevents*"))
 
 
-def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, capsys):
-    """wandb's service process (wandb-core) killed after step 3, as the OOM killer would: the next
-    row's log raised, and the run ended with a traceback and everything since its last checkpoint
-    lost. A tracker is a side activity: a warning, no more rows to it, training to its last step."""
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_tracker_that_fails_mid_run_costs_no_training_and_one_that_cannot_start_is_one_line(
+    env, dataset, tmp_path, capsys
+):
+    """A tracker is a side activity: one that fails mid-run is a warning, no more rows to it, training
+    to its last step. One run for both failures: wandb's service process (wandb-core) killed after
+    step 3, as the OOM killer would (the next row's log raised, and the run ended with a traceback and
+    everything since its last checkpoint lost), and RUN/tensorboard deleted then (a full disk, an NFS
+    error fail the same way: the run said "training goes on", then ended in a KeyError traceback,
+    exit 1, review R18d 1). RUN/tensorboard a file: a FileExistsError traceback (R18d 2f). The
+    tensorboard writer thread's traceback before the warning: kept off stderr (review R26a F7)."""
     import os
     import signal
     import threading
@@ -422,24 +429,42 @@ def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, 
     run = tmp_path / "run"
     metrics = run / "metrics.jsonl"
 
-    def kill_wandb_core() -> None:
+    def fail_both() -> None:
         while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
             time.sleep(0.01)
         for pid in wandb_services(os.getpid()):
             os.kill(pid, signal.SIGKILL)
+        # the writer may add a file while rmtree walks the folder (its rmdir then fails: "Directory not
+        # empty", seen on CI's loaded cores): remove until it is gone
+        for _ in range(100):
+            shutil.rmtree(run / "tensorboard", ignore_errors=True)
+            if not (run / "tensorboard").exists():
+                return
+        raise AssertionError(f"{run / 'tensorboard'} could not be removed")
 
-    killer = threading.Thread(target=kill_wandb_core, daemon=True)
-    killer.start()
-    assert run_training(dataset, run, ["wandb"], "schedule.steps=40", "checkpoint.interval=20") == 0
-    killer.join(timeout=60)
-    rows = read_metrics(run)
-    assert [r["step"] for r in rows] == list(range(1, 41))
-    assert "WARNING: wandb failed at step" in capsys.readouterr().out
+    failer = threading.Thread(target=fail_both, daemon=True)
+    failer.start()
+    trackers = ["tensorboard", "wandb"]
+    assert run_training(dataset, run, trackers, "schedule.steps=40", "checkpoint.interval=20") == 0
+    failer.join(timeout=60)
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 41))
+    out, err = capsys.readouterr()
+    assert "WARNING: wandb failed at step" in out and "WARNING: tensorboard failed at step" in out, out
+    # its writer thread's own traceback (15 lines) came first (review R26a F7): the warning says it
+    assert "Traceback" not in err and "Exception in thread" not in err, err
     # What wandb's exit hook does when the process ends: it printed "Exception ignored in atexit
     # callback … ConnectionResetError" after the run had finished well.
     import wandb
 
     wandb.teardown()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tensorboard").write_text("x")
+    assert run_training(dataset, other, ["tensorboard"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tensorboard could not start a run: "), err
+    fix = f"make {other / 'tensorboard'} a writable directory, or drop tensorboard from metrics.trackers"
+    assert err[0].endswith(fix), err
 
 
 def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
@@ -486,49 +511,6 @@ def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
 
 
 # its writer thread's exception, kept and raised again at the next flush, is no thread's unhandled one
-@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_tensorboard_that_fails_mid_run_costs_no_training_and_one_that_cannot_start_is_one_line(
-    dataset, tmp_path, capsys
-):
-    """RUN/tensorboard deleted after step 3 (a full disk, an NFS error fail the same way): the run said
-    "training goes on", then ended in a KeyError traceback, exit 1, every step since its last
-    checkpoint lost (review R18d 1). RUN/tensorboard a file: a FileExistsError traceback (R18d 2f).
-    The writer thread's traceback before the warning: kept off stderr (review R26a F7)."""
-    import threading
-
-    run = tmp_path / "run"
-    metrics = run / "metrics.jsonl"
-
-    def remove_event_files() -> None:
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-            time.sleep(0.01)
-        # the writer may add a file while rmtree walks the folder (its rmdir then fails: "Directory not
-        # empty", seen on CI's loaded cores): remove until it is gone
-        for _ in range(100):
-            shutil.rmtree(run / "tensorboard", ignore_errors=True)
-            if not (run / "tensorboard").exists():
-                return
-        raise AssertionError(f"{run / 'tensorboard'} could not be removed")
-
-    remover = threading.Thread(target=remove_event_files, daemon=True)
-    remover.start()
-    assert run_training(dataset, run, ["tensorboard"], "schedule.steps=40", "checkpoint.interval=20") == 0
-    remover.join(timeout=60)
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, 41))
-    out, err = capsys.readouterr()
-    assert "WARNING: tensorboard failed at step" in out
-    # its writer thread's own traceback (15 lines) came first (review R26a F7): the warning says it
-    assert "Traceback" not in err and "Exception in thread" not in err, err
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "tensorboard").write_text("x")
-    assert run_training(dataset, other, ["tensorboard"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: tensorboard could not start a run: "), err
-    fix = f"make {other / 'tensorboard'} a writable directory, or drop tensorboard from metrics.trackers"
-    assert err[0].endswith(fix), err
-
-
 def test_a_resume_does_not_log_into_another_run_of_its_trackio_name(env, dataset, tmp_path, capsys):
     """Two run directories of the same name (…/a/same, …/b/same: the default run name) in one project:
     trackio resumes a run by its name, the newest of it, so a's resume logged its steps into b's run
