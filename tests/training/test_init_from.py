@@ -1244,87 +1244,6 @@ def _as_before_hub_weights_were_recorded(run: Path) -> None:
         complete.write_text(json.dumps(sealed_record(record), indent=1))
 
 
-def test_a_hub_base_resumed_from_a_directory_of_another_commit_is_refused(tmp_path, data, base, monkeypatch):
-    """Review R25d S1: a run from a hub id resumed on a machine without the hub, with init_from the
-    directory the docs advise downloading it to, took another commit of the same repository there
-    (same shape: config.json and the weights index, init_from_sha256, alike) for the run's base
-    moved, exit 0: its record named that directory, and `export RUN --step 0` wrote the other
-    commit's weights as the run's step 0. base.json holds the sha256 of a hub base's weights too
-    (its snapshot, hashed once at the start), which a resume naming a directory and step 0's export
-    are held to; a run of before, which has none, is refused in one line naming its base, and its
-    step 0 exported from the commit it pinned."""
-    from huggingface_hub import snapshot_download
-    from safetensors.torch import load_file, save_file
-
-    files = {p.name: p.read_bytes() for p in base.iterdir()}
-    weights = load_file(str(base / "model.safetensors"))
-    later = tmp_path / "later.safetensors"  # the repository's next commit: retrained, the same shape
-    save_file(
-        {**weights, "model.norm.weight": weights["model.norm.weight"] + 1}, str(later), {"format": "pt"}
-    )
-
-    def train_cmd(*sets: str) -> list[str]:
-        return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
-
-    with HubServer() as hub:
-        commit = hub.add_repo(REPO, files, repo_type="model")
-        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1"}
-        run = tmp_path / "run"
-        sets = overrides(data, run, _init(REPO), "schedule.steps=8")
-        done = forked.run(train_cmd(*sets, "run.max_steps=4"), cwd=ROOT, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        recorded = json.loads((run / "base" / "base.json").read_text())["weights_sha256"]
-        assert recorded == {"model.safetensors": file_sha256(base / "model.safetensors")}
-        hub.push(REPO, files | {"model.safetensors": later.read_bytes()}, repo_type="model")
-        # For a machine without the hub, downloaded elsewhere as the docs advise: main, by now the
-        # next commit, and the run's own commit
-        newer = Path(snapshot_download(REPO, local_dir=str(tmp_path / "models" / "newer")))
-        pinned = Path(snapshot_download(REPO, revision=commit, local_dir=str(tmp_path / "models" / "pinned")))
-        offline = env | {"HF_HUB_OFFLINE": "1"}
-        resume = [*sets, "checkpoint.resume=auto"]
-        listing = sorted(p.relative_to(run) for p in run.rglob("*"))
-        done = forked.run(train_cmd(*resume, _init(newer)), cwd=ROOT, env=offline, timeout=300)
-        line = one_error_line(done.stderr)
-        assert done.returncode == 2, done.stderr[-3000:]
-        assert (
-            f"the weights of model.init_from = {newer.resolve()} are not the run's base's, {REPO}@{commit}"
-            in (line)
-        ), line
-        assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing  # refused before any write
-
-        # A run started before: nothing to compare a directory with, so it is refused naming its base;
-        # with that (no download), it resumes; its step 0 is the commit it pinned, whatever directory
-        # an earlier resume named (RUN/config.toml, as one accepted before this fix left it)
-        old = tmp_path / "old"
-        shutil.copytree(run, old)
-        _as_before_hub_weights_were_recorded(old)
-        old_sets = [*overrides(data, old, "schedule.steps=8", "checkpoint.resume=auto")]
-        done = forked.run(train_cmd(*old_sets, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
-        line = one_error_line(done.stderr)
-        assert f"the run's base is {REPO}@{commit}, whose weights" in line, line
-        assert f"set model.init_from to {REPO}@{commit}" in line, line
-        toml = (old / "config.toml").read_text()
-        (old / "config.toml").write_text(toml.replace(f"{REPO}@{commit}", str(newer.resolve())))
-        exported = load_file(str(export_checkpoint(old, 0) / "model.safetensors"))
-        assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
-
-    # The run's own commit in a directory is its base moved: it resumes, without the hub
-    done = forked.run(train_cmd(*resume, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert complete_steps(run)[-1] == 8
-    assert f"init_from = {json.dumps(str(pinned.resolve()))}" in (run / "config.toml").read_text()
-    # ... and that directory downloaded again once main moved on: step 0 is not the next commit
-    (pinned / "model.safetensors").write_bytes(later.read_bytes())
-    with pytest.raises(ExportError) as e:
-        export_checkpoint(run, 0)
-    msg = str(e.value)
-    assert f"{pinned.resolve() / 'model.safetensors'} is not the file {run} started from" in msg, msg
-    assert "\n" not in msg and not export_dir(run, 0).exists()
-    (pinned / "model.safetensors").write_bytes(files["model.safetensors"])
-    exported = load_file(str(export_checkpoint(run, 0) / "model.safetensors"))
-    assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
-
-
 def test_a_directory_base_resumed_with_a_hub_id_is_refused_naming_the_directory(
     tmp_path, data, base, straight, monkeypatch
 ):
@@ -1369,47 +1288,110 @@ def _hub_train_cmd(*sets: str) -> list[str]:
     return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
 
 
-def test_a_checkpoint_outside_its_run_resumed_with_another_commit_is_refused(
+def test_a_hub_base_resumed_from_another_commit_is_refused_in_its_run_and_from_a_copied_checkpoint(
     tmp_path, data, base, monkeypatch
 ):
-    """Review R25e 1: a run from a hub id's checkpoint, copied to a volume and resumed from that path
-    into a new run with init_from a directory holding another commit of the repository (or that
-    commit's hub id), was taken for the base moved, exit 0: the volume holds no RUN/base/base.json
-    to compare the weights with, and the new run recorded the other commit, its step 0 that commit's
-    weights. Refused in one line naming the recorded base and a fix that works offline with nothing
-    cached: the recorded commit is taken from the checkpoint, not downloaded."""
+    """One run from a hub id (4 of 8 steps), resumed with another commit of its repository two ways.
+
+    In its own run (review R25d S1): resumed on a machine without the hub, with init_from the
+    directory the docs advise downloading it to, it took another commit of the same repository there
+    (same shape: config.json and the weights index, init_from_sha256, alike) for the run's base
+    moved, exit 0: its record named that directory, and `export RUN --step 0` wrote the other
+    commit's weights as the run's step 0. base.json holds the sha256 of a hub base's weights too
+    (its snapshot, hashed once at the start), which a resume naming a directory and step 0's export
+    are held to; a run of before, which has none, is refused in one line naming its base, and its
+    step 0 exported from the commit it pinned.
+
+    From its checkpoint copied to a volume (review R25e 1), resumed from that path into a new run
+    with init_from a directory holding another commit of the repository (or that commit's hub id):
+    taken for the base moved, exit 0: the volume holds no RUN/base/base.json to compare the weights
+    with, and the new run recorded the other commit, its step 0 that commit's weights. Refused in one
+    line naming the recorded base and a fix that works offline with nothing cached: the recorded
+    commit is taken from the checkpoint, not downloaded."""
     from huggingface_hub import snapshot_download
+    from safetensors.torch import load_file
 
     files = {p.name: p.read_bytes() for p in base.iterdir()}
+    weights = load_file(str(base / "model.safetensors"))
     with HubServer() as hub:
         commit = hub.add_repo(REPO, files, repo_type="model")
         env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
         run = tmp_path / "run"
-        done = forked.run(
-            _hub_train_cmd(*overrides(data, run, _init(REPO), "schedule.steps=8", "run.max_steps=4")),
-            cwd=ROOT,
-            env=env,
-            timeout=300,
-        )
+        sets = overrides(data, run, _init(REPO), "schedule.steps=8")
+        done = forked.run(_hub_train_cmd(*sets, "run.max_steps=4"), cwd=ROOT, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
+        recorded = json.loads((run / "base" / "base.json").read_text())["weights_sha256"]
+        assert recorded == {"model.safetensors": file_sha256(base / "model.safetensors")}
+        # the repository's next commit: retrained, the same shape
         later = hub.push(REPO, files | {"model.safetensors": _next_commit(base, tmp_path)}, repo_type="model")
+        # For a machine without the hub, downloaded elsewhere as the docs advise: main, by now the
+        # next commit, and the run's own commit
         newer = Path(snapshot_download(REPO, local_dir=str(tmp_path / "models" / "newer")))
+        pinned = Path(snapshot_download(REPO, revision=commit, local_dir=str(tmp_path / "models" / "pinned")))
+        offline = env | {"HF_HUB_OFFLINE": "1"}
+        resume = [*sets, "checkpoint.resume=auto"]
+        listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+        done = forked.run(_hub_train_cmd(*resume, _init(newer)), cwd=ROOT, env=offline, timeout=300)
+        line = one_error_line(done.stderr)
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert (
+            f"the weights of model.init_from = {newer.resolve()} are not the run's base's, {REPO}@{commit}"
+            in (line)
+        ), line
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing  # refused before any write
+
+        # A run started before: nothing to compare a directory with, so it is refused naming its base;
+        # with that (no download), it resumes; its step 0 is the commit it pinned, whatever directory
+        # an earlier resume named (RUN/config.toml, as one accepted before this fix left it)
+        old = tmp_path / "old"
+        shutil.copytree(run, old)
+        _as_before_hub_weights_were_recorded(old)
+        old_sets = [*overrides(data, old, "schedule.steps=8", "checkpoint.resume=auto")]
+        done = forked.run(_hub_train_cmd(*old_sets, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
+        line = one_error_line(done.stderr)
+        assert f"the run's base is {REPO}@{commit}, whose weights" in line, line
+        assert f"set model.init_from to {REPO}@{commit}" in line, line
+        toml = (old / "config.toml").read_text()
+        (old / "config.toml").write_text(toml.replace(f"{REPO}@{commit}", str(newer.resolve())))
+        exported = load_file(str(export_checkpoint(old, 0) / "model.safetensors"))
+        assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
+
+        # Its checkpoint copied to a volume, resumed into a new run with the next commit (a directory
+        # offline, the hub id online)
         volume = tmp_path / "volume" / "step-000004"
         shutil.copytree(checkpoint_dir(run, 4), volume)
         new = tmp_path / "new"
-        sets = [*overrides(data, new, "schedule.steps=8"), f"checkpoint.resume={json.dumps(str(volume))}"]
-        offline = env | {"HF_HUB_OFFLINE": "1"}
+        new_sets = [*overrides(data, new, "schedule.steps=8"), f"checkpoint.resume={json.dumps(str(volume))}"]
         for init_from, how in ((newer, offline), (f"{REPO}@{later}", env)):
-            done = forked.run(_hub_train_cmd(*sets, _init(init_from)), cwd=ROOT, env=how, timeout=300)
+            done = forked.run(_hub_train_cmd(*new_sets, _init(init_from)), cwd=ROOT, env=how, timeout=300)
             line = one_error_line(done.stderr)
             assert done.returncode == 2, done.stderr[-3000:]
             assert f"is not the base {volume / COMPLETE_FILE} records, {REPO}@{commit}" in line, line
             assert f"{volume} lies in no run directory" in line, line
             assert f"set model.init_from to {REPO}@{commit}" in line, line
             assert not complete_steps(new)
-    # The fix it names, without the hub and with nothing cached: the checkpoint's record stands in
+
+    # The run's own commit in a directory is its base moved: it resumes, without the hub
+    done = forked.run(_hub_train_cmd(*resume, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert complete_steps(run)[-1] == 8
+    assert f"init_from = {json.dumps(str(pinned.resolve()))}" in (run / "config.toml").read_text()
+    # ... and that directory downloaded again once main moved on: step 0 is not the next commit
+    (pinned / "model.safetensors").write_bytes(_next_commit(base, tmp_path))
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert f"{pinned.resolve() / 'model.safetensors'} is not the file {run} started from" in msg, msg
+    assert "\n" not in msg and not export_dir(run, 0).exists()
+    (pinned / "model.safetensors").write_bytes(files["model.safetensors"])
+    exported = load_file(str(export_checkpoint(run, 0) / "model.safetensors"))
+    assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
+    # The fix the copied checkpoint's refusal names, without the hub and with nothing cached: the
+    # checkpoint's record stands in
     nothing = offline | {"HF_HOME": str(tmp_path / "empty")}
-    done = forked.run(_hub_train_cmd(*sets, _init(f"{REPO}@{commit}")), cwd=ROOT, env=nothing, timeout=300)
+    done = forked.run(
+        _hub_train_cmd(*new_sets, _init(f"{REPO}@{commit}")), cwd=ROOT, env=nothing, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert complete_steps(new)[-1] == 8
 
