@@ -646,5 +646,9 @@ def test_a_run_stopped_inside_a_rewind_s_skip_scores_no_step_of_it_and_resumes_a
     advice = line[
         line.index("gristmill train --config ") : line.index(" --resume auto") + len(" --resume auto")
     ]
+    # the advice is checked, not how a worker starts: its torchrun forks the worker (torch and the
+    # trainer preloaded), not a fresh Python's ~4 s of imports; the product starts the agent fresh
+    for name, value in forked.workers_env().items():
+        monkeypatch.setenv(name, value)
     assert gristmill(shlex.split(advice)[1:]) == 0  # as advised: a finished run trains nothing
     assert gristmill(["export", str(run), "--step", str(LAST)]) == 0
