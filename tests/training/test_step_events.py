@@ -58,6 +58,9 @@ pytestmark = pytest.mark.process  # starts processes: the second tier of `make t
 
 STEPS, QUIET, ALL_DUE, LAST = 8, 3, 4, 8
 EVAL_KEY = "eval/heldout_ppl/bits_per_byte"
+# For a test that reads no save of steps 2 and 6 (no rewind, no resume from them): a save still meets
+# the busiest and the last step, two fewer to write (CI time)
+SAVES_AT_4 = "checkpoint.interval=4"
 
 
 def recipe(dataset: Path) -> str:
@@ -260,11 +263,11 @@ def test_an_unreadable_eval_result_costs_no_training(config, tmp_path, capsys):
     eval.parquet from every results.json and the run died on step 4's, nothing of 5-8 saved. The
     table is a side activity: a warning, training to the end."""
     run = tmp_path / "run"
-    run_here(config, run, "run.max_steps=4")
+    run_here(config, run, "run.max_steps=4", SAVES_AT_4)
     results = run / "eval" / "step-000004" / "results.json"
     results.write_text(results.read_text()[:50])
     capsys.readouterr()
-    run_here(config, run, 'checkpoint.resume="auto"')
+    run_here(config, run, 'checkpoint.resume="auto"', SAVES_AT_4)
     # the eval of step 8 fails before it scores, naming the file (it scored, wrote step 8's results
     # and then failed at the table: the scores reached no row, review R14f F4)
     out = capsys.readouterr().out
@@ -287,7 +290,7 @@ def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted
     """on_nonfinite = "skip", step 3's update not finite (skipped), SIGTERM there: the checkpoint of
     step 3 keeps the tally no row has counted yet and the run of non-finite steps going on, so the
     resumed run writes the rows and makes the stop the uninterrupted run does."""
-    sets = ["run.on_nonfinite='skip'", "eval.interval=0", *sets]
+    sets = ["run.on_nonfinite='skip'", "eval.interval=0", SAVES_AT_4, *sets]  # the stop saves step 3
     monkeypatch.setenv(NAN_LOSS, nan)
 
     advice: list[str] = []
@@ -321,7 +324,7 @@ def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evalua
 ):
     monkeypatch.setenv(NAN_LOSS, str(ALL_DUE))
     run = tmp_path / "run"
-    run_here(config, run, "run.on_nonfinite='skip'")
+    run_here(config, run, "run.on_nonfinite='skip'", SAVES_AT_4)
     check_final(run, check_timeline(run))
     row = next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
     assert row["skipped_steps"] == 1 and "val_loss" in row and EVAL_KEY in row  # finite weights: scored
@@ -408,7 +411,8 @@ def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_ev
 ):
     monkeypatch.setenv(SPIKE_WINDOW, f"step:{LAST}*50")
     run = tmp_path / "run"
-    run_here(config, run, "run.on_spike='rewind'", f"run.rewind.margin_steps={LAST}")  # none that old
+    none_that_old = f"run.rewind.margin_steps={LAST}"
+    run_here(config, run, "run.on_spike='rewind'", none_that_old, SAVES_AT_4)
     check_final(run, check_timeline(run))
     assert (
         recorded_skips(run) == () and kept_rows(read_metrics(run))[-1]["loss"] > 20
@@ -418,7 +422,7 @@ def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_ev
 def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(config, tmp_path, monkeypatch):
     monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
     run = tmp_path / "run"
-    run_here(config, run)
+    run_here(config, run, SAVES_AT_4)
     check_final(run, check_timeline(run))
     (row,) = [r for r in read_metrics(run) if r["step"] == ALL_DUE]
     assert any("loss spike" in e for e in row["events"]) and "val_loss" in row and EVAL_KEY in row
@@ -441,7 +445,8 @@ def test_a_merge_point_where_a_checkpoint_an_eval_a_phase_change_and_a_spike_mee
     step 8 merges steps 6–8."""
     monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
     run = tmp_path / "run"
-    run_here(config, run, *MERGE, f"run.on_spike='{on_spike}'")
+    saves = [SAVES_AT_4] if on_spike == "report" else []  # the rewind goes back to step 2's save
+    run_here(config, run, *MERGE, f"run.on_spike='{on_spike}'", *saves)
     check_final(run, check_timeline(run))
     rows = {r["step"]: r for r in kept_rows(read_metrics(run))}
     assert rows[LAST]["merged/steps"] == 3 and "merged/val_loss" in rows[LAST] and MERGED_EVAL in rows[LAST]
