@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -144,6 +145,21 @@ def reference(built_dataset, shared) -> Path:
         check_final(run, check_timeline(run))
 
     return shared.run("1-process-eval", lambda _: recipe(built_dataset), train_checked)
+
+
+@pytest.fixture(scope="module")
+def killed_before_the_busiest_row(built_dataset, shared) -> Path:
+    """The recipe in a process of its own, killed (-9) once step 4's checkpoint is complete and before
+    its validation and row; killed once per test run (read-only: copy it to resume it)."""
+    fault = {KILL: f"saved:{ALL_DUE}"}
+
+    def kill(definition: tuple[str, dict], run: Path) -> None:
+        config = run.with_name("recipe.toml")
+        config.write_text(definition[0])
+        killed = run_child(config, run, env=definition[1])
+        assert killed.returncode == -9, killed.stderr[-2000:]
+
+    return shared.run("1-process-killed", lambda _: (recipe(built_dataset), fault), kill)
 
 
 def check_timeline(run: Path) -> int:
@@ -514,16 +530,14 @@ def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_ex
 
 
 def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterrupted_run(
-    config, tmp_path, reference, capsys
+    config, tmp_path, reference, killed_before_the_busiest_row, capsys
 ):
     """Killed once step 4's checkpoint is complete and before its validation and row (and its eval:
     the in-process tests have it; the killed process of its own leaves lm-eval out, whose import
     alone takes seconds): the checkpoint holds the row still to write, and the resume (here, in this
     process) writes it, validated, before step 5, and says so: with this run's settings (the note of
     a resume's changes said they were in effect from step 5 only: review R21c 1)."""
-    run = tmp_path / "run"
-    killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
+    run = shutil.copytree(killed_before_the_busiest_row, tmp_path / "run")
     assert ALL_DUE in list_steps(run / "checkpoints") and ALL_DUE not in {
         r["step"] for r in read_metrics(run)
     }
@@ -537,13 +551,13 @@ def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterr
     assert_same_weights(reference, run, LAST)
 
 
-def test_a_resume_that_turns_validation_off_writes_the_row_a_kill_cut_off(config, tmp_path, capsys):
+def test_a_resume_that_turns_validation_off_writes_the_row_a_kill_cut_off(
+    config, tmp_path, killed_before_the_busiest_row, capsys
+):
     """Killed between step 4's checkpoint and its row (validation due there), resumed with
     run.val_every = 0 (a setting a resume may change): the row is written without val_loss, and says
     so, instead of the resume failing on every try."""
-    run = tmp_path / "run"
-    killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
+    run = shutil.copytree(killed_before_the_busiest_row, tmp_path / "run")
     capsys.readouterr()
     run_here(config, run, "eval.interval=0", "run.val_every=0", "checkpoint.resume='auto'")
     out = capsys.readouterr().out
