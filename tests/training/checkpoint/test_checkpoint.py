@@ -50,7 +50,7 @@ from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config, to_toml
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
-from training.launch import child_pids, torchrun_command
+from training.launch import AGENT_COMMAND, child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -301,8 +301,10 @@ def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_pat
     run_dir = tmp_path / "run"
     sets = overrides(dataset, run_dir, "parallel.shard=2", "data.num_workers=1", "schedule.steps=400",
                      "checkpoint.interval=400")  # fmt: skip
-    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
-    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True)
+    # the agent `gristmill train --nproc-per-node 2` starts (its status and lines are the command's),
+    # forked: how a launcher and its agent start and die is the tests' above
+    agent = [sys.executable, "-m", "training.launch", AGENT_COMMAND, *torchrun_command(TINY, sets, 2)[3:]]
+    proc = forked.popen(agent, cwd=ROOT, env=ENV, start_new_session=True)
 
     def loader_workers(_) -> list[int]:  # the ranks, forked by the worker server → 1 worker each
         return [w for r in child_pids(forked.worker_server_pid()) for w in child_pids(r)]
