@@ -138,13 +138,8 @@ def test_a_worker_killed_mid_step_is_one_line_not_the_survivors_tracebacks(datas
     run_dir = tmp_path / "run"
     sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=400", "run.log_every=1",
                      "checkpoint.interval=400")  # fmt: skip
-    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
-    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True)
-
-    def ranks(pid: int) -> list[int]:  # launcher → torchrun → 2
-        return [w for t in child_pids(pid) for w in child_pids(t)]
-
-    killed, _, err = kill_one_at_step_3(proc, run_dir, ranks, 1)
+    proc = forked_agent(sets)
+    killed, _, err = kill_one_at_step_3(proc, run_dir, child_pids, 1)  # torchrun → 2
     assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
     assert f"rank 1 (pid {killed}) was killed by SIGKILL" in err, err
     assert "Traceback" not in err, err[-3000:]
@@ -301,10 +296,7 @@ def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_pat
     run_dir = tmp_path / "run"
     sets = overrides(dataset, run_dir, "parallel.shard=2", "data.num_workers=1", "schedule.steps=400",
                      "checkpoint.interval=400")  # fmt: skip
-    # the agent `gristmill train --nproc-per-node 2` starts (its status and lines are the command's),
-    # forked: how a launcher and its agent start and die is the tests' above
-    agent = [sys.executable, "-m", "training.launch", AGENT_COMMAND, *torchrun_command(TINY, sets, 2)[3:]]
-    proc = forked.popen(agent, cwd=ROOT, env=ENV, start_new_session=True)
+    proc = forked_agent(sets)
 
     def loader_workers(_) -> list[int]:  # the ranks, forked by the worker server → 1 worker each
         return [w for r in child_pids(forked.worker_server_pid()) for w in child_pids(r)]
@@ -319,6 +311,15 @@ def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_pat
         rf"error: (rank 1: )?DataLoader worker \(pid {killed}\) is killed by signal: Killed.*", errors[0]
     )
     assert said and f"; step {saved[0]} was saved: --resume auto continues from it" in errors[0], errors[0]
+
+
+def forked_agent(sets: list[str]) -> forked.Forked:
+    """The agent `gristmill train --nproc-per-node 2` starts (`python -m training.launch torchrun
+    ARGS`: the command's status and lines), forked (torch.distributed.run preloaded), in a session
+    of its own: for what the ranks do and say. How a launcher and its agent (a fresh Python) start and
+    die is the kill -9 and SIGTERM-to-the-launcher tests'."""
+    cmd = [sys.executable, "-m", "training.launch", AGENT_COMMAND, *torchrun_command(TINY, sets, 2)[3:]]
+    return forked.popen(cmd, cwd=ROOT, env=ENV, start_new_session=True)
 
 
 def kill_one_at_step_3(proc, run_dir: Path, processes, which: int) -> tuple[int, str, str]:
