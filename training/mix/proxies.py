@@ -9,11 +9,13 @@ last step's row with every source's held-out loss. Anything else there (a run ki
 trained again. A run under the same SLOT whose recipe matches but whose fingerprints do not is
 named ("source 'code' was rebuilt since …") and kept aside, never read.
 
-Workers: a spawn-context process pool, proxy.parallel of them, each importing torch once and then
-training proxy after proxy in process, each with run.threads torch threads. A worker checks every
-source's fingerprint against the search's before and after each proxy (and when the proxy failed):
-a source replaced during the search ends it with one line naming the source and both fingerprints,
-and a proxy that ran while it changed is cleared, never evidence (it may have read both datasets).
+Workers: a process pool, proxy.parallel of them, each training proxy after proxy in process, each
+with run.threads torch threads. On Linux the search imports the trainer (torch) once, as its first
+proxy is due, and forks its workers with it imported; elsewhere they are spawned, each importing it.
+A worker checks every source's fingerprint against the search's before and after each proxy (and
+when the proxy failed): a source replaced during the search ends it with one line naming the source
+and both fingerprints, and a proxy that ran while it changed is cleared, never evidence (it may have
+read both datasets).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -354,11 +357,18 @@ def find_stale(
     return lines
 
 
+# How the pool's workers start. Forked (Linux, as the trainer forks its loader's workers), they begin
+# with what the search imported, the trainer included (Pool.train): one import of torch for all
+# proxy.parallel workers and its pages shared, where each spawned one started an interpreter and
+# imported torch again (3-4 CPU s). Not Linux: spawned (fork is unsafe on macOS).
+WORKER_START = "fork" if sys.platform.startswith("linux") else "spawn"
+
+
 def _worker_start(search: int) -> None:
-    """A pool worker's first act: end with the search, `search` its pid (taken before the spawn: a
-    worker whose start, seconds of imports, ended after the search's death took the reaper for it
-    and trained its queued proxy for nothing). Imported here: the search itself never imports
-    torch, which training.run.shutdown does."""
+    """A pool worker's first act: end with the search, `search` its pid (taken before the start: a
+    spawned worker whose start, seconds of imports, ended after the search's death took the reaper
+    for it and trained its queued proxy for nothing). Imported here: a search that trains nothing
+    never imports training.run.shutdown (torch.distributed)."""
     from training.run.shutdown import exit_with_parent
 
     exit_with_parent(search)
@@ -373,7 +383,7 @@ def _train_in_worker(
     """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log,
     on the datasets the search started on (checked before and after: source_changes). None when it
     ran; else (CHANGED, the line) or (REFUSED, the run's one-line error)."""
-    from training.train import train  # the worker's first job imports torch; the next ones reuse it
+    from training.train import train  # forked: the search imported it; spawned: the first job does
 
     if changed := source_changes(sources, fingerprints):
         return CHANGED, changed
@@ -401,8 +411,8 @@ def _train_in_worker(
 
 
 class Pool:
-    """Trains proxies, proxy.parallel at a time, in spawned workers kept for the whole search, on the
-    search's sources (`cfg`) as `fingerprints` identify them."""
+    """Trains proxies, proxy.parallel at a time, in workers kept for the whole search (WORKER_START),
+    on the search's sources (`cfg`) as `fingerprints` identify them."""
 
     def __init__(self, parallel: int, cfg: MixConfig, fingerprints: dict[str, str]):
         self.parallel, self.cfg, self.fingerprints = parallel, cfg, fingerprints
@@ -427,11 +437,13 @@ class Pool:
         if not jobs:
             return
         if self._executor is None:
+            if WORKER_START == "fork":  # once for every worker; a search that trains nothing never does
+                import training.train  # noqa: F401
             # a worker outlives no `mix propose` (killed, or its terminal closed): it would train on
             # for nothing, holding cores (training.run.shutdown.exit_with_parent)
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.parallel,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=multiprocessing.get_context(WORKER_START),
                 initializer=_worker_start,
                 initargs=(os.getpid(),),
             )
