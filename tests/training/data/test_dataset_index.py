@@ -268,6 +268,34 @@ def test_the_held_out_rows_are_a_prefix_of_heldout_bin(corpus, tmp_path, monkeyp
         idx.heldout(0.2)
 
 
+@pytest.mark.parametrize("chunk", [16384, 7])
+def test_heldout_bin_is_the_same_sorted_in_memory_or_through_the_bins(tmp_path, monkeypatch, chunk):
+    """SortedWriter keeps up to HELD entries in memory and makes its 256 bin files only past that: both
+    ways give the entries in hash order, cut into the same chunks with the same sha256s, whatever the
+    order and the batches the rows came in; the bins are made only when needed."""
+    monkeypatch.setattr(heldout, "CHUNK", chunk)
+    rng = np.random.default_rng(3)
+    rows = rng.permutation(5000).astype(np.uint64)
+    tokens = rng.integers(1, 1 << 20, len(rows)).astype(np.uint32)
+    want = heldout.sorted_entries(rows, tokens)
+    assert (np.diff(heldout.row_hash(want["row"]).astype(np.float64)) > 0).all()  # hash order
+    cuts = [0, 1, 17, 1999, 2000, 4096, 4990, 5000]  # the last 10 still held when the bins are read
+    for held in (heldout.SortedWriter.HELD, 100):
+        scratch = tmp_path / f"held-{held}"
+        scratch.mkdir()
+        monkeypatch.setattr(heldout.SortedWriter, "HELD", held)
+        writer = heldout.SortedWriter(str(scratch))
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            writer.add(rows[a:b], tokens[a:b])
+        assert (len(list(scratch.iterdir())) == heldout.SortedWriter.BINS) == (held < len(rows)), held
+        got = list(writer.chunks())
+        assert [len(c) for c in got] == [min(chunk, len(rows) - i) for i in range(0, len(rows), chunk)]
+        assert np.concatenate(got).tobytes() == want.tobytes(), held
+        assert writer.digests == [hashlib.sha256(c.tobytes()).digest() for c in got]
+    empty = heldout.SortedWriter(str(tmp_path))
+    assert list(empty.chunks()) == [] and empty.digests == []
+
+
 def index_entry(root: Path) -> dict:
     """The "index" entry of the files now in root/index/ (what write_index returned)."""
     from training.contract.dataset_index import expected_index
