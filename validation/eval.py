@@ -195,6 +195,10 @@ class EvalConfig:
     include_path: list[str] = field(default_factory=list)
     """Directories of your own lm-eval task YAML files (lm-eval's --include_path), e.g. the tasks a
     dataset was decontaminated against with [decontaminate] include_path."""
+    plot: bool = True
+    """Draw RUN/eval.png after each step is scored (~0.3 s each); false: none is drawn or updated
+    (`gristmill eval RUN --table` draws it from the results later). The scores do not depend on it: a
+    step scored either way is not scored again for it."""
 
 
 def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
@@ -1184,7 +1188,8 @@ def evaluate_step(
     if out is None:
         _discarded(run_dir, step, export if made else None, scored)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
-    if warning := write_plot(run_dir):  # the scores are written: a plot that cannot be is a warning
+    # the scores are written: a plot that cannot be is a warning
+    if cfg.plot and (warning := write_plot(run_dir)):
         print(warning, file=sys.stderr, flush=True)
     _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
     error = nonfinite_error(run_dir, step, results)

@@ -100,10 +100,10 @@ class TrainingEval:
             batch_size=e.batch_size,
             max_length=e.max_length,
             dtype="float32",
+            plot=cfg.metrics.plot,  # eval.png too: metrics.plot is the switch for all the run's pictures
         )
         self.checkpoint = cfg.checkpoint  # how long a failed step's weights stay (the advice says)
         self.merge_export = cfg.merge.export  # the merged weights kept for good, or with their checkpoint
-        self.plot = cfg.metrics.plot  # eval.png too: metrics.plot is the switch for all the run's pictures
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
@@ -314,7 +314,8 @@ class TrainingEval:
         ):  # the truncation warnings only
             if line.startswith("warning:"):
                 say(line)
-        if self.plot and (warning := write_plot(self.run_dir)):  # a side output, as loss.png: scores stand
+        # a side output, as loss.png: the scores stand
+        if self.cfg.plot and (warning := write_plot(self.run_dir)):
             say(warning)
         return metrics
 

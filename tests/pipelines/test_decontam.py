@@ -480,7 +480,8 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     run = tmp_path / "run"
     _run_with_an_export(out, run)
 
-    args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
+    args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=2", "plot=false",
+            f'include_path=["{tasks}"]']  # fmt: skip
     assert main(["eval", str(run), "--tasks", "gm_cloze,heldout_ppl", *args]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   5 ")]
     marks = {
@@ -568,7 +569,7 @@ def test_a_task_edited_during_a_watch_is_marked_against_its_new_documents(decont
     (tasks / "gm_utils.py").write_text("def process_docs(docs):\n    return docs\n")
     run = tmp_path / "run"
     _run_with_an_export(out, run)
-    sets = ["bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
+    sets = ["bootstrap_iters=0", "device=cpu", "limit=2", "plot=false", f'include_path=["{tasks}"]']
     cfg = load_eval_config(None, sets, "gm_cloze")
     plan = TaskPlan(run, cfg)  # the watch's one plan
 

@@ -47,7 +47,9 @@ pytestmark = [
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ["--tasks", "heldout_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3"]
+# plot=false: eval.png (~0.3 CPU s a scored step) is drawn only where a test looks at it (CI time)
+QUICK = ["--tasks", "heldout_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3",
+         "plot=false"]  # fmt: skip
 
 
 def _tiny_model(dataset: Path, seed: int) -> Transformer:
@@ -353,13 +355,15 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
     """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
     for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the
-    settings they depend on, and a step is done only under the same ones."""
+    settings they depend on, and a step is done only under the same ones. `plot` is not one of them:
+    plot=false draws no eval.png, and a step scored under it is done under plot=true."""
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     results = eval_dir(run, 5) / "results.json"
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05"]
-    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0  # limit=3
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0  # limit=3, plot=false
+    assert not (run / "eval.png").exists() and (run / "eval.parquet").is_file()
     first = json.loads(results.read_text())
     assert first["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 3
     import pyarrow.parquet as pq
@@ -372,7 +376,7 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert task["settings"]["heldout"]["source"] == first["gristmill"]["heldout"]["source"]
     assert len(task["settings"]["heldout"]["fingerprint"]) == 64  # the dataset's, not its path
     assert task["model"] == first["gristmill"]["export"] == str(export_dir(run, 5).resolve())
-    assert main([*watch, *QUICK]) == 0  # the same settings: done
+    assert main([*watch, *QUICK, "plot=true"]) == 0  # the same settings, which plot is not one of: done
     assert results.read_text() == json.dumps(first, indent=2, ensure_ascii=False) + "\n"
     capsys.readouterr()
     assert main([*watch, *[a for a in QUICK if a != "limit=3"]]) == 0  # every document: scored again
@@ -380,6 +384,7 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert again["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 0
     effective = [r["n-samples"]["heldout_ppl"]["effective"] for r in (first, again)]
     assert effective == [3, 5]
+    assert not (run / "eval.png").exists()  # scored again under plot=false: none drawn
 
 
 def test_each_task_s_row_names_the_model_that_scored_it():
@@ -1276,7 +1281,7 @@ def test_nan_metric_is_shown_warned_and_fails_the_eval(eval_run, tmp_path, capsy
     state["norm.weight"].fill_(3e38)
     export_hf(state, models[5].cfg, read_dataset_info_path(src), export_dir(run, 5), meta={"step": 5})
 
-    assert main(["eval", str(run), *QUICK]) == 2
+    assert main(["eval", str(run), *QUICK, "plot=true"]) == 2  # the later setting wins
     out, err = capsys.readouterr()
     table = {tuple(line.split()[1:4]) for line in out.splitlines() if "heldout_ppl" in line}
     metrics = ("bits_per_byte", "byte_perplexity", "word_perplexity")
@@ -2098,8 +2103,13 @@ def _own_mc_scored(results: Path, setting: str) -> tuple[float, int, str | None]
             task["gristmill_tasks"]["own_mc"]["settings"].get(setting))  # fmt: skip
 
 
+def _own_sets(tasks: Path) -> list[str]:
+    """The --set values the tests of one's own tasks in include_path `tasks` score with."""
+    return ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]', "plot=false"]
+
+
 def _own_args(tasks: Path, name: str = "own_mc") -> list[str]:
-    return ["--tasks", name, "--set", "bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
+    return ["--tasks", name, "--set", *_own_sets(tasks)]
 
 
 def test_a_member_of_two_groups_says_the_settings_that_scored_it(eval_run, tmp_path):
@@ -2229,7 +2239,7 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     def planned(group: str, names: tuple[str, ...], subtasks: dict) -> tuple:
         """The plan of `group`, and the step as that gristmill wrote it: the members under the group's
         settings, no documents, by their names."""
-        cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], group)
+        cfg = load_eval_config(None, _own_sets(tasks), group)
         plan = TaskPlan(run, cfg)
         old = score_settings(cfg, None, plan.definitions[group])
         both = {t: {"settings": {k: v for k, v in old.items() if k != "bootstrap_iters"}} for t in names}
@@ -2471,7 +2481,7 @@ def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
     tasks = _own_task(tmp_path / "tasks", extra="process_docs: !function own_utils.process_docs\n")
     utils = tasks / "own_utils.py"
     utils.write_text("def process_docs(docs):\n    return docs\n")
-    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_mc")
+    cfg = load_eval_config(None, _own_sets(tasks), "own_mc")
     plan = TaskPlan(run, cfg)  # what the watch makes once
     assert evaluate_missing(run, cfg, plan, show=False) == [5]
     first = plan.definitions["own_mc"]
@@ -2871,7 +2881,7 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     own_f = re.sub(r"dataset_kwargs:\n  data_files:\n(    .*\n)+", "", (folder / "own_f.yaml").read_text())
     (tasks / "own_f.yaml").write_text(own_f.replace("dataset_path: json", f"dataset_path: {folder}"))
     (folder / "own_f.yaml").unlink()
-    sets = ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
+    sets = _own_sets(tasks)
     cfg = load_eval_config(None, sets, "own_a,own_mc,own_f")
     plan = TaskPlan(run, cfg)
     lm = ReplacingLM(pretrained=str(export_dir(run, 5)), device="cpu", batch_size=4, max_length=SEQ_LEN)
@@ -2957,7 +2967,7 @@ def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks", extra="tag: own_tag\n")
     (tasks / "gov.yaml").write_text('group: gov\ntask:\n  - task: own_mc\n    doc_to_text: "Q: {{context}}"')
-    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_tag")
+    cfg = load_eval_config(None, _own_sets(tasks), "own_tag")
     plan = TaskPlan(run, cfg)
     # own_mc recorded by a gristmill between ed48cab and d7917da: no settings of its own, the tag's entry
     # holds them (review RV34l P1: done under any; test_a_member_recorded_before_members_recorded_settings_…),
