@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
@@ -241,7 +242,9 @@ class Plan:
 
     # -- where a global step is --
     def locate(self, step: int) -> tuple[int, int]:
-        """(phase index, step within the phase) of 0-based global step `step`."""
+        """(phase index, step within the phase) of 0-based global step `step`, as Python integers
+        (a numpy integer step is taken as its value: see _apportioned)."""
+        step = operator.index(step)
         if step < 0 or (self.total_steps is not None and step >= self.total_steps):
             raise PlanError(f"step {step} is outside the plan's {self.total_steps} steps")
         p = bisect.bisect_right(self.first_step, step) - 1
@@ -256,10 +259,12 @@ class Plan:
         """cumulative(p, k) as Python integers (exact at any scale): a phase's few sources in plain
         arithmetic, not numpy's on arrays of 1–3 numbers (~5 µs a call), since a bucket's prefetcher
         asks for dozens of steps' at each walk of the plan (step_spans), holding the GIL the loop
-        waits for."""
+        waits for. `k` is taken as a Python integer: a numpy one made `a * total` int64, which a
+        decimal mix's weights (0.1234567890123457 : … is 1234567890123457 : …) overflow within a few
+        steps, with only a RuntimeWarning, and a caller's numpy step read other windows (review RV34d L1)."""
         ph = self.phases[p]
         d = sum(ph.weights)
-        total = k * ph.global_batch
+        total = operator.index(k) * ph.global_batch
         parts = [divmod(a * total, d) for a in ph.weights]
         out = [q for q, _ in parts]
         short = total - sum(out)

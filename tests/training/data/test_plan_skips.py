@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -390,6 +391,26 @@ def test_step_spans_are_where_step_windows_put_each_source_and_only_move_forward
             assert (epoch, a) >= reached.get(i, (0, 0)), (step, i)
             reached[i] = (epoch, z)
     assert {e for e, _ in reached.values()} != {0}  # the plan crossed epochs
+
+
+def test_a_numpy_step_gives_the_python_step_s_windows_under_a_decimal_mix():
+    """A step given as a numpy integer (an array's element) is the same step: a decimal mix's exact
+    weights (0.1234567890123457 : 0.8765432109876543 → integers of 16 digits) times k·G passed int64 in
+    numpy's arithmetic within ten steps, and the plan gave negative stream offsets, with only a
+    RuntimeWarning (review RV34d L1)."""
+    weights = data_plan.integer_weights([0.1234567890123457, 0.8765432109876543])
+    assert max(weights) > 10**15  # the weights that overflow: k·G·weight past 2**63 at k = 10
+    sources = [Source("a", "", "fa", 10**15, 1), Source("b", "", "fb", 10**15, 1)]
+    plan = Plan(sources, [Phase("p", None, 8, 1024, weights, LRPiece(1e-3, 1e-3, "constant"))], seed=1)
+    for step in (10, 1000, 100_000):
+        as_numpy = np.int64(step)
+        assert plan.locate(as_numpy) == plan.locate(step)
+        assert plan.step_spans(as_numpy) == plan.step_spans(step)
+        assert all(a >= 0 for _, _, a, _ in plan.step_spans(as_numpy))
+        for got, want in zip(plan.step_windows(as_numpy), plan.step_windows(step)):
+            assert got.tolist() == want.tolist()
+        assert plan.cumulative(0, as_numpy).tolist() == plan.cumulative(0, step).tolist()
+        assert all(type(x) is int for span in plan.step_spans(as_numpy) for x in span)
 
 
 def test_a_source_too_small_for_one_step_names_what_it_holds_out():
