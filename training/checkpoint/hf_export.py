@@ -576,6 +576,13 @@ def _tokenizer_problems(
         what = f"cannot load its tokenizer files ({type(e).__name__}: {first}): neither can eval or its users"
         yield Problem(what, None, True)
         return
+    try:  # loaded, but a key it cannot use (model_max_length "abc": a TypeError at every encode, RV34c)
+        tok("", add_special_tokens=False)  # no text: nothing for a vocabulary to lack
+    except Exception as e:  # noqa: BLE001 - whatever it raises, eval's first encode raises it too
+        first = next(iter(str(e).strip().splitlines()), "")
+        what = f"cannot encode with its tokenizer files ({type(e).__name__}: {first})"
+        yield Problem(f"{what}: neither can eval or its users", None, True)
+        return
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:  # a class of its own (sentencepiece, Python): tokenizer.json is not read at all
         what = f"loads them as {type(tok).__name__}, which does not encode with {TOKENIZER_JSON}"

@@ -380,6 +380,31 @@ def test_tokenizer_files_autotokenizer_reads_otherwise_than_tokenizer_json_are_r
         check_export_tokenizer(out, tmp_path / "named")
 
 
+def test_a_tokenizer_key_transformers_loads_but_cannot_encode_with_is_one_line(built_dataset, tmp_path):
+    """tokenizer_config.json's model_max_length "abc" loads, then every encode raises a TypeError in
+    transformers (its too-long check compares the length with it): a traceback from the export, the
+    run start and eval's first encode before (review RV34c). Now one line naming the key, its file and
+    the fix; a value transformers encodes with (a float, null) passes."""
+    from training.checkpoint.hf_export import check_export_tokenizer, write_tokenizer
+
+    out = tmp_path / "export"
+    out.mkdir()
+    write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, out)
+    spec = json.loads((out / "tokenizer_config.json").read_text())
+    for fine in (1.5, None):
+        (out / "tokenizer_config.json").write_text(json.dumps(spec | {"model_max_length": fine}))
+        check_export_tokenizer(out, tmp_path / "named")
+    (out / "tokenizer_config.json").write_text(json.dumps(spec | {"model_max_length": "abc"}))
+    with pytest.raises(ExportError) as e:
+        check_export_tokenizer(out, tmp_path / "named")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(
+        f"{tmp_path / 'named'}: model_max_length of tokenizer_config.json: AutoTokenizer ("
+    ), line
+    assert "cannot encode with its tokenizer files (TypeError: " in line, line
+    assert line.endswith("leave model_max_length out of tokenizer_config.json"), line
+
+
 def test_a_checkpoint_retention_deletes_while_it_is_read_is_gone_not_damaged(
     built_dataset, tmp_path, monkeypatch
 ):
