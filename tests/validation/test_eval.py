@@ -1540,6 +1540,11 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
         f"{export}: model.vocab of {export / 'tokenizer.json'}: gives one id to several tokens (id 300: "
     )
     assert line.startswith(vocab_line) and "another model" not in line, line
+    # RV34c: a run from scratch (an older one: no start refused it) ships its dataset's vocab in every
+    # export: the advice to copy the export with its tokenizer files written again wrote the same file
+    retrain = "; give each id of model.vocab one token in the tokenizer the run's dataset was built with, "
+    assert line.endswith(f"{retrain}build the dataset again with it (its data was encoded with this vocab) "
+                         "and train again: every export of this run ships this vocab"), line  # fmt: skip
     base = export.parents[1] / "base"
     base.mkdir()
     shutil.copy(export / "tokenizer.json", base / "tokenizer.json")

@@ -441,7 +441,10 @@ def check_export_tokenizer(
             and Path(named[file]).parent != out_dir
             and _same_entry(Path(named[file]), out_dir / file, key)
         ]
-        fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
+        if own_key == VOCAB and not base:  # the run's own data's vocab: no export of it passes
+            fix = _vocab_fix(None)
+        else:
+            fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
         shown = {n: named.get(n, n) for n in own}
         fix = f"find the entry that causes it in {' or '.join(map(str, shown.values()))} and leave it out"
@@ -628,13 +631,22 @@ def _shared_ids(vocab: Mapping[str, int]) -> list[tuple[int, list[str]]]:
     return sorted((i, sorted(names)) for i, names in tokens.items() if len(names) > 1)
 
 
-def _vocab_fix(tokenizer_json: Path, dataset: Path | None = None) -> str:
+def _vocab_fix(tokenizer_json: Path | None, dataset: Path | None = None) -> str:
     """The fix, at a run's start or export, of tokenizer.json `tokenizer_json` whose vocab gives one id
     to several tokens (_shared_ids): the run's data was encoded with that vocab (check_base_data
     compares a base's with the dataset's), so the edited file alone was refused at the next start
     against the dataset (review RV34c G7); `dataset`: the file is that dataset's own copy (its
-    tokenizer_sha256 records it), edited where the dataset is built from."""
-    then = "and build the dataset again with it (its data was encoded with this vocab)"
+    tokenizer_sha256 records it), edited where the dataset is built from. None: an export being
+    scored, whose run trained on that vocab (an older run: no start refused it then) and whose every
+    export, or copy, ships it again: eval's copy advice looped (review RV34c)."""
+    encoded = "its data was encoded with this vocab"
+    then = f"and build the dataset again with it ({encoded})"
+    if tokenizer_json is None:
+        return (
+            f"give each id of {VOCAB} one token in the tokenizer the run's dataset was built with, "
+            f"build the dataset again with it ({encoded}) and train again: every export of this run "
+            "ships this vocab"
+        )
     if dataset is None:
         return f"{_edits([(VOCAB, tokenizer_json)])}, {then}"
     return f"give each id of {VOCAB} one token in the tokenizer {dataset} was built with, {then}"
