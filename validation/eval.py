@@ -78,6 +78,7 @@ from training.contract.eval_table import (
     eval_lock,
     read_results,
     read_step_results,
+    settings_holders,
     write_eval_table,
 )
 from training.contract.run_layout import (
@@ -140,7 +141,6 @@ from validation.eval_results import (
     num_fewshot_passed,
     renamed_task,
     scored_itself,
-    settings_holders,
     write_plot,
     write_step_json,
 )
@@ -474,7 +474,7 @@ class TaskPlan:
     def tag_members(self, name: str) -> list[str] | None:
         """The names tag `name`'s scores are recorded under, its members' (`_scored_as`), as this plan's
         task index knows it; None where it knows no tag of that name. A record names no tag's members:
-        what links a member recorded without settings to its tag's entry (eval_results.settings_holders)."""
+        what links a member recorded without settings to its tag's entry (eval_table.settings_holders)."""
         if not str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
             return None
         return [m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)]
@@ -486,7 +486,7 @@ class TaskPlan:
         eval_data.reconfigured_members: a gristmill before d7917da recorded the variant's scores under
         the member's name: review RV35a F1b) or lm-eval knows no `group` here. What an older entry of
         `group` must record to vouch for the scores of a member recorded without settings of its own
-        (`evaluated`, eval_results.settings_holders: review RV35a F1)."""
+        (`evaluated`, eval_table.settings_holders: review RV35a F1)."""
         if group not in self._as_is:
             self._as_is[group] = None
             if group in self.task_manager.task_index and group not in self.local:
@@ -1280,7 +1280,7 @@ def evaluated(
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
     before they were counts as done under any; a group's or tag's member recorded before members
-    recorded theirs, under its group's or tag's: eval_results.settings_holders) and, where
+    recorded theirs, under its group's or tag's: eval_table.settings_holders) and, where
     `definitions` (TaskPlan.definitions) are given, of the same task definitions and `contents`, the
     digests of the local files they read (`_as_now`: one recorded before them counts as the same); a
     tag's scores are its members' (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review

@@ -17,7 +17,7 @@ import functools
 import json
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from textwrap import fill
@@ -36,6 +36,7 @@ from training.contract.eval_table import (
     result_rows,
     rows_of,
     sealed_results,
+    settings_holders,
     settings_of,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
@@ -448,6 +449,11 @@ def replaced_settings(
     parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
         was, now = _parsed(settings_of(old, task), old, task), _parsed(settings_of(new, task), new, task)
+        if was == UNRECORDED != now:  # each field `? → …` said nothing true (review RV35a F2, RV35c L2)
+            under = settings_holders(old, task)
+            why = f" of its own, under {' and '.join(under)}, whose settings differ" if under else ""
+            parts.append(f"{task} (recorded without settings{why}, by an older gristmill)")
+            continue
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
         changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
@@ -587,34 +593,6 @@ def scored_itself(info: dict[str, Any]) -> bool:
     return "seconds" in info or "docs" in info
 
 
-def settings_holders(
-    results: dict[str, Any], task: str, tag_members: Callable[[str], Sequence[str] | None] | None = None
-) -> list[str]:
-    """The entries of `results` (a step's results dict) whose `settings` `task`'s scores were scored
-    under: its own where it has some. A member of a group or tag written between ed48cab (settings
-    recorded) and d7917da (each member records its own) has none: then the nearest entries up from it
-    that have: the groups group_subtasks lists it under, and the tags whose members (`tag_members`:
-    TaskPlan.tag_members, as the task index knows them; a record names none) hold it, at every depth;
-    it counted as done under any settings (review RV34l P1). Several where it is under several (which
-    of them scored it last is not recorded); [] where none has: recorded before settings were."""
-    tasks, groups = results.get(GRISTMILL_TASKS, {}), results.get("group_subtasks", {})
-    # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's entry)
-    tags = [t for t in tasks if t not in results.get("results", {})] if tag_members else []
-    found, todo, seen = [], [task], set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        info = tasks.get(name)
-        if isinstance(info, dict) and isinstance(info.get("settings"), dict):
-            found.append(name)
-            continue
-        todo += [g for g, subs in groups.items() if name in subs]
-        todo += [t for t in tags if tag_members and name in (tag_members(t) or ())]
-    return sorted(found)
-
-
 def _member_name(group: str, sub: str, groups: Mapping[str, Any]) -> str:
     """`sub`, a member's name under `group`, less the prefix lm-eval gave it: `group::`, or an enclosing
     group's (a group `outer::gp` defined inline in `outer` names its member `outer::own_mc`: RV33a F1),
@@ -705,13 +683,18 @@ def _has_stderr(metric: str) -> bool:
     return aggregation is not None and metrics.stderr_for_metric(aggregation, 1000) is not None
 
 
+# _parsed's settings of a record that holds none (before ed48cab; a member's before d7917da, under no one
+# group recording some, or under a tag)
+UNRECORDED = {"settings": "?"}
+
+
 def _parsed(
     settings: str | None, results: dict[str, Any] | None = None, task: str | None = None
 ) -> dict[str, str]:
     """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`, of `task` in
     its record `results`); {"settings": "?"} for none recorded."""
     if not settings:
-        return {"settings": "?"}
+        return dict(UNRECORDED)
     parsed = dict(kv.split("=", 1) for kv in settings.split(", "))
     return {k: str(v) for k, v in as_used(parsed, results, task).items()}
 

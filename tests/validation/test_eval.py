@@ -3145,6 +3145,53 @@ def test_a_member_recorded_before_members_recorded_settings_is_done_only_under_i
     assert done(11, 0) and done(11, 2)
 
 
+def test_a_member_recorded_without_settings_is_told_so_and_tabled_by_the_rule_eval_decides_by(
+    tmp_path, capsys
+):
+    """Such a member (between ed48cab and d7917da) scored again: the note listed `? → …` for every
+    setting, `settings ? → ?` among them, none of it true (review RV35a F2, RV35c L2); now it says the
+    record holds none of its own, and under which groups' it lies where they differ. eval.parquet's
+    settings of a member take the rule `evaluated` decides by (settings_holders): groups at every depth,
+    and under several, their settings where they agree (RV35a F3: one parent's walk gave none)."""
+    import pyarrow.parquet as pq
+
+    from validation.eval_results import write_step_json
+
+    member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "limit": 256, "max_length": 256}  # no settings
+
+    def scored(shots: int) -> dict:
+        settings = {"limit": 0, "num_fewshot": shots, "max_length": 0, "dtype": "float32", "seed": 1234}
+        return {"seconds": 2.5, "docs": 6, "settings": settings}
+
+    def settings_column(step: int) -> str | None:
+        rows = pq.read_table(tmp_path / "eval.parquet").to_pylist()
+        return next(r["settings"] for r in rows if r["step"] == step and r["task"] == "own_mc")
+
+    acc = {"acc,none": 0.5}
+    two = {
+        "results": {"own_mc": acc, "g1": {}, "g2": {}},
+        "group_subtasks": {"g1": ["own_mc"], "g2": ["own_mc"]},
+    }
+    for step, shots in ((1, 0), (2, 2)):  # g2's the same as g1's, then another
+        write_step_json(tmp_path, step, {**two, "gristmill_tasks": {"g1": scored(0), "g2": scored(shots),
+                                                                    "own_mc": member}})  # fmt: skip
+    assert "num_fewshot=0" in settings_column(1) and settings_column(2) is None
+    alone = {"results": {"own_mc": {"acc,none": 0.75}}, "gristmill_tasks": {"own_mc": scored(0)}}
+    capsys.readouterr()
+    write_step_json(tmp_path, 2, alone)
+    out = capsys.readouterr()
+    note = "note: step 2 scored again under other settings: own_mc (recorded without settings of its own, "
+    assert f"{note}under g1 and g2, whose settings differ, by an older gristmill); these" in out.err + out.out
+    assert "?" not in (out.err + out.out).split("these scores")[0], out
+    # a tag's member (the record names no tag's members): none of its own, said so
+    tagged = {"results": {"own_mc": acc}, "gristmill_tasks": {"mytag": scored(0), "own_mc": member}}
+    write_step_json(tmp_path, 3, tagged)
+    assert settings_column(3) is None
+    write_step_json(tmp_path, 3, alone)
+    out = capsys.readouterr()
+    assert "own_mc (recorded without settings, by an older gristmill); these" in out.err + out.out, out
+
+
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
     """lm-eval's task index drops a YAML file it cannot parse without a word: a task of one's own with
     a syntax error was "unknown task own_mc" (review R23a M1). The one line names the file and why, and

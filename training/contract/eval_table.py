@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import numbers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,35 +91,54 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
 def settings_of(results: dict[str, Any], task: str) -> str | None:
     """The settings `task` was scored under, as results.json records them (validation/eval.py
     score_settings: per task asked for and each member of a group it scored; a member recorded before
-    members were has its one group's), in one line:
-    `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by their
-    source, a task's definition and its documents by their hashes' first 8 digits); None when recorded
-    before settings were.
+    members were has its group's: settings_holders, the rule eval's `evaluated` decides by), in one
+    line: `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by
+    their source, a task's definition and its documents by their hashes' first 8 digits); None when
+    recorded before settings were, or under several groups whose settings differ (which of them scored
+    it last is not recorded). A tag's member recorded without settings has none here: the record names no
+    tag's members (eval asks its task index: review RV35a F3).
     Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
     `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
-    tasks = results.get(GRISTMILL_TASKS, {})
-    parents: dict[str, list[str]] = {}
-    for group, subs in results.get("group_subtasks", {}).items():
-        for sub in subs:
-            parents.setdefault(sub, []).append(group)
-    seen = set()
-    while task not in seen:  # up through the groups to the one asked for (recorded before members were)
-        seen.add(task)
-        info = tasks.get(task)
-        settings = info.get("settings") if isinstance(info, dict) else None
-        if isinstance(settings, dict):
-            heldout = settings.get("heldout")
-            shown = {
-                **settings,
-                "heldout": _heldout_shown(heldout),
-                "definition": str(settings.get("definition") or "")[:8] or None,
-                "documents": str(settings.get("documents") or "")[:8] or None,
-            }
-            return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
-        if len(parents.get(task, ())) != 1:  # no group, or two: which one scored it is not recorded
-            return None
-        task = parents[task][0]
-    return None
+    lines = {_settings_line(results[GRISTMILL_TASKS][h]["settings"]) for h in settings_holders(results, task)}
+    return lines.pop() if len(lines) == 1 else None
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    shown = {
+        **settings,
+        "heldout": _heldout_shown(settings.get("heldout")),
+        "definition": str(settings.get("definition") or "")[:8] or None,
+        "documents": str(settings.get("documents") or "")[:8] or None,
+    }
+    return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
+
+
+def settings_holders(
+    results: dict[str, Any], task: str, tag_members: Callable[[str], Sequence[str] | None] | None = None
+) -> list[str]:
+    """The entries of `results` (a step's results dict) whose `settings` `task`'s scores were scored
+    under: its own where it has some. A member of a group or tag written between ed48cab (settings
+    recorded) and d7917da (each member records its own) has none: then the nearest entries up from it
+    that have: the groups group_subtasks lists it under, and the tags whose members (`tag_members`:
+    TaskPlan.tag_members, as the task index knows them; a record names none) hold it, at every depth;
+    it counted as done under any settings (review RV34l P1). Several where it is under several (which
+    of them scored it last is not recorded); [] where none has: recorded before settings were."""
+    tasks, groups = results.get(GRISTMILL_TASKS, {}), results.get("group_subtasks", {})
+    # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's entry)
+    tags = [t for t in tasks if t not in results.get("results", {})] if tag_members else []
+    found, todo, seen = [], [task], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        info = tasks.get(name)
+        if isinstance(info, dict) and isinstance(info.get("settings"), dict):
+            found.append(name)
+            continue
+        todo += [g for g, subs in groups.items() if name in subs]
+        todo += [t for t in tags if tag_members and name in (tag_members(t) or ())]
+    return sorted(found)
 
 
 def _heldout_shown(heldout: Any) -> Any:
