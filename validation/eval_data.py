@@ -327,7 +327,10 @@ def _data_files(
             base = Path(data_dir).expanduser() if data_dir else None
         else:
             base = (root / (data_dir or "")) if root.is_dir() else None  # datasets reads that folder of it
-        mine = _globs(data_files, base, anchors)
+        # no local file or folder: datasets reads it from the hub, and resolves its relative data_files in
+        # the hub's repo (an absolute one stays local): never this directory's (review RV33b C7)
+        hub = root is not None and not root.exists()
+        mine = _globs(data_files, base, anchors, hub)
         if root is not None:
             anchors.append(str(root))
         found = local_files(mine)
@@ -357,7 +360,7 @@ def _data_files(
             found = local_files(mine)
         patterns.extend(mine)
         files.update(found)
-        leaves.append(bool(found) and _all_local(data_files, root, base))
+        leaves.append(bool(found) and _all_local(data_files, root, base, hub))
     for v in value.values():
         _data_files(v, patterns, files, leaves, anchors, folders)
 
@@ -605,18 +608,24 @@ def _packaged_builder(name: str) -> bool:
     return name in _PACKAGED_DATASETS_MODULES
 
 
-def _globs(data_files: Any, base: Path | None, anchors: list[str] | None = None) -> list[str]:
+def _globs(
+    data_files: Any, base: Path | None, anchors: list[str] | None = None, hub: bool = False
+) -> list[str]:
     """The glob patterns of `data_files` (a path, a glob, a list or a dict of them, as datasets takes
     it) that name local files (not a URL): under `base` (a dataset_path folder), else the working
-    directory, where relative (`_rooted`); `~/x` is relative, as datasets joins it (review RV34a G1)."""
-    local = [p for p in _patterns(data_files) if not is_url(p) and "://" not in p]
+    directory, where relative (`_rooted`); `~/x` is relative, as datasets joins it (review RV34a G1).
+    `hub`: the dataset_path is a hub repo, in which datasets resolves the relative ones: only the
+    absolute ones are local."""
+    local = [
+        p for p in _patterns(data_files) if not is_url(p) and "://" not in p and (not hub or os.path.isabs(p))
+    ]
     return [_rooted(p, base if base is not None else Path.cwd(), anchors) for p in local]
 
 
-def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:
+def _all_local(data_files: Any, root: Path | None, base: Path | None, hub: bool = False) -> bool:
     """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
-    a local file."""
-    patterns, local = _patterns(data_files), _globs(data_files, base)
+    a local file (`hub`: _globs')."""
+    patterns, local = _patterns(data_files), _globs(data_files, base, hub=hub)
     if not patterns:  # a folder's (its data_dir's) or a file's own
         return any(path is not None and path.exists() for path in (base, root))
     return len(local) == len(patterns) and all(local_files([p]) for p in local)

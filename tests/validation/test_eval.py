@@ -2836,6 +2836,31 @@ def test_a_folder_s_data_files_from_one_walk_are_those_datasets_resolves(tmp_pat
     assert tl.files == [(base / "~" / "x" / "h-test.jsonl").resolve()]
 
 
+def test_a_hub_dataset_s_relative_data_files_are_the_hub_repo_s_not_this_directory_s(tmp_path, monkeypatch):
+    """A dataset_path that is no local file or folder is a hub repo, in which datasets resolves the
+    task's relative data_files: the working directory's file of that name was recorded as the documents
+    scored, the task as read from local files alone (review RV33b C7). An absolute path stays local, as
+    datasets reads it."""
+    from validation.eval_data import hub_task_manager, task_data_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.jsonl").write_text('{"text": "not the hub repo\'s"}\n')
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, path in (("relative", "data/test.jsonl"), ("absolute", tmp_path / "data" / "test.jsonl")):
+        (tasks / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: someorg/somedata\n"
+            f"dataset_kwargs:\n  data_files:\n    test: {path}\ntest_split: test\n"
+            "output_type: loglikelihood_rolling\ndoc_to_text: '{{text}}'\n"
+            "doc_to_target: '{{text}}'\n"
+        )
+    tm = hub_task_manager([], [str(tasks)])
+    relative, absolute = task_data_files(tm, "relative"), task_data_files(tm, "absolute")
+    assert (relative.files, relative.alone, relative.patterns) == ([], False, [])
+    assert absolute.files == [tmp_path / "data" / "test.jsonl"] and absolute.alone
+
+
 def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
     eval_run, tmp_path, capsys, monkeypatch
 ):
