@@ -73,11 +73,14 @@ from training.contract.dataset_format import data_identities, decontaminate_reco
 from training.contract.errors import GristmillError
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
+    LATER_SETTINGS,
+    LOCAL_SETTINGS,
     RESULTS_JSON,
     check_results,
     eval_lock,
     read_results,
     read_step_results,
+    settings_held,
     settings_holders,
     write_eval_table,
 )
@@ -1202,8 +1205,6 @@ def evaluate_step(
 SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed", "bootstrap_iters")
 # what the records gained later: scores recorded before one of them count as done under any of its values
 # (bootstrap_iters: as the value every eval used then, eval_results.SETTINGS_BEFORE)
-LATER_SETTINGS = ("definition", "documents")
-LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
 def score_settings(
@@ -1230,22 +1231,18 @@ def score_settings(
 
 
 def _as_now(results: dict[str, Any], name: str, holder: str | None, want: dict[str, Any]) -> dict[str, Any]:
-    """Task `name`'s recorded settings in today's terms (those of entry `holder`, eval_results.
+    """Task `name`'s recorded settings in today's terms (those of entry `holder`, eval_table.
     settings_holders: its own, or its group's or tag's; None: recorded before settings were, {}), and
     `want` without what they predate: scores recorded before the task's definition or its documents'
     digest was (LATER_SETTINGS) count under any; before bootstrap_iters was, under the value used then
     (`as_used`, as task `name`'s record `results` says it); num_fewshot as passed then
     (eval_results.num_fewshot_passed of the entry that recorded it: a 0 from before the n-shot record
     was the task's own, passed as None: review R23a S3). Of a group's or tag's entry only the keys a
-    member's own record holds: the group's own definition and documents are not the member's (every
-    such member was scored again: review RV34l P1; `evaluated` holds them to the group's as it is now),
-    and its local settings no member's."""
+    member's own record holds (eval_table.settings_held; `evaluated` holds the group's definition and
+    documents to the group's as it is now)."""
     if holder is None:
         return {}
-    settings = dict(results[GRISTMILL_TASKS][holder]["settings"])
-    if holder != name:
-        settings = {k: v for k, v in settings.items() if k not in (*LATER_SETTINGS, *LOCAL_SETTINGS)}
-    got = as_used(settings, results, name)
+    got = as_used(settings_held(results, name, holder), results, name)
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)

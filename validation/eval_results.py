@@ -36,7 +36,9 @@ from training.contract.eval_table import (
     result_rows,
     rows_of,
     sealed_results,
+    settings_held,
     settings_holders,
+    settings_line,
     settings_of,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
@@ -449,10 +451,9 @@ def replaced_settings(
     parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
         was, now = _parsed(settings_of(old, task), old, task), _parsed(settings_of(new, task), new, task)
-        if was == UNRECORDED != now:  # each field `? → …` said nothing true (review RV35a F2, RV35c L2)
-            under = settings_holders(old, task)
-            why = f" of its own, under {' and '.join(under)}, whose settings differ" if under else ""
-            parts.append(f"{task} (recorded without settings{why}, by an older gristmill)")
+        if now != UNRECORDED and not _own_settings(old, task):  # RV35a F2, RV35c L2: no `? → …`, nor
+            # its group's definition taken for its own (`definition GROUP'S → ITS OWN`, an edit nobody made)
+            parts.append(f"{task} ({_without_own_settings(old, task, now)})")
             continue
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
         group = _recorded_by_group(old, task) if "definition" in differ else None
@@ -471,6 +472,31 @@ def replaced_settings(
         if changes:
             parts.append(f"{task} ({', '.join(changes)})")
     return ", ".join(parts)
+
+
+def _own_settings(results: dict[str, Any], task: str) -> bool:
+    """Whether `task`'s entry in `results` (a step's results dict) records settings of its own."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return isinstance(info, dict) and isinstance(info.get("settings"), dict)
+
+
+def _without_own_settings(old: dict[str, Any], task: str, now: dict[str, str]) -> str:
+    """What the note says of `task`'s scores in `old` (a step's results dict) whose entry records no
+    settings of its own (a group's or tag's member between ed48cab and d7917da; anything before ed48cab),
+    scored again under `now` (_parsed): the entries whose settings held for them (settings_holders, as
+    settings_held takes them for a member, the rule `evaluated` decides by) and which of those differ.
+    Each setting `? → …`, or the group's definition and documents as the member's, said nothing true
+    (review RV35a F2, RV35c L2): where none differs, the group's or tag's entry no longer vouched for them
+    (edited since, or its local files' digests unrecorded then)."""
+    under = settings_holders(old, task)
+    if not under:
+        return "recorded without settings, by an older gristmill"
+    said = f"recorded without settings of its own, under {' and '.join(under)}"
+    held = [_parsed(settings_line(settings_held(old, task, h)), old, task) for h in under]
+    if any(h != held[0] for h in held):
+        return f"{said}, whose settings differ, by an older gristmill"
+    differ = [f"{k} {v} → {now[k]}" for k, v in sorted(held[0].items()) if k in now and now[k] != v]
+    return f"{said}'s, by an older gristmill{'; ' if differ else ''}{', '.join(differ)}"
 
 
 def _documents_before_said(recorded: str | None, before: str | NotRead | None) -> str:

@@ -3217,6 +3217,43 @@ def test_a_member_recorded_without_settings_is_told_so_and_tabled_by_the_rule_ev
     assert "own_mc (recorded without settings, by an older gristmill); these" in out.err + out.out, out
 
 
+def test_a_member_recorded_under_one_group_s_settings_is_told_so_not_given_the_group_s_definition(
+    tmp_path, capsys
+):
+    """A member under one group, recorded without settings of its own (ed48cab..d7917da, as `gristmill
+    eval --tasks g1 --set num_fewshot=0` of d7917da^ writes it on a group of one's own tasks: the group's
+    entry with its definition, no documents), then scored alone: the note said `definition G1'S → ITS
+    OWN, documents ? → …`, an edit nobody made and a `?` (review RV35a F2); it says the member held
+    g1's settings and which of those differ (the rule `evaluated` decides by: settings_held)."""
+    from validation.eval_results import write_step_json
+
+    member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "cut_requests": 0, "longest": 16, "limit": 256,
+              "max_length": 256, "chance": 0.5}  # fmt: skip
+    settings = {"limit": 0, "num_fewshot": 0, "max_length": 0, "dtype": "float32", "seed": 1234}
+    g1 = {"seconds": 0.97, "settings": settings | {"definition": "4" * 64}, "n_shot": {"g1": 0, "own_mc": 0}}
+    metrics = {"acc,none": 0.5, "acc_stderr,none": "N/A"}  # scored under bootstrap_iters=0
+    then = {"results": {"own_mc": metrics, "g1": {}}, "group_subtasks": {"g1": ["own_mc"]},
+            "n-samples": {"own_mc": {"effective": 6}}}  # fmt: skip
+    write_step_json(tmp_path, 5, {**then, "gristmill_tasks": {"g1": g1, "own_mc": member}})
+    for shots, differ in ((0, ""), (2, "; num_fewshot 0 → 2")):
+        own = settings | {
+            "num_fewshot": shots,
+            "bootstrap_iters": 0,
+            "definition": "f" * 64,
+            "documents": "0" * 64,
+        }
+        alone = {"results": {"own_mc": {"acc,none": 0.75}}, "gristmill_tasks": {"own_mc": {"seconds": 1.0,
+                 "docs": 6, "settings": own, "n_shot": {"own_mc": shots}}}}  # fmt: skip
+        capsys.readouterr()
+        write_step_json(tmp_path, 5 + shots, {**then, "gristmill_tasks": {"g1": g1, "own_mc": member}})
+        write_step_json(tmp_path, 5 + shots, alone)
+        out = capsys.readouterr()
+        said = (
+            f"own_mc (recorded without settings of its own, under g1's, by an older gristmill{differ}); these"
+        )
+        assert said in out.err + out.out, out
+
+
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
     """lm-eval's task index drops a YAML file it cannot parse without a word: a task of one's own with
     a syntax error was "unknown task own_mc" (review R23a M1). The one line names the file and why, and

@@ -99,11 +99,12 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
     tag's members (eval asks its task index: review RV35a F3).
     Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
     `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
-    lines = {_settings_line(results[GRISTMILL_TASKS][h]["settings"]) for h in settings_holders(results, task)}
+    lines = {settings_line(results[GRISTMILL_TASKS][h]["settings"]) for h in settings_holders(results, task)}
     return lines.pop() if len(lines) == 1 else None
 
 
-def _settings_line(settings: dict[str, Any]) -> str:
+def settings_line(settings: dict[str, Any]) -> str:
+    """A task's recorded `settings` as eval.parquet's `settings` line (settings_of)."""
     shown = {
         **settings,
         "heldout": _heldout_shown(settings.get("heldout")),
@@ -111,6 +112,23 @@ def _settings_line(settings: dict[str, Any]) -> str:
         "documents": str(settings.get("documents") or "")[:8] or None,
     }
     return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
+
+
+# what the records gained later (validation/eval.py evaluated: scores recorded before one of them count
+# as done under any of its values), and what only the local tasks' scores depend on
+LATER_SETTINGS = ("definition", "documents")
+LOCAL_SETTINGS = ("docs", "heldout")
+
+
+def settings_held(results: dict[str, Any], task: str, holder: str) -> dict[str, Any]:
+    """The settings entry `holder` of `results` (settings_holders) records for `task`'s scores: all of
+    its own; of a group's or tag's, those a member's own record holds: the group's definition and
+    documents are not the member's (taken as its own, every such member was scored again: review RV34l
+    P1), and its local settings no member's."""
+    settings = dict(results[GRISTMILL_TASKS][holder]["settings"])
+    if holder == task:
+        return settings
+    return {k: v for k, v in settings.items() if k not in (*LATER_SETTINGS, *LOCAL_SETTINGS)}
 
 
 def settings_holders(
