@@ -476,8 +476,9 @@ class TaskPlan:
 
     def tag_members(self, name: str) -> list[str] | None:
         """The names tag `name`'s scores are recorded under, its members' (`_scored_as`), as this plan's
-        task index knows it; None where it knows no tag of that name. A record names no tag's members:
-        what links a member recorded without settings to its tag's entry (eval_table.settings_holders)."""
+        task index knows it; None where it knows no tag of that name. What links a member recorded without
+        settings to its tag's entry where that entry names no n_shot (before 2a90755; since, the n_shot
+        names its members: eval_table.settings_holders)."""
         if not str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
             return None
         return [m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)]
@@ -1282,14 +1283,14 @@ def evaluated(
     digests of the local files they read (`_as_now`: one recorded before them counts as the same); a
     tag's scores are its members' (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review
     R30a F3), each under its own definition and contents where these hold its name (a member scored as
-    it is records its own). `tag_members` (TaskPlan.tag_members): a tag's, for a member recorded without
-    settings under its tag's entry, and only where that entry's definition and documents are those of
-    the group or tag now, which scores the member as it is (`scoring_as_is`, TaskPlan.scoring_as_is:
-    review RV35a F1, F1b); a member with none of its own and no such entry in a file that records some
-    is not done (its group was scored again since); a task's own entry without settings is older than
-    them, done under any. The `local` tasks' must be of `heldout`'s documents
-    (`HeldOut.scored`: recorded before it was per task, the file's header says whose, kept per task when
-    a later eval replaces the header, eval_results.merge_results)."""
+    it is records its own). `tag_members` (TaskPlan.tag_members): a tag's where its entry names no
+    n_shot, for a member recorded without settings under its tag's entry, and only where that entry's
+    definition and documents are those of the group or tag now, which scores the member as it is
+    (`scoring_as_is`, TaskPlan.scoring_as_is: review RV35a F1, F1b); a member with none of its own and
+    no such entry in a file that records some is not done (its group was scored again since); a task's
+    own entry without settings is older than them, done under any. The `local` tasks' must be of
+    `heldout`'s documents (`HeldOut.scored`: recorded before it was per task, the file's header says
+    whose, kept per task when a later eval replaces the header, eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")

@@ -412,7 +412,8 @@ def test_each_task_s_row_names_the_model_that_scored_it():
 def test_rows_scored_under_other_settings_say_so(tmp_path, capsys):
     """An offline `--set max_length=64` of a step beside the in-training eval's merged rows: the table
     and the plot showed both side by side, unmarked (review R24e 6). Each row carries its task's settings
-    (a group's member its group's); the plot's panel and the printed table say where they differ."""
+    (a group's member recorded without its own, its group's); the plot's panel and the printed table say
+    where they differ."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -431,7 +432,8 @@ def test_rows_scored_under_other_settings_say_so(tmp_path, capsys):
     raw, merged = rows_of(150, results(64)), rows_of(150, results(0), merged=True)
     assert {r["task"]: r["settings"] for r in raw} == {
         "heldout_ppl": "docs=40, heldout=prose, limit=0, max_length=64",
-        "mc": "docs=40, heldout=prose, limit=0, max_length=64",  # its group's
+        "mc": "limit=0, max_length=64",  # its group's, as they hold for a member (settings_held: no local
+        # settings of the group's, as `evaluated` reads them: review RV35a F3)
     }
     rows = raw + merged + rows_of(100, results(0))
     panels = {p.task: p for p in plot_panels(rows, {})}
@@ -3252,6 +3254,57 @@ def test_a_member_recorded_under_one_group_s_settings_is_told_so_not_given_the_g
             f"own_mc (recorded without settings of its own, under g1's, by an older gristmill{differ}); these"
         )
         assert said in out.err + out.out, out
+
+
+def test_a_tag_s_member_recorded_without_settings_is_tabled_under_the_settings_eval_judges_it_by(
+    tmp_path, capsys
+):
+    """A tag's member recorded without settings of its own (ed48cab..d7917da, as `gristmill eval --tasks
+    own_tag --set num_fewshot=0` of d7917da^ writes it: the tag's entry, its n_shot naming what it
+    scored) had no settings in eval.parquet, while `evaluated` judged it under the tag's (review RV35a
+    F3). The table and `evaluated` take them by one rule (settings_holders, settings_held): the tag's
+    entry's n_shot names its members, so the table needs no task index, nor does `evaluated` there."""
+    import pyarrow.parquet as pq
+
+    from validation.eval import evaluated
+    from validation.eval_results import write_step_json
+
+    member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "cut_requests": 0, "longest": 16, "limit": 256,
+              "max_length": 256, "chance": 0.5}  # fmt: skip
+    settings = {"limit": 0, "num_fewshot": 0, "max_length": 0, "dtype": "float32", "seed": 1234}
+    tag = {
+        "seconds": 0.93,
+        "docs": 6,
+        "settings": settings | {"definition": "6" * 64},
+        "n_shot": {"own_mc": 0},
+    }
+    then = {"results": {"own_mc": {"acc,none": 0.5, "acc_stderr,none": "N/A"}},
+            "n-samples": {"own_mc": {"effective": 6}}}  # fmt: skip
+    write_step_json(tmp_path, 5, {**then, "gristmill_tasks": {"own_tag": tag, "own_mc": member}})
+    rows = pq.read_table(tmp_path / "eval.parquet").to_pylist()
+    assert {r["settings"] for r in rows} == {"dtype=float32, limit=0, max_length=0, num_fewshot=0, seed=1234"}
+
+    def done(shots: int, name: str) -> bool:  # no task index: the tag's entry names its members
+        vouched = {"definition": "6" * 64, "documents": None}  # TaskPlan.scoring_as_is: the tag as it is
+        cfg = EvalConfig(num_fewshot=shots, bootstrap_iters=0)
+        return evaluated(tmp_path, 5, [name], [], None, cfg, {"own_mc": "a" * 64}, None,
+                         {"own_tag": ["own_mc"]}, None, lambda tag, member: vouched)  # fmt: skip
+
+    for name in ("own_tag", "own_mc"):
+        assert [done(0, name), done(2, name)] == [True, False], name
+    alone = {"results": {"own_mc": {"acc,none": 0.75}}, "gristmill_tasks": {"own_mc": {"seconds": 1.0,
+             "docs": 6, "settings": settings | {"num_fewshot": 2, "bootstrap_iters": 0}}}}  # fmt: skip
+    capsys.readouterr()
+    write_step_json(tmp_path, 5, alone)
+    out = capsys.readouterr()
+    said = "own_mc (recorded without settings of its own, under own_tag's, by an older gristmill; num_fewshot"
+    assert f"{said} 0 → 2); these" in out.err + out.out, out
+    # recorded before n_shot was (2a90755): only the task index knows the tag's members, the table none
+    before = {k: v for k, v in tag.items() if k != "n_shot"}
+    write_step_json(tmp_path, 6, {**then, "gristmill_tasks": {"own_tag": before, "own_mc": member}})
+    assert [
+        r["settings"] for r in pq.read_table(tmp_path / "eval.parquet").to_pylist() if r["step"] == 6
+    ] == [None]
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):

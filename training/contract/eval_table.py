@@ -95,11 +95,13 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
     line: `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by
     their source, a task's definition and its documents by their hashes' first 8 digits); None when
     recorded before settings were, or under several groups whose settings differ (which of them scored
-    it last is not recorded). A tag's member recorded without settings has none here: the record names no
-    tag's members (eval asks its task index: review RV35a F3).
+    it last is not recorded). A group's or tag's settings as they hold for a member (settings_held: not
+    the group's definition and documents), so the row says what `evaluated` compares (review RV35a F3:
+    one group parent's walk, the group's definition, a tag's member none). A tag's member whose tag's
+    entry names no n_shot (recorded before 2a90755) has none here: only eval's task index knows its tag.
     Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
     `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
-    lines = {settings_line(results[GRISTMILL_TASKS][h]["settings"]) for h in settings_holders(results, task)}
+    lines = {settings_line(settings_held(results, task, h)) for h in settings_holders(results, task)}
     return lines.pop() if len(lines) == 1 else None
 
 
@@ -137,13 +139,19 @@ def settings_holders(
     """The entries of `results` (a step's results dict) whose `settings` `task`'s scores were scored
     under: its own where it has some. A member of a group or tag written between ed48cab (settings
     recorded) and d7917da (each member records its own) has none: then the nearest entries up from it
-    that have: the groups group_subtasks lists it under, and the tags whose members (`tag_members`:
-    TaskPlan.tag_members, as the task index knows them; a record names none) hold it, at every depth;
-    it counted as done under any settings (review RV34l P1). Several where it is under several (which
-    of them scored it last is not recorded); [] where none has: recorded before settings were."""
+    that have: the groups group_subtasks lists it under, and the tags whose members hold it, at every
+    depth; it counted as done under any settings (review RV34l P1). A tag's members: those its entry's
+    `n_shot` names (what its eval scored: recorded since 2a90755), else, in a record before those,
+    `tag_members`' (TaskPlan.tag_members, as the task index knows them; eval.parquet has none: review
+    RV35a F3). Several where it is under several (which of them scored it last is not recorded); [] where
+    none has: recorded before settings were."""
     tasks, groups = results.get(GRISTMILL_TASKS, {}), results.get("group_subtasks", {})
     # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's entry)
-    tags = [t for t in tasks if t not in results.get("results", {})] if tag_members else []
+    tags = {
+        t: _tag_members(t, info, tag_members)
+        for t, info in tasks.items()
+        if t not in results.get("results", {})
+    }
     found, todo, seen = [], [task], set()
     while todo:
         name = todo.pop()
@@ -155,8 +163,19 @@ def settings_holders(
             found.append(name)
             continue
         todo += [g for g, subs in groups.items() if name in subs]
-        todo += [t for t in tags if tag_members and name in (tag_members(t) or ())]
+        todo += [t for t, members in tags.items() if name in members]
     return sorted(found)
+
+
+def _tag_members(
+    tag: str, info: Any, tag_members: Callable[[str], Sequence[str] | None] | None
+) -> Sequence[str]:
+    """The members of `tag` (its entry `info`) as settings_holders reads them: those the n_shot its eval
+    recorded names, else `tag_members`'."""
+    n_shot = info.get("n_shot") if isinstance(info, dict) else None
+    if isinstance(n_shot, dict):
+        return [m for m in n_shot if m != tag]
+    return (tag_members(tag) if tag_members else None) or ()
 
 
 def _heldout_shown(heldout: Any) -> Any:
