@@ -26,7 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from training.contract.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint
+from training.contract.dataset_format import (
+    EXCLUDED_SCHEMA,
+    FORMAT,
+    MANIFEST_SCHEMA,
+    fingerprint,
+    record_files,
+)
 from validation.audit import run_preset
 from validation.audit_views import connect, glob_literal, sql_str
 
@@ -139,6 +145,7 @@ def make_dataset(root: Path, docs: int, tasks: int, seed: int = 0) -> dict:
         "shards": len(shard_files),
         "shard_files": shard_files,
     }
+    info["files"] = record_files(root)  # as a build records them: what the audit hashes at each audit
     info["fingerprint"] = fingerprint(info)
     info["status"] = "complete"
     (root / "dataset.json").write_text(json.dumps(info))

@@ -607,6 +607,29 @@ def test_an_edited_table_is_refused_not_counted(built_dataset, tmp_path, capsys)
         assert err.startswith(f"error: {root / rel} is ") and "it changed after the build" in err, err
 
 
+def test_a_value_flipped_in_a_manifest_page_is_refused_not_counted(built_dataset, tmp_path, capsys):
+    """A bit flipped in a manifest's language_score where the page still decodes (its size kept): the
+    audit answered other values, exit 0 (validate alone hashed the file), where the same dataset
+    audited from a bucket was refused (its copy is hashed at each audit). Now every file the views
+    read is hashed against dataset.json first: one line naming the file and its task's fix, under
+    the default tables, --sql and --db alike."""
+    from tests.helpers.parquet_damage import flip_a_value_bit
+
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    target = root / "manifest" / "00001.parquet"
+    was, now = flip_a_value_bit(target, "language_score")  # a dictionary page's: every row of that value
+    assert was != now and pq.read_table(target)["language_score"].to_pylist()[0] == now  # still decodes
+    fix = f"delete {root / 'logs/completions/00001'} and {root / 'dataset.json'}, then rerun the same"
+    for args in ([], ["--sql", "SELECT sum(language_score) FROM docs"], ["--db", str(tmp_path / "a.duckdb")]):
+        capsys.readouterr()
+        assert main(["data", "audit", str(root), *args]) == 2, args
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1, (args, lines)
+        assert lines[0].startswith(f"error: cannot audit {root}: {target} is damaged: the sha256 "), lines
+        assert fix in lines[0], lines[0]
+
+
 def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):
     (tmp_path / "a-file").write_text("x")
     for flag, target, expect in (
