@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tokenization.tokenizer_io import TokenizerError
-from training.contract.dataset_format import as_encoded
+from training.contract.dataset_format import as_encoded, shared_ids
 from training.contract.separator_check import misplaced_separators
 
 
@@ -126,6 +126,17 @@ class DocumentEncoder:
         # task's shards other than a function of its input (truncation, padding, BPE dropout).
         encoded = as_encoded(tokenizer.to_str())
         spec = json.loads(encoded)
+        # as loaded (the token -> id map keeps every token; to_str's model keeps one of each id)
+        if shared := shared_ids(tokenizer.get_vocab(with_added_tokens=False)):
+            # tokenizers keeps either token of such an id, another at each load: the copy below lost
+            # one and failed ("Token … out of vocabulary"), a traceback, or every task of the build did
+            i, tokens = shared[0]
+            more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
+            raise TokenizerError(
+                f"{source}: its model.vocab gives one id to several tokens (id {i}: "
+                f"{', '.join(map(repr, tokens))}{more}), so its documents would not encode and decode as "
+                f"one text; give each id of model.vocab one token in {path or 'its tokenizer.json'}"
+            )
         self.tokenizer = Tokenizer.from_str(encoded)
         self.tokenizer.encode_special_tokens = True
         self.policy = policy

@@ -38,6 +38,32 @@ def test_ordinary_token_as_separator_stops_the_build_before_any_task(build_fixtu
     assert not out.exists()  # no task ran, and nothing is left to refuse the corrected config
 
 
+@pytest.mark.parametrize("edit", ["alias", "moved"])
+def test_a_vocab_giving_one_id_to_two_tokens_stops_the_build_before_any_task(
+    build_fixture, tmp_path, capsys, edit
+):
+    """A tokenizer.json whose model.vocab gives one id to two tokens (an alias added, or a token's id
+    set to another's): the encoder's private copy lost one of them, and the build ended in a 25-line
+    traceback ("Token … out of vocabulary") or with every task failed (found by E41a beside review
+    RV34c). One line naming the id, its tokens and the file, before any task."""
+    _, tokenizer, config = build_fixture
+    spec = json.loads(Path(tokenizer).read_text())
+    vocab = spec["model"]["vocab"]
+    token = next(t for t in vocab if len(t) > 2 and t != SEP)
+    other = "zzz0" if edit == "alias" else next(t for t in vocab if len(t) > 2 and t not in (token, SEP))
+    vocab[other] = vocab[token]
+    edited = tmp_path / "tokenizer.json"
+    edited.write_text(json.dumps(spec))
+    out = tmp_path / "o"
+    msg = one_error(capsys, build_argv(config, out, f"tokenizer.path={json.dumps(str(edited))}"))
+    assert msg.startswith(
+        f"error: tokenizer {edited}: its model.vocab gives one id to several tokens (id "
+    ), msg
+    assert repr(other) in msg and repr(token) in msg, msg
+    assert msg.endswith(f"give each id of model.vocab one token in {edited}"), msg
+    assert not out.exists()
+
+
 def test_local_directory_without_tokenizer_json_is_one_line(build_fixture, tmp_path, capsys, monkeypatch):
     _, _, config = build_fixture
     monkeypatch.chdir(tmp_path)

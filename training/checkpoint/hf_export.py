@@ -93,6 +93,7 @@ from training.contract.dataset_format import (
     file_sha256,
     framed_as_trained,
     read_dataset_info,
+    shared_ids,
     tokenizer_problem,
     without_dropout,
 )
@@ -416,7 +417,7 @@ def check_export_tokenizer(
 
     # the file's own fault, whatever reads it: looked for on every check, not where two loads happened
     # to keep other tokens for a shared id (chance: one shared id passed half the time, review RV33c F2)
-    shared = _shared_ids(data.get_vocab(with_added_tokens=False))
+    shared = shared_ids(data.get_vocab(with_added_tokens=False))
     problem = Problem(_shared_ids_words(shared), None, True, VOCAB) if shared else refused(out_dir)
     if problem is None:
         _PASSED.add((*passed, "scoring") if scoring else passed)
@@ -618,22 +619,9 @@ def _tokenizer_problems(
         )
 
 
-def _shared_ids(vocab: Mapping[str, int]) -> list[tuple[int, list[str]]]:
-    """The ids a tokenizer.json's vocab (a BPE, WordPiece or WordLevel model's, token -> id: as
-    tokenizers loads it, or as the file holds it) gives to more than one token, with their tokens:
-    tokenizers keeps one token an id, either one, another at each load of the same file (review RV32f
-    A3). ~0.15 s for a 128k vocab (a Unigram's is a list: an id is a position, never shared)."""
-    if len(set(vocab.values())) == len(vocab):
-        return []
-    tokens: dict[int, list[str]] = {}
-    for token, i in vocab.items():
-        tokens.setdefault(i, []).append(token)
-    return sorted((i, sorted(names)) for i, names in tokens.items() if len(names) > 1)
-
-
 def _vocab_fix(tokenizer_json: Path | None, dataset: Path | None = None) -> str:
     """The fix, at a run's start or export, of tokenizer.json `tokenizer_json` whose vocab gives one id
-    to several tokens (_shared_ids): the run's data was encoded with that vocab (check_base_data
+    to several tokens (shared_ids): the run's data was encoded with that vocab (check_base_data
     compares a base's with the dataset's), so the edited file alone was refused at the next start
     against the dataset (review RV34c G7); `dataset`: the file is that dataset's own copy (its
     tokenizer_sha256 records it), edited where the dataset is built from. None: an export being
@@ -673,7 +661,7 @@ def _check_shipped_vocab(tokenizer_json: Path, export: str, dataset: Path | None
             gc.enable()
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         return  # a Unigram's list (an id is a position), or a vocab tokenizers cannot load
-    if shared := _shared_ids(vocab):
+    if shared := shared_ids(vocab):
         words = _shared_ids_words(shared)
         raise ExportError(
             f"{export}: {VOCAB} of {tokenizer_json}: {words}; {_vocab_fix(tokenizer_json, dataset)}"
@@ -681,7 +669,7 @@ def _check_shipped_vocab(tokenizer_json: Path, export: str, dataset: Path | None
 
 
 def _shared_ids_words(shared: list[tuple[int, list[str]]]) -> str:
-    """The problem of tokenizer.json's ids that name several tokens (_shared_ids), in words."""
+    """The problem of tokenizer.json's ids that name several tokens (shared_ids), in words."""
     i, tokens = shared[0]
     more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
     return (
