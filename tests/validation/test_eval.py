@@ -3219,6 +3219,44 @@ def test_a_member_recorded_without_settings_is_told_so_and_tabled_by_the_rule_ev
     assert "own_mc (recorded without settings, by an older gristmill); these" in out.err + out.out, out
 
 
+def test_a_table_whose_derived_settings_an_older_rule_wrote_still_holds_the_scores(tmp_path):
+    """eval.parquet's `settings` of a member recorded without settings of its own are its groups' by a
+    rule that changed (RV35a F3): a finished run's table written before was refused by the audit as
+    not holding the scores, though only that derived column differed (review RV41a F4). It holds them;
+    a row's own settings changed, or a value, is still another table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.contract.eval_table import stale_eval_table
+    from validation.eval_results import write_step_json
+
+    member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "limit": 256, "max_length": 256}  # no settings
+    settings = {"limit": 0, "num_fewshot": 0, "max_length": 0, "dtype": "float32", "seed": 1234}
+    own = {"seconds": 1.0, "docs": 6, "settings": settings}
+    record = {
+        "results": {"own_mc": {"acc,none": 0.5}, "g1": {}, "g2": {}, "alone": {"acc,none": 0.25}},
+        "group_subtasks": {"g1": ["own_mc"], "g2": ["own_mc"]},
+        "gristmill_tasks": {"g1": own, "g2": own, "own_mc": member, "alone": own},
+    }
+    write_step_json(tmp_path, 1, record)
+    table = tmp_path / "eval.parquet"
+    rows = pq.read_table(table).to_pylist()
+    assert stale_eval_table(tmp_path) is None and {r["task"] for r in rows} == {"own_mc", "alone"}
+
+    def written(edit) -> str | None:  # the table as another writer left it
+        schema = pq.read_schema(table)
+        pq.write_table(pa.Table.from_pylist([edit(dict(r)) for r in rows], schema=schema), table)
+        return stale_eval_table(tmp_path)
+
+    older = written(lambda r: r | {"settings": None} if r["task"] == "own_mc" else r)  # two groups: none
+    assert older is None, older
+    for edit in (
+        lambda r: r | {"settings": None} if r["task"] == "alone" else r,  # its own settings
+        lambda r: r | {"value": 0.75} if r["task"] == "own_mc" else r,
+    ):
+        assert "does not hold the scores" in (written(edit) or ""), edit
+
+
 def test_a_member_recorded_under_one_group_s_settings_is_told_so_not_given_the_group_s_definition(
     tmp_path, capsys
 ):
