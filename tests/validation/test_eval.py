@@ -1544,17 +1544,22 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     assert line.startswith(vocab_line) and "another model" not in line, line
     # RV34c: a run from scratch (an older one: no start refused it) ships its dataset's vocab in every
     # export: the advice to copy the export with its tokenizer files written again wrote the same file
-    retrain = "; give each id of model.vocab one token in the tokenizer the run's dataset was built with, "
-    assert line.endswith(f"{retrain}build the dataset again with it (its data was encoded with this vocab) "
-                         "and train again: every export of this run ships this vocab"), line  # fmt: skip
+    retrain = "; give each id of model.vocab one token in the tokenizer the run's dataset was built with"
+    then = (", build the dataset again with it (its data was encoded with this vocab) and train again: no "
+            "export of this run can be scored as its data was encoded")  # fmt: skip
+    assert line.endswith(f"{retrain}{then}"), line
     base = export.parents[1] / "base"
     base.mkdir()
     shutil.copy(export / "tokenizer.json", base / "tokenizer.json")
     for _ in range(8):  # each a load of its own: 2^-8 that all eight kept one token for id 300
         with pytest.raises(ExportError) as refused:
             check_export_tokenizer(export, export, {"tokenizer.json": base / "tokenizer.json"}, scoring=True)
-    edit_base = f"; give each id of model.vocab in {base / 'tokenizer.json'} one token, then copy it with its"
-    assert f"{keep}{edit_base} tokenizer files" in str(refused.value), str(refused.value)
+    # RV41a F1, F2: the same vocab in RUN/base: the data was encoded with it too (check_base_data), and an
+    # export after editing RUN/base's copy alone scored other ids wherever the edit moved a token the
+    # encoding makes (the advice was to edit it, then copy the export with its tokenizer files)
+    said = str(refused.value)
+    assert said.endswith(f"{retrain} (RUN/base's copy: {base / 'tokenizer.json'}){then}"), said
+    assert "copy it" not in said and keep not in said, said
     # RV34c G7: at a run's start from that base, the dataset was encoded with its vocab: rebuilt too (the
     # edited base alone was refused at the next start against the dataset)
     rebuild = "and build the dataset again with it (its data was encoded with this vocab)"

@@ -442,8 +442,9 @@ def check_export_tokenizer(
             and Path(named[file]).parent != out_dir
             and _same_entry(Path(named[file]), out_dir / file, key)
         ]
-        if own_key == VOCAB and not base:  # the run's own data's vocab: no export of it passes
-            fix = _vocab_fix(None)
+        if own_key == VOCAB:  # the vocab the run's data was encoded with: no export or copy fixes it
+            held = Path(named.get(TOKENIZER_JSON, out_dir / TOKENIZER_JSON))
+            fix = _vocab_rescoring_fix(held if held.parent != out_dir else None)
         else:
             fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
@@ -619,25 +620,34 @@ def _tokenizer_problems(
         )
 
 
-def _vocab_fix(tokenizer_json: Path | None, dataset: Path | None = None) -> str:
+def _vocab_fix(tokenizer_json: Path, dataset: Path | None = None) -> str:
     """The fix, at a run's start or export, of tokenizer.json `tokenizer_json` whose vocab gives one id
     to several tokens (shared_ids): the run's data was encoded with that vocab (check_base_data
     compares a base's with the dataset's), so the edited file alone was refused at the next start
     against the dataset (review RV34c G7); `dataset`: the file is that dataset's own copy (its
-    tokenizer_sha256 records it), edited where the dataset is built from. None: an export being
-    scored, whose run trained on that vocab (an older run: no start refused it then) and whose every
-    export, or copy, ships it again: eval's copy advice looped (review RV34c)."""
-    encoded = "its data was encoded with this vocab"
-    then = f"and build the dataset again with it ({encoded})"
-    if tokenizer_json is None:
-        return (
-            f"give each id of {VOCAB} one token in the tokenizer the run's dataset was built with, "
-            f"build the dataset again with it ({encoded}) and train again: every export of this run "
-            "ships this vocab"
-        )
+    tokenizer_sha256 records it), edited where the dataset is built from."""
+    then = f"and build the dataset again with it ({_ENCODED})"
     if dataset is None:
         return f"{_edits([(VOCAB, tokenizer_json)])}, {then}"
     return f"give each id of {VOCAB} one token in the tokenizer {dataset} was built with, {then}"
+
+
+_ENCODED = "its data was encoded with this vocab"
+
+
+def _vocab_rescoring_fix(base: Path | None) -> str:
+    """The fix of such a vocab in an export being scored: its run trained on data encoded with it (an
+    older run: no start refused it then; a run from a base: check_base_data held the dataset's vocab to
+    the base's). Copying the export shipped the same file again (the advice looped: review RV34c), and
+    editing `base` (RUN/base/tokenizer.json) alone before exporting again scored other ids than the
+    data's wherever the edit moved a token the encoding makes (review RV41a F1, F2): the dataset, then
+    the run, again."""
+    where = f" (RUN/base's copy: {base})" if base is not None else ""
+    return (
+        f"give each id of {VOCAB} one token in the tokenizer the run's dataset was built with{where}, "
+        f"build the dataset again with it ({_ENCODED}) and train again: no export of this run can be "
+        "scored as its data was encoded"
+    )
 
 
 def _check_shipped_vocab(tokenizer_json: Path, export: str, dataset: Path | None = None) -> None:
