@@ -66,6 +66,7 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
     samples = results.get("n-samples", {})
     model = str(results.get("gristmill", {}).get("export") or results.get("config", {}).get("model", ""))
     for task, metrics in sorted(results.get("results", {}).items()):
+        settings = settings_of(results, task)  # once a task, not a metric (review RV41a F6)
         for key, value in sorted(metrics.items()):
             metric, comma, filt = key.partition(",")
             if not comma or metric.endswith("_stderr") or metric_number(value) is None:
@@ -82,7 +83,7 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
                     "model": model_of(results, task) or model,
                     "decontamination": mark_of(results, task),
                     "merged": merged,
-                    "settings": settings_of(results, task),
+                    "settings": settings,
                 }
             )
     return rows
