@@ -107,11 +107,10 @@ def _damaged_fix(damaged: Damaged) -> str:
     if rel.parts[0] == LOGS_DIR and damaged.path.parent.name == "stats":
         task = damaged.path.stem
         if rel.parent == Path(BUILD_STATS):
-            return (
-                f"it is datatrove's stats of task {task}, which only the summary report reads (the other "
-                f"reports and --sql over docs work without it). To write it again, "
-                f"{redo_task(task, damaged.root)}"
-            )
+            # every audit checks it against dataset.json first (review RV41b F2: "the other reports
+            # work without it" was said of a file that refused them all)
+            counts = f"it is datatrove's stats of task {task}, the summary's counts"
+            return f"{counts}; {redo_task(task, damaged.root)}"
         return (
             f"it is datatrove's stats of task {task} of a stage before the build's own pass, which no "
             "report needs (the summary counts the build's pass, logs/stats/): delete it and audit again"

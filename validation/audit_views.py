@@ -262,6 +262,7 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     # each copy hashed again (a copy is not a proof: one damaged in place after its first check
     # answered the audit from its bytes, the cache's record of it still "verified": review R16b 1c)
     ensure_checked(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
+    CHECKED_COPIES.add(root.resolve())
     prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR)  # what views read: its own
     try:
         write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data
@@ -370,23 +371,50 @@ def _check_tables(root: Path, info: dict) -> None:
                 f"{root / rel} is {size:,} bytes, but {root / DATASET_JSON} records {want:,}: it changed "
                 f"after the build; {fix(rel)}"
             )
-    # ... and of the sha256 recorded: a bit flipped inside a manifest's page that still decodes answered
-    # other counts, exit 0, where the same dataset audited from a bucket was refused (bucket_copy hashes
-    # its copies at each audit). A bucket's copy was hashed just now: not again.
-    if origin(root) is None and (changed := _first_changed(root, files, sorted(present))) is not None:
-        why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
-        raise DamagedFile(Damaged(root, root / changed, f"{root / changed} is damaged: {why}"))
+    # ... and of the sha256 recorded, every recorded file a view reads (a dedup stage's stats too: the
+    # `stats` view reads logs/**/stats/, review RV41b F1): a bit flipped inside a manifest's page that
+    # still decodes answered other counts, exit 0, where the same dataset audited from a bucket was
+    # refused (bucket_copy hashes its copies at each audit). A copy bucket_copy hashed in this process
+    # is not hashed again; one audited by its path is (RV41b F6).
+    viewed = sorted(r for r in _viewed(root) if r in files)
+    if root.resolve() not in CHECKED_COPIES and (changed := _first_changed(root, files, viewed)) is not None:
+        raise DamagedFile(changed)
 
 
-def _first_changed(root: Path, files: dict, rels: list[str]) -> str | None:
+# the cache copies bucket_copy hashed in this process (their resolved paths): check_roots' not again
+CHECKED_COPIES: set[Path] = set()
+
+
+def _viewed(root: Path) -> set[str]:
+    """The files of dataset `root` the views read (FILE_VIEWS' patterns, globbed as view_files does)."""
+    return {rel for v in FILE_VIEWS.values() for rel in glob.glob(v.pattern, root_dir=root, recursive=True)}
+
+
+def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
     """The first of `rels` (files of dataset `root`) whose content is not of the sha256 `files`
-    (dataset.json's record) gives it, hashed a few at a time (hashlib releases the GIL: ~1.2 GB/s a
-    core; a 10M-document dataset's 571 MB of manifests in ~0.3 s on two cores)."""
+    (dataset.json's record) gives it, or that cannot be read, hashed a few at a time (hashlib releases
+    the GIL: ~1.2 GB/s a core; a 10M-document dataset's 571 MB of manifests in ~0.3 s on two cores)."""
     wanted = [(rel, files[rel].get("sha256")) for rel in rels if isinstance(files[rel], dict)]
     wanted = [(rel, sha) for rel, sha in wanted if isinstance(sha, str)]
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        got = pool.map(lambda rel: file_sha256(root / rel), [rel for rel, _ in wanted])
-        return next((rel for (rel, sha), digest in zip(wanted, got) if digest != sha), None)
+
+    def digest(rel: str) -> str | OSError:
+        try:
+            return file_sha256(root / rel)
+        except OSError as e:  # EIO, EACCES: named, not a traceback (review RV41b F6)
+            return e
+
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    try:
+        for (rel, sha), got in zip(wanted, pool.map(digest, [rel for rel, _ in wanted])):
+            if isinstance(got, OSError):
+                why = f"{type(got).__name__}: {got.strerror or got}"
+                return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})")
+            if got != sha:
+                why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
+                return Damaged(root, root / rel, f"{root / rel} is damaged: {why}")
+        return None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a refusal hashes no more
 
 
 def view_files(view: FileView, root: Path) -> list[str]:

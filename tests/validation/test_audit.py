@@ -612,8 +612,10 @@ def test_a_value_flipped_in_a_manifest_page_is_refused_not_counted(built_dataset
     audit answered other values, exit 0 (validate alone hashed the file), where the same dataset
     audited from a bucket was refused (its copy is hashed at each audit). Now every file the views
     read is hashed against dataset.json first: one line naming the file and its task's fix, under
-    the default tables, --sql and --db alike."""
+    the default tables, --sql and --db alike; also in a cache's copy audited by its path, which only an
+    audit of its URL hashed (review RV41b F6)."""
     from tests.helpers.parquet_damage import flip_a_value_bit
+    from training.data.remote import mark_origin
 
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root)
@@ -621,6 +623,7 @@ def test_a_value_flipped_in_a_manifest_page_is_refused_not_counted(built_dataset
     was, now = flip_a_value_bit(target, "language_score")  # a dictionary page's: every row of that value
     assert was != now and pq.read_table(target)["language_score"].to_pylist()[0] == now  # still decodes
     fix = f"delete {root / 'logs/completions/00001'} and {root / 'dataset.json'}, then rerun the same"
+    mark_origin(root, "s3://bucket/ds")  # a cache's copy audited by its path: no bucket_copy hashed it
     for args in ([], ["--sql", "SELECT sum(language_score) FROM docs"], ["--db", str(tmp_path / "a.duckdb")]):
         capsys.readouterr()
         assert main(["data", "audit", str(root), *args]) == 2, args
@@ -628,6 +631,36 @@ def test_a_value_flipped_in_a_manifest_page_is_refused_not_counted(built_dataset
         assert len(lines) == 1, (args, lines)
         assert lines[0].startswith(f"error: cannot audit {root}: {target} is damaged: the sha256 "), lines
         assert fix in lines[0], lines[0]
+
+
+def test_a_stats_file_edited_at_its_size_is_refused_with_a_fix_that_holds(built_dataset, tmp_path, capsys):
+    """One digit of a stats file changed, its size kept: the build pass's was refused saying the other
+    reports work without it, which the refusal of every audit made false (review RV41b F2); a dedup
+    stage's, which the `stats` view reads too (logs/**/stats/), was never checked: `--sql` over it
+    answered the edited count, exit 0 (RV41b F1)."""
+    from training.contract.dataset_format import record_files
+
+    build_pass = sorted((built_dataset / "logs" / "stats").glob("*.json"))[0]
+    for where in ("logs/stats", "logs/dedup/exact/stats"):
+        root = tmp_path / where.replace("/", "-")
+        shutil.copytree(built_dataset, root)
+        target = root / where / build_pass.name
+        if where != "logs/stats":  # a dedup stage's, recorded as a build records them
+            target.parent.mkdir(parents=True)
+            shutil.copy(build_pass, target)
+            info = json.loads((root / "dataset.json").read_text())
+            info["files"] = record_files(root)
+            info["fingerprint"] = fingerprint(info)
+            (root / "dataset.json").write_text(json.dumps(info))
+        assert main(["data", "audit", str(root), "--sql", "SELECT count(*) FROM stats"]) == 0
+        text = target.read_text()
+        digit = next(i for i, c in enumerate(text) if c.isdigit() and c != "9")
+        target.write_text(text[:digit] + str(int(text[digit]) + 1) + text[digit + 1 :])  # the same size
+        capsys.readouterr()
+        assert main(["data", "audit", str(root), "--sql", "SELECT count(*) FROM stats"]) == 2, where
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"{target} is damaged: the sha256 " in lines[0], lines
+        assert "work without it" not in lines[0], lines[0]
 
 
 def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):
