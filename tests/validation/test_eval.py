@@ -3227,12 +3227,13 @@ def test_a_member_recorded_without_settings_is_told_so_and_tabled_by_the_rule_ev
 def test_a_table_whose_derived_settings_an_older_rule_wrote_still_holds_the_scores(tmp_path):
     """eval.parquet's `settings` of a member recorded without settings of its own are its groups' by a
     rule that changed (RV35a F3): a finished run's table written before was refused by the audit as
-    not holding the scores, though only that derived column differed (review RV41a F4). It holds them;
-    a row's own settings changed, or a value, is still another table."""
+    not holding the scores, though only that derived column differed (review RV41a F4). It holds them
+    where that column is what an older rule wrote (none, or a holder's whole line); any other value
+    there (RV41b F4), a row's own settings changed, or a value, is still another table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training.contract.eval_table import stale_eval_table
+    from training.contract.eval_table import settings_line, stale_eval_table
     from validation.eval_results import write_step_json
 
     member = {"requests": 12, "cut_docs": 0, "of_docs": 6, "limit": 256, "max_length": 256}  # no settings
@@ -3255,9 +3256,15 @@ def test_a_table_whose_derived_settings_an_older_rule_wrote_still_holds_the_scor
 
     older = written(lambda r: r | {"settings": None} if r["task"] == "own_mc" else r)  # two groups: none
     assert older is None, older
+    whole = settings_line(settings | {"definition": "a" * 64})  # a holder's whole line, as 795c7a8 wrote
+    record["gristmill_tasks"]["g1"] = own | {"settings": settings | {"definition": "a" * 64}}
+    write_step_json(tmp_path, 1, record)
+    rows = pq.read_table(table).to_pylist()
+    assert written(lambda r: r | {"settings": whole} if r["task"] == "own_mc" else r) is None
     for edit in (
         lambda r: r | {"settings": None} if r["task"] == "alone" else r,  # its own settings
         lambda r: r | {"value": 0.75} if r["task"] == "own_mc" else r,
+        lambda r: r | {"settings": "limit=5, num_fewshot=25"} if r["task"] == "own_mc" else r,  # RV41b F4
     ):
         assert "does not hold the scores" in (written(edit) or ""), edit
 

@@ -377,18 +377,23 @@ def stale_eval_table(run_dir: str | Path) -> str | None:
         r.get(c) == _LATER_COLUMNS[c] for r in wanted for c in missing
     )
 
-    def derived(row: dict[str, Any]) -> bool:
-        # a row whose record holds no settings of its own (an older gristmill's member): its `settings`
-        # are its groups' or tags' by a rule a later gristmill may read otherwise (RV35a F3 changed it;
-        # a finished run's table was then refused as not holding the scores: review RV41a F4)
+    def as_derived_now(row: dict[str, Any]) -> dict[str, Any]:
+        # A row whose record holds no settings of its own (an older gristmill's member): its `settings`
+        # are its groups' or tags' by a rule that changed (RV35a F3; a finished run's table was then
+        # refused as not holding the scores: review RV41a F4). What an older rule wrote (none, or a
+        # holder's whole line) is today's; any other value is not (review RV41b F4).
         step_results = results[bool(row.get("merged"))].get(row.get("step"), {})
-        return settings_holders(step_results, str(row.get("task"))) != [row.get("task")]
+        task = str(row.get("task"))
+        holders = settings_holders(step_results, task)
+        if "settings" not in row or holders == [task]:
+            return row
+        older = {None, *(settings_line(step_results[GRISTMILL_TASKS][h]["settings"]) for h in holders)}
+        return {**row, "settings": settings_of(step_results, task)} if row["settings"] in older else row
 
     def keys(rows: list[dict[str, Any]]) -> list[str]:  # as written, NaN equal to NaN
-        shown = [{c: r.get(c) for c in columns if c != "settings" or not derived(r)} for r in rows]
-        return sorted(json.dumps(r, sort_keys=True, default=str) for r in shown)
+        return sorted(json.dumps({c: r.get(c) for c in columns}, sort_keys=True, default=str) for r in rows)
 
-    if later and keys(have) == keys(wanted):
+    if later and keys([as_derived_now(r) for r in have]) == keys(wanted):
         return None
     steps = {(r.get("step"), bool(r.get("merged"))) for r in have}
     gone = sorted(s for s, merged in steps if s not in results[merged])
