@@ -1560,6 +1560,13 @@ def test_eval_judges_an_export_s_tokenizer_by_what_its_encoding_does(eval_run, t
     said = str(refused.value)
     assert said.endswith(f"{retrain} (RUN/base's copy: {base / 'tokenizer.json'}){then}"), said
     assert "copy it" not in said and keep not in said, said
+    # RUN/base's copy edited to one token an id meanwhile: not named as holding that vocab (RV41b F5)
+    (base / "tokenizer.json").write_text(json.dumps({**json.loads((base / "tokenizer.json").read_text()),
+                                                     "model": model}))  # fmt: skip
+    with pytest.raises(ExportError) as refused:
+        check_export_tokenizer(export, export, {"tokenizer.json": base / "tokenizer.json"}, scoring=True)
+    assert str(refused.value).endswith(f"{retrain}{then}"), str(refused.value)
+    shutil.copy(export / "tokenizer.json", base / "tokenizer.json")  # as the cases below expect it
     # RV34c G7: at a run's start from that base, the dataset was encoded with its vocab: rebuilt too (the
     # edited base alone was refused at the next start against the dataset)
     rebuild = "and build the dataset again with it (its data was encoded with this vocab)"
@@ -2085,6 +2092,35 @@ def test_the_local_tasks_of_a_dataset_without_a_tokenizer_are_one_line(tmp_path)
     with pytest.raises(EvalError) as refused:
         heldout_texts(tmp_path / "ds", 0.1, 5)
     assert str(refused.value).startswith(f'{tmp_path / "ds"} records no tokenizer (tokenizer_sha256 "none")')
+
+
+def test_the_local_tasks_of_a_dataset_whose_vocab_shares_an_id_say_to_rebuild_and_retrain(
+    built_dataset, tmp_path
+):
+    """A dataset built before the build refused a vocab giving one id to two tokens (its encoder's copy
+    loaded about half the time): the local tasks' encoder refused it saying to edit its tokenizer.json,
+    which the dataset's record and the run's data were made with (review RV41b F3). One line with
+    eval's advice for such a vocab: the tokenizer fixed, the dataset built again, the run trained again."""
+    from training.contract.dataset_format import file_sha256, fingerprint
+    from validation.eval_data import EvalError, heldout_texts
+
+    ds = tmp_path / "ds"
+    shutil.copytree(built_dataset, ds)
+    spec = json.loads((ds / "tokenizer.json").read_text())
+    token = next(t for t in spec["model"]["vocab"] if len(t) > 2)
+    spec["model"]["vocab"]["zzz0"] = spec["model"]["vocab"][token]
+    (ds / "tokenizer.json").write_text(json.dumps(spec))
+    info = json.loads((ds / "dataset.json").read_text())
+    info["tokenizer_sha256"] = file_sha256(ds / "tokenizer.json")  # as a build records it
+    info["fingerprint"] = fingerprint(info)
+    (ds / "dataset.json").write_text(json.dumps(info))
+    with pytest.raises(EvalError) as refused:
+        heldout_texts(ds, 0.1, 5)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(
+        f"{ds / 'tokenizer.json'}: its model.vocab gives one id to "
+    ), line
+    assert "build the dataset again with it" in line and "and train again" in line, line
 
 
 def _own_task(folder: Path, name: str = "own_mc", extra: str = "") -> Path:

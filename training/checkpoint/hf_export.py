@@ -444,7 +444,9 @@ def check_export_tokenizer(
         ]
         if own_key == VOCAB:  # the vocab the run's data was encoded with: no export or copy fixes it
             held = Path(named.get(TOKENIZER_JSON, out_dir / TOKENIZER_JSON))
-            fix = _vocab_rescoring_fix(held if held.parent != out_dir else None)
+            # RUN/base's copy named only where it holds that vocab (review RV41b F5)
+            ours = held.parent != out_dir and _same_entry(held, out_dir / TOKENIZER_JSON, VOCAB)
+            fix = vocab_rescoring_fix(held if ours else None)
         else:
             fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
@@ -635,7 +637,7 @@ def _vocab_fix(tokenizer_json: Path, dataset: Path | None = None) -> str:
 _ENCODED = "its data was encoded with this vocab"
 
 
-def _vocab_rescoring_fix(base: Path | None) -> str:
+def vocab_rescoring_fix(base: Path | None) -> str:
     """The fix of such a vocab in an export being scored: its run trained on data encoded with it (an
     older run: no start refused it then; a run from a base: check_base_data held the dataset's vocab to
     the base's). Copying the export shipped the same file again (the advice looped: review RV34c), and
