@@ -443,10 +443,8 @@ def check_export_tokenizer(
             and _same_entry(Path(named[file]), out_dir / file, key)
         ]
         if own_key == VOCAB:  # the vocab the run's data was encoded with: no export or copy fixes it
-            held = Path(named.get(TOKENIZER_JSON, out_dir / TOKENIZER_JSON))
-            # RUN/base's copy named only where it holds that vocab (review RV41b F5)
-            ours = held.parent != out_dir and _same_entry(held, out_dir / TOKENIZER_JSON, VOCAB)
-            fix = vocab_rescoring_fix(held if ours else None)
+            # RUN/base's copy named only where it holds that vocab (`base`: review RV41b F5)
+            fix = vocab_rescoring_fix(base[0][1] if base else None)
         else:
             fix = rescoring_fix(Path(export), transformers.__version__, _edits(base) if base else None)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
