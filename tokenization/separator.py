@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tokenization.tokenizer_io import TokenizerError
-from training.contract.dataset_format import as_encoded, shared_ids
+from training.contract.dataset_format import as_encoded, shared_ids, shared_ids_said
 from training.contract.separator_check import misplaced_separators
 
 
@@ -104,6 +104,15 @@ def vocab_size_of(tokenizer: Tokenizer) -> int:
     return max(len(vocab), max(vocab.values(), default=-1) + 1)
 
 
+class SharedIdsError(TokenizerError):
+    """A vocab that gives one id to several tokens (`shared`: shared_ids' answer); a caller whose data
+    was already encoded with it says its own fix (validation/eval_data.py heldout_texts)."""
+
+    def __init__(self, message: str, shared: list[tuple[int, list[str]]]):
+        super().__init__(message)
+        self.shared = shared
+
+
 class DocumentEncoder:
     """Encodes documents under the separator contract; checks the tokenizer at construction.
 
@@ -130,12 +139,11 @@ class DocumentEncoder:
         if shared := shared_ids(tokenizer.get_vocab(with_added_tokens=False)):
             # tokenizers keeps either token of such an id, another at each load: the copy below lost
             # one and failed ("Token … out of vocabulary"), a traceback, or every task of the build did
-            i, tokens = shared[0]
-            more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
-            raise TokenizerError(
-                f"{source}: its model.vocab gives one id to several tokens (id {i}: "
-                f"{', '.join(map(repr, tokens))}{more}), so its documents would not encode and decode as "
-                f"one text; give each id of model.vocab one token in {path or 'its tokenizer.json'}"
+            raise SharedIdsError(
+                f"{source}: its model.vocab {shared_ids_said(shared)}, so its documents would not encode "
+                f"and decode as one text; give each id of model.vocab one token in "
+                f"{path or 'its tokenizer.json'}",
+                shared,
             )
         self.tokenizer = Tokenizer.from_str(encoded)
         self.tokenizer.encode_special_tokens = True

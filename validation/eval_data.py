@@ -41,10 +41,10 @@ import yaml
 from fsspec.utils import glob_translate
 from tokenizers import Tokenizer
 
-from tokenization.separator import DocumentEncoder, SeparatorPolicy
+from tokenization.separator import DocumentEncoder, SeparatorPolicy, SharedIdsError
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
-from training.contract.dataset_format import TOKENIZER_JSON, file_sha256, shared_ids
+from training.contract.dataset_format import TOKENIZER_JSON, file_sha256, shared_ids_said
 from training.contract.errors import GristmillError
 from training.contract.object_store import is_url
 from training.data.reader import DocumentTable
@@ -903,20 +903,18 @@ def heldout_texts(
         )
     ensure(table.root, [TOKENIZER_JSON])  # a bucket's dataset: fetched and checked
     tok = Tokenizer.from_file(str(table.root / TOKENIZER_JSON))
-    if shared := shared_ids(tok.get_vocab(with_added_tokens=False)):  # a dataset built before the build
-        # refused such a vocab: the encoder's refusal said to edit the file, which the dataset and the
-        # run were encoded with (review RV41b F3)
-        from training.checkpoint.hf_export import vocab_rescoring_fix
-
-        i, tokens = shared[0]
-        raise EvalError(
-            f"{table.root / TOKENIZER_JSON}: its model.vocab gives one id to several tokens (id {i}: "
-            f"{', '.join(map(repr, tokens))}), so the local tasks' texts would not decode as the run's data "
-            f"was encoded; {vocab_rescoring_fix(None)}"
-        )
     sep = table.info["separator"]
     # the text encoded again as the build did (and eval does: no specials added, literal ones text)
-    encoder = DocumentEncoder(tok, SeparatorPolicy(sep["token"], sep["position"]), str(table.location))
+    try:
+        encoder = DocumentEncoder(tok, SeparatorPolicy(sep["token"], sep["position"]), str(table.location))
+    except SharedIdsError as e:  # a dataset built before the build refused such a vocab: the encoder's
+        # fix (edit the file) fits no dataset and run already encoded with it (review RV41b F3)
+        from training.checkpoint.hf_export import vocab_rescoring_fix
+
+        raise EvalError(
+            f"{table.root / TOKENIZER_JSON}: its model.vocab {shared_ids_said(e.shared)}, so the local "
+            f"tasks' texts would not decode as the run's data was encoded; {vocab_rescoring_fix(None)}"
+        ) from None
     rows = table.split_rows(np.arange(min(max_docs, table.documents)))
     texts, left_out = [], 0
     for r in rows.tolist():

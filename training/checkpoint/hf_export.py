@@ -94,6 +94,7 @@ from training.contract.dataset_format import (
     framed_as_trained,
     read_dataset_info,
     shared_ids,
+    shared_ids_said,
     tokenizer_problem,
     without_dropout,
 )
@@ -680,10 +681,8 @@ def _check_shipped_vocab(tokenizer_json: Path, export: str, dataset: Path | None
 
 def _shared_ids_words(shared: list[tuple[int, list[str]]]) -> str:
     """The problem of tokenizer.json's ids that name several tokens (shared_ids), in words."""
-    i, tokens = shared[0]
-    more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
     return (
-        f"gives one id to several tokens (id {i}: {', '.join(map(repr, tokens))}{more}): "
+        f"{shared_ids_said(shared)}: "
         "tokenizers decodes such an id as either token, another at each load of the same file, so the "
         "answers gristmill's eval generates are no one text"
     )

@@ -407,6 +407,14 @@ def shared_ids(vocab: Mapping[str, int]) -> list[tuple[int, list[str]]]:
     return sorted((i, sorted(names)) for i, names in tokens.items() if len(names) > 1)
 
 
+def shared_ids_said(shared: list[tuple[int, list[str]]]) -> str:
+    """shared_ids' answer in words, as every refusal of such a vocab says it: `gives one id to several
+    tokens (id 300: 'zzz0', 'Ġe'; 2 ids so)`."""
+    i, tokens = shared[0]
+    more = f"; {len(shared)} ids so" if len(shared) > 1 else ""
+    return f"gives one id to several tokens (id {i}: {', '.join(map(repr, tokens))}{more})"
+
+
 # The parts of a tokenizer.json that decide which ids a text becomes (the build encodes without the
 # post-processor; the decoder only turns ids back into text; truncation and padding are unused).
 TOKENIZER_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
