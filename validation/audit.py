@@ -55,6 +55,7 @@ from validation.audit_views import (
     Damaged,
     DamagedFile,
     bucket_copy,
+    check_roots,
     connect,
     dataset_json,
     describe_views,
@@ -641,10 +642,12 @@ def _run(args: argparse.Namespace) -> int:
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
     refuse_empty({"--db": args.db, "--plots": args.plots})
+    checked = None  # the roots' files, hashed once where the views are made twice (--db)
     if args.db:
         _refuse_other_file(Path(args.db))
         try:
-            views = persist(args.dirs, args.db)
+            checked = check_roots(args.dirs)
+            views = persist(args.dirs, args.db, checked)
         except duckdb.IOException as e:
             raise AuditError(f"cannot write --db {args.db}: {str(e).strip().splitlines()[0]}") from None
         except duckdb.CatalogException as e:  # e.g. a table of the user's own named docs
@@ -653,7 +656,7 @@ def _run(args: argparse.Namespace) -> int:
                 "file, or a database only the audit wrote"
             ) from None
         print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)
-    con, _ = connect(args.dirs)
+    con, _ = connect(args.dirs, checked)
     try:
         if args.sql is not None:
             try:

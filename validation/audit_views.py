@@ -20,7 +20,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +55,7 @@ from training.contract.eval_table import (
     read_between_writes,
     stale_eval_table,
 )
+from training.contract.integrity import in_threads
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
 from training.data.recipe import CONSUMPTION_COLUMNS_ADDED, CONSUMPTION_SCHEMA
@@ -392,8 +392,8 @@ def _viewed(root: Path) -> set[str]:
 
 def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
     """The first of `rels` (files of dataset `root`) whose content is not of the sha256 `files`
-    (dataset.json's record) gives it, or that cannot be read, hashed a few at a time (hashlib releases
-    the GIL: ~1.2 GB/s a core; a 10M-document dataset's 571 MB of manifests in ~0.3 s on two cores)."""
+    (dataset.json's record) gives it, or that cannot be read, hashed on a few threads (in_threads: ~1.2
+    GB/s a core; a 10M-document dataset's 571 MB of manifests in ~0.3 s on two cores)."""
     wanted = [(rel, files[rel].get("sha256")) for rel in rels if isinstance(files[rel], dict)]
     wanted = [(rel, sha) for rel, sha in wanted if isinstance(sha, str)]
 
@@ -403,18 +403,14 @@ def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
         except OSError as e:  # EIO, EACCES: named, not a traceback (review RV41b F6)
             return e
 
-    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
-    try:
-        for (rel, sha), got in zip(wanted, pool.map(digest, [rel for rel, _ in wanted])):
-            if isinstance(got, OSError):
-                why = f"{type(got).__name__}: {got.strerror or got}"
-                return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})")
-            if got != sha:
-                why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
-                return Damaged(root, root / rel, f"{root / rel} is damaged: {why}")
-        return None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # a refusal hashes no more
+    for (rel, sha), got in zip(wanted, in_threads(digest, [rel for rel, _ in wanted])):
+        if isinstance(got, OSError):
+            why = f"{type(got).__name__}: {got.strerror or got}"
+            return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})")
+        if got != sha:
+            why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
+            return Damaged(root, root / rel, f"{root / rel} is damaged: {why}")
+    return None
 
 
 def view_files(view: FileView, root: Path) -> list[str]:
@@ -529,12 +525,16 @@ def create_views(con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[
     return created
 
 
-def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+def connect(
+    roots: list[str | Path], checked: list[Path] | None = None
+) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
     """An in-memory database holding the views, able to read only inside the dataset directories.
+    `checked`: check_roots(roots) already (`--db` makes the views twice in one audit: its files are
+    hashed once).
 
     Returns the connection and the dataset names (the `dataset_name` values, in `roots` order).
     """
-    paths = check_roots(roots)
+    paths = check_roots(roots) if checked is None else checked
     names = dataset_names(paths)
     con = duckdb.connect(":memory:", config=_CONFIG)
     con.execute("SET enable_progress_bar = false")  # it would interleave with the tables on the terminal
@@ -553,14 +553,15 @@ def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[st
     return con, names
 
 
-def persist(roots: list[str | Path], db_path: str | Path) -> list[str]:
-    """Create (or replace) the views in a duckdb database file; returns the view names."""
+def persist(roots: list[str | Path], db_path: str | Path, checked: list[Path] | None = None) -> list[str]:
+    """Create (or replace) the views in a duckdb database file; returns the view names (`checked`: as
+    connect's)."""
     if "\\" in str(db_path):  # duckdb opens db\x.duckdb as db/x.duckdb: another file (review RV32g A)
         raise DatasetError(
             f"--db {db_path}: duckdb reads a '\\' in a database path as a '/', so it would write "
             f"{str(db_path).replace(chr(92), '/')} instead; name the file without '\\'"
         )
-    paths = check_roots(roots)
+    paths = check_roots(roots) if checked is None else checked
     con = duckdb.connect(str(db_path), config=_CONFIG)
     try:
         return create_views(con, paths, dataset_names(paths))

@@ -69,7 +69,7 @@ def file_digest(path: str | Path, algorithm: str) -> str:
     return f"{crc:08x}" if algorithm == "crc32" else sha.hexdigest()
 
 
-def _in_threads(fn, items: list) -> list:
+def in_threads(fn, items: list) -> list:
     """fn over items on up to 8 threads (hashing releases the GIL), results in order."""
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(items)))) as pool:
         return list(pool.map(fn, items))
@@ -83,7 +83,7 @@ def file_records(root: str | Path, names: Iterable[str], algorithm: str) -> dict
         path = root / name
         return {"size": path.stat().st_size, algorithm: file_digest(path, algorithm)}
 
-    return dict(zip(names, _in_threads(one, names)))
+    return dict(zip(names, in_threads(one, names)))
 
 
 def damaged_files(root: str | Path, records: Any) -> list[str]:
@@ -122,7 +122,7 @@ def damaged_files(root: str | Path, records: Any) -> list[str]:
             )
         return None
 
-    return problems + [p for p in _in_threads(check, to_hash) if p is not None]
+    return problems + [p for p in in_threads(check, to_hash) if p is not None]
 
 
 def sealed(record: dict[str, Any], key: str) -> dict[str, Any]:
