@@ -451,7 +451,7 @@ def replaced_settings(
     parts = [f"{task} ({held})" for task, held in variants.items()]
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
         was, now = _parsed(settings_of(old, task), old, task), _parsed(settings_of(new, task), new, task)
-        if now != UNRECORDED and not _own_settings(old, task):  # RV35a F2, RV35c L2: no `? → …`, nor
+        if now != UNRECORDED and settings_holders(old, task) != [task]:  # RV35a F2, RV35c L2: no `? → …`, nor
             # its group's definition taken for its own (`definition GROUP'S → ITS OWN`, an edit nobody made)
             parts.append(f"{task} ({_without_own_settings(old, task, now)})")
             continue
@@ -472,12 +472,6 @@ def replaced_settings(
         if changes:
             parts.append(f"{task} ({', '.join(changes)})")
     return ", ".join(parts)
-
-
-def _own_settings(results: dict[str, Any], task: str) -> bool:
-    """Whether `task`'s entry in `results` (a step's results dict) records settings of its own."""
-    info = results.get(GRISTMILL_TASKS, {}).get(task)
-    return isinstance(info, dict) and isinstance(info.get("settings"), dict)
 
 
 def _without_own_settings(old: dict[str, Any], task: str, now: dict[str, str]) -> str:
