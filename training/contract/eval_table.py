@@ -147,12 +147,7 @@ def settings_holders(
     RV35a F3). Several where it is under several (which of them scored it last is not recorded); [] where
     none has: recorded before settings were."""
     tasks, groups = results.get(GRISTMILL_TASKS, {}), results.get("group_subtasks", {})
-    # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's entry)
-    tags = {
-        t: _tag_members(t, info, tag_members)
-        for t, info in tasks.items()
-        if t not in results.get("results", {})
-    }
+    tags: dict[str, Sequence[str]] | None = None  # made once a name holds none: a table asks per task
     found, todo, seen = [], [task], set()
     while todo:
         name = todo.pop()
@@ -163,6 +158,9 @@ def settings_holders(
         if isinstance(info, dict) and isinstance(info.get("settings"), dict):
             found.append(name)
             continue
+        if tags is None:  # the entries of no scores: tags' (lm-eval records none, gristmill a planned one's)
+            scored = results.get("results", {})
+            tags = {t: _tag_members(t, i, tag_members) for t, i in tasks.items() if t not in scored}
         todo += [g for g, subs in groups.items() if name in subs]
         todo += [t for t, members in tags.items() if name in members]
     return sorted(found)
