@@ -5,6 +5,7 @@ warm loader speed, and the local loader of the new layout against the old one.
                                  [--seq-len 2048] [--global-batch 32] [--group-blocks 16]
                                  [--val-fraction 0.001] [--cold-shards 40] [--warm-steps 200]
                                  [--repeats 3] [--warm-workers 0,2] [--warm-world 2,8]
+                                 [--train-tokens-per-s 81517]
 
 Against moto's S3 server on loopback (pipelines/local_s3.py), reached through the tests' seeded
 fault-injecting proxy (tests/helpers/s3_server.py), which also counts the requests and the body bytes
@@ -32,6 +33,9 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     reader that checks each sample it uses can reach; then rank 0 of --warm-world ranks (its 1/N of
     each step, in the loop's process): a rank's reader reads and checks every sample of its group
     whole, as one rank alone does, while the local loader reads only the rank's documents;
+  - the loader's share of a training step: each warm loader's seconds per second of a training that
+    consumes --train-tokens-per-s tokens a rank (the fastest measured, on an H200), local and from the
+    bucket, and the training tokens/s that follow where the loader runs in the step's process;
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -207,6 +211,13 @@ def main() -> None:
         default=[2, 8],
         help="world sizes of the per-rank warm runs (rank 0's loader), comma-separated",
     )
+    p.add_argument(
+        "--train-tokens-per-s",
+        type=float,
+        default=81_517.0,
+        help="a rank's training tokens/s for the loader's share of a step (default: the fastest measured, "
+        "the 1.24B recipe with model.float8 on one H200, bench/RESULTS.md)",
+    )
     args = p.parse_args()
     epoch_order.GROUP_BLOCKS = args.group_blocks  # before any loader is built: many groups at bench scale
 
@@ -275,11 +286,13 @@ def main() -> None:
         n = min(args.warm_steps, steps)
         run_steps(url, args, working, n, **vf)  # every block of those steps in the cache
         tokens = n * args.global_batch * args.seq_len
+        per_rank: dict[str, dict[str, float]] = {}  # a rank's loader, tokens/s: its share of a step below
         for workers in args.warm_workers:
             # After the first batch: the steps alone (the open asks the bucket for dataset.json and
             # the held-out prefix, once a run; the workers start).
             whole, after, _ = warm_pair(url, local, working, args, n, num_workers=workers, **vf)
             rate = {k: tokens / v for k, v in whole.items()}
+            per_rank[f"one rank, data.num_workers = {workers}"] = rate
             print(
                 f"warm loader, {n} steps, data.num_workers = {workers}: bucket "
                 f"{rate['bucket'] / 1e6:.2f}M tokens/s, local {rate['local'] / 1e6:.2f}M tokens/s: "
@@ -321,6 +334,7 @@ def main() -> None:
                 continue
             kw = {"micro_batch": g // world, "rank": 0, "world_size": world, **vf}
             whole, after, _ = warm_pair(url, local, working, args, n, **kw)
+            per_rank[f"rank 0 of {world}"] = {k: tokens / world / v for k, v in whole.items()}
             print(
                 f"warm loader, {n} steps, rank 0 of {world} (its 1/{world} of each step), groups of "
                 f"{args.group_blocks}: bucket {tokens / world / whole['bucket'] / 1e6:.2f}M tokens/s, "
@@ -339,11 +353,27 @@ def main() -> None:
             f"local loader, {n} steps: gristmill-shards/3 {rate['new'] / 1e6:.2f}M tokens/s, /2 "
             f"{rate['old'] / 1e6:.2f}M tokens/s: ratio {rate['new'] / rate['old']:.3f}"
         )
+        step_share(per_rank, args.train_tokens_per_s)
         print()
         projection()
     finally:
         proxy.stop()
         s3.stop()
+
+
+def step_share(per_rank: dict[str, dict[str, float]], train: float) -> None:
+    """What each loader measured above costs a training that consumes `train` tokens/s per rank: the
+    seconds its loop spends reading a training second's tokens, local and from the bucket, and the
+    bucket's extra as a share of the step (in the loop's process it adds to the step; with workers it
+    runs beside it, on the node's other cores)."""
+    print(f"the loader's share of a training step at {train:,.0f} tokens/s per rank (--train-tokens-per-s):")
+    for label, rate in per_rank.items():
+        local, bucket = train / rate["local"], train / rate["bucket"]
+        print(
+            f"  {label}: local {local * 100:.3f}%, bucket {bucket * 100:.3f}% of each second; the bucket "
+            f"adds {(bucket - local) * 100:.3f}%: training tokens/s, bucket ÷ local, "
+            f"{(1 + local) / (1 + bucket):.4f}"
+        )
 
 
 def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
