@@ -812,6 +812,51 @@ def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
     assert all(f.read_bytes() == b"not the cache's" for f in foreign) and not dead.exists()
 
 
+def test_a_mixture_of_a_local_and_a_bucket_source_through_phases_gives_the_local_batches(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A plan whose sources are a local dataset and a bucket's, through phases that change the
+    weights (one source alone, then both), the sequence length and the global batch, with faults:
+    every step's batch is the plan's over both local copies, for one rank and for each rank of two,
+    and from a step in the middle (a resume). The sources' pieces interleave in a batch, each
+    written in place by its own table (BatchBuilder.read's `at`), the bucket's out of its checked
+    copies: where the two meet, on a step that reads both, nothing else checks it."""
+    from training.data.loader import TokenLoader
+    from training.data.plan import LRPiece, Phase, Plan, Source
+
+    local, url = synthetic
+    other = make_dataset(tmp_path / "other", n_docs=200, seed=5)
+    lr = LRPiece(1e-3, 1e-3, "constant")
+    phases = [
+        Phase("a", 5, 64, 8, (1, 0), lr),
+        Phase("both", 6, 32, 16, (1, 3), lr),
+        Phase("b", 4, 128, 4, (0, 1), lr),
+        Phase("again", 5, 64, 8, (2, 1), lr),
+    ]
+
+    def batches(location: str | Path, world: int = 1, start: int = 0) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for rank in range(world):
+            tables = [DocumentTable(other), DocumentTable(location, cache=cache(tmp_path))]
+            sources = [Source.of(tables[0], "a", max_epochs=None), Source.of(tables[1], "b", max_epochs=None)]
+            plan = Plan(sources, phases, seed=11)
+            micro = tuple(p.global_batch // world for p in phases)
+            loader = TokenLoader(plan, tables, micro_batch=micro, rank=rank, world_size=world)
+            loader.seek(start)
+            for step, b in zip(range(start, plan.total_steps), loader):
+                out.setdefault(step, []).append(batch_sha256(b))
+        return out
+
+    s3.proxy.set_faults(FaultMix(seed=7))
+    try:
+        for world, start in ((1, 0), (2, 0), (1, 8)):
+            want = batches(local, world, start)
+            assert len(want) == 20 - start and len({h for v in want.values() for h in v}) > 10
+            assert batches(url, world, start) == want, (world, start)
+    finally:
+        s3.proxy.set_faults(None)
+
+
 def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, small_blocks, tmp_path):
     """Each sample is one range request, fetched once; an epoch group's samples all come before the
     group's first step (its plan needs their lengths), the groups in the plan's order."""
