@@ -61,6 +61,7 @@ from validation.audit_views import (
     describe_views,
     find_damaged,
     persist,
+    unchecked_tables,
     unfinished_builds,
 )
 from validation.validate import VALIDATION_JSON
@@ -642,11 +643,13 @@ def _run(args: argparse.Namespace) -> int:
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
     refuse_empty({"--db": args.db, "--plots": args.plots})
-    checked = None  # the roots' files, hashed once where the views are made twice (--db)
     if args.db:
         _refuse_other_file(Path(args.db))
+    checked = check_roots(args.dirs)  # the roots' files, hashed once where the views are made twice (--db)
+    for table in unchecked_tables(args.dirs):  # named as the user named them
+        print(f"note: {table}: its pages were read as they are; {_damaged_fix(table)}", file=sys.stderr)
+    if args.db:
         try:
-            checked = check_roots(args.dirs)
             views = persist(args.dirs, args.db, checked)
         except duckdb.IOException as e:
             raise AuditError(f"cannot write --db {args.db}: {str(e).strip().splitlines()[0]}") from None

@@ -3624,16 +3624,24 @@ def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_r
     from training.data.recipe import CONSUMPTION_SCHEMA
 
     run = _copy_run(eval_run[0], tmp_path / "run")
-    pq.write_table(pa.Table.from_pylist([], schema=CONSUMPTION_SCHEMA), run / "consumption.parquet")
+    consumption = run / "consumption.parquet"
+    pq.write_table(pa.Table.from_pylist([], schema=CONSUMPTION_SCHEMA), consumption, write_page_checksum=True)
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
     table = run / "eval.parquet"
-    fresh = pq.read_table(table)
-    old = fresh.drop(["merged"])  # as written before that column: its rows are no merged weights' scores
-    pq.write_table(old, table)
     count = ["data", "audit", str(run), "--sql", "SELECT count(*) AS n, count(merged) AS m FROM eval"]
     capsys.readouterr()
+    assert main(count) == 0 and "note:" not in capsys.readouterr().err  # as gristmill writes them
+    fresh = pq.read_table(table)
+    old = fresh.drop(["merged"])  # as written before that column: its rows are no merged weights' scores
+    pq.write_table(old, table)  # and before page checksums were (review RV32e F7: read without a word)
     assert main([*count, "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
+    got = capsys.readouterr()
+    assert json.loads(got.out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
+    assert got.err.strip().splitlines() == [
+        f"note: {table} was written before gristmill kept page checksums in it: its pages were read as "
+        f"they are; it is derived from {run / 'eval'}/*/results.json, which hold the scores: write it "
+        f"again from them with `gristmill eval {run} --table` (it scores nothing)"
+    ], got.err
     # without a column whose values the results hold (the marks; the scores themselves): not its rows,
     # though the view would read them as null (review R23g S3)
     for gone in (["decontamination"], ["settings"]):
