@@ -9,12 +9,14 @@ build.json and config.toml), each file hashed here first and refused if it is no
 says (a file damaged on disk never reaches the bucket, nor is skipped because the bucket holds its
 bytes already). Each is one PUT (a reader sees the old object
 or the whole new one, never a part) carrying Content-MD5, which the store checks, and its sha256 in
-the object's metadata. An object already there is skipped only when its content is the file's
-(`ObjectStore.holds`: the store's MD5 of what it stored, never the sha256 the metadata claims), so a
+the object's metadata; a file past one PUT's 5 GiB (an index file from ~170M documents) goes up in
+checked parts, seen as atomically (ObjectStore.put_file). An object already there is skipped only
+when its content is the file's (`ObjectStore.holds`: the store's MD5 of what it stored, or of its
+parts' MD5s, never the sha256 the metadata claims), so a
 rerun after a kill uploads only the rest, and one over a damaged object repairs it. Then
-dataset.json, the commit point: a reader that finds it finds every object it lists. No multipart
-upload is ever started (one PUT takes 5 GiB, more than any shard); one left under the prefix by
-another tool is aborted before anything is uploaded. The local validation.json stays local: the
+dataset.json, the commit point: a reader that finds it finds every object it lists. A multipart
+upload left unfinished under the prefix (a killed upload, another tool) is aborted before anything is
+uploaded. The local validation.json stays local: the
 bucket's comes only from validating the bucket (`gristmill data validate s3://…`).
 
 A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset

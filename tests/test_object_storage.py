@@ -1948,6 +1948,58 @@ def test_a_bucket_encrypting_with_kms_keys_uploads_and_compares_by_content(s3, s
         s3.proxy.kms = False
 
 
+def test_a_file_past_one_put_goes_up_in_parts_each_checked_and_is_compared_by_its_parts(
+    s3, synthetic, tmp_path, monkeypatch
+):
+    """A file past S3's 5 GiB for one PUT was refused after the whole build or upload ("more than one
+    PUT takes: lower shards.target_mb", which changes no index file): doc_sha256.bin passes it from
+    ~170M documents (48 GB at FineWeb-Edu's 1.5B), so a bucket build of it could not commit (review
+    RV42b 1). Such a file goes up in parts (the limit lowered here: every file past 1 KiB), through
+    faults, each part with its Content-MD5; the readers read the local batches; a rerun finds the
+    content by the store's ETag of the parts, without downloading it; a file of several parts whose
+    bytes differ is put again; a file that is not what its caller hashed is not uploaded, and no
+    part is left behind."""
+    from training.contract import object_store as store_module
+
+    local, _ = synthetic
+    url = s3.url("parts")
+    store = ObjectStore(url)
+    monkeypatch.setattr(store_module, "MAX_PUT_BYTES", 1 << 10)
+    s3.proxy.set_faults(FaultMix(seed=11))
+    try:
+        assert upload_dataset(local, url, log=lambda *a: None).objects > 0
+    finally:
+        s3.proxy.set_faults(None)
+    assert s3.proxy.counts.slow_down or s3.proxy.counts.truncated or s3.proxy.counts.reset
+    parts = [
+        rel for rel, size in store.list().items() if size > 1 << 10 and rel != "dataset.json"
+    ]  # put_bytes
+    assert any(r.startswith("shards/") for r in parts) and any(r.startswith("index/") for r in parts), parts
+    heads = {rel: store.head(rel) for rel in parts}
+    assert all((h["parts_md5"] or "").endswith("-1") for h in heads.values()), heads
+    assert not list(store.multipart_uploads())
+    assert hashes(url, 20, cache=cache(tmp_path)) == hashes(local, 20)
+    s3.proxy.reset_counts()
+    assert upload_dataset(local, url, log=lambda *a: None).objects == 0  # the content is there
+    assert not [p for p in s3.proxy.counts.gets() if "/shards/" in p]  # known by the ETags, not downloaded
+    # several parts (the smallest S3 takes): one byte changed is another object, put again
+    monkeypatch.setattr(store_module, "PART_BYTES", 5 << 20)
+    big = tmp_path / "big.bin"
+    data = bytearray(np.random.default_rng(0).bytes((12 << 20) + 5))
+    big.write_bytes(data)
+    assert store.put_file(big, "big.bin").endswith("-3") and store.holds("big.bin", big)
+    data[(7 << 20) + 1] ^= 1
+    big.write_bytes(data)
+    assert not store.holds("big.bin", big)
+    store.put_file(big, "big.bin")
+    assert store.holds("big.bin", big) and store.download("big.bin", tmp_path / "got", len(data)) == (
+        hashlib.sha256(data).hexdigest()
+    )
+    with pytest.raises(ValueError, match="big.bin has sha256"):  # hashed by its caller before a change
+        store.put_file(big, "other.bin", digests=("0" * 32, "0" * 64))
+    assert store.head("other.bin") is None and not list(store.multipart_uploads())
+
+
 def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(
     s3, synthetic, tmp_path, capsys
 ):

@@ -5,7 +5,8 @@ The client is boto3, configured from the standard AWS environment only (AWS_ENDP
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, AWS_PROFILE, and the rest of the AWS
 credential chain: config files, SSO, instance roles). Why boto3 and not pyarrow.fs, s3fs or obstore
 is docs/object-storage.md's "The client"; in short, every request here is one HTTP request we chose
-(a shard is one GET, an object one PUT, never a multipart upload), its retries are ours and counted,
+(a shard is one GET, an object one PUT; a file past S3's 5 GiB for one PUT, an index file of a
+dataset of ~170M documents or more, goes up in parts), its retries are ours and counted,
 a stalled read times out on Linux too, and it is fork-safe (a client per process).
 
 boto3 is imported inside functions only (tests/test_layering.py allows it here and nowhere else in
@@ -48,7 +49,9 @@ CONNECT_ATTEMPTS = 3  # tries of a refused connection: an endpoint that is not t
 BACKOFF_S = 0.1  # first wait; doubled per retry, capped, jittered
 BACKOFF_CAP_S = 5.0
 CHUNK = 1 << 20  # download buffer
-MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; above it only multipart, which we never start
+MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; a larger file goes up in parts (a multipart upload)
+PART_BYTES = 64 << 20  # a multipart upload's part, at least (S3: 5 MiB to 5 GiB, at most MAX_PARTS)
+MAX_PARTS = 10_000
 T = TypeVar("T")
 
 
@@ -520,6 +523,7 @@ class ObjectStore:
             "bytes": r["ContentLength"],
             "etag": (etag := r.get("ETag", "").strip('"')),
             "md5": md5_etag(etag, r),
+            "parts_md5": parts_etag(etag, r),
             "sha256": r.get("Metadata", {}).get("sha256"),
         }
 
@@ -534,6 +538,9 @@ class ObjectStore:
             return False
         if head["md5"] is not None:
             return head["md5"] == (digests[0] if digests else _file_digest(path, hashlib.md5))
+        # uploaded in parts: the MD5 of its parts' MD5s, the store's own, where put_file's parts made it
+        if head["parts_md5"] is not None and head["parts_md5"] == multipart_etag(path):
+            return True
         tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
         try:
             got = self.download(rel, tmp, head["bytes"])
@@ -551,18 +558,79 @@ class ObjectStore:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
         part), with Content-MD5 and the sha256 in the object's metadata; returns the ETag the store gave
         the object (the MD5 of the bytes it stored, on a store that does not encrypt with its own keys).
-        A file whose sha256 is not `expect_sha256` is not uploaded (ValueError). `digests`: the file's
-        (MD5, sha256), when the caller hashed it already (file_digests): bytes changed since are refused
-        by the store's check of the Content-MD5."""
+        A file past one PUT's 5 GiB goes up in parts (_put_parts: readers still see the old object or the
+        whole new one). A file whose sha256 is not `expect_sha256` is not uploaded (ValueError).
+        `digests`: the file's (MD5, sha256), when the caller hashed it already (file_digests): bytes
+        changed since are refused by the store's check of the Content-MD5."""
         size = path.stat().st_size
-        if size > MAX_PUT_BYTES:
-            raise ObjectStoreError(
-                f"{path} is {size:,} bytes, more than one PUT takes (5 GiB): lower shards.target_mb"
-            )
         md5, sha = digests or file_digests(path)
         if expect_sha256 is not None and sha != expect_sha256:
             raise ValueError(f"{path} has sha256 {sha}, not {expect_sha256}")
+        if size > MAX_PUT_BYTES:
+            return self._put_parts(path, rel, sha)
         return self._put(rel, lambda: open(path, "rb"), size, md5, sha)
+
+    def _put_parts(self, path: Path, rel: str, sha: str) -> str:
+        """`path` as object `rel` in a multipart upload: parts of part_bytes(its size), each read once
+        into memory, its MD5 taken and sent with it (Content-MD5: the store checks each part), the whole
+        file's sha256 taken over the same bytes and compared with `sha` before the upload completes
+        (ValueError: the file changed since it was hashed); the store's ETag is compared with the MD5 of
+        the parts' MD5s. Any failure aborts the upload: no part is left behind, and the object is the old
+        one or none. Returns the ETag."""
+        key = self.url.key(rel)
+        created = self._call(
+            "PUT parts",
+            rel,
+            lambda c: c.create_multipart_upload(Bucket=self.url.bucket, Key=key, Metadata={"sha256": sha}),
+        )
+        upload_id = created["UploadId"]
+        try:
+            parts, md5s, whole = [], [], hashlib.sha256()
+            with open(path, "rb") as f:
+                step = part_bytes(os.fstat(f.fileno()).st_size)
+                for number in itertools.count(1):
+                    if not (data := f.read(step)):
+                        break
+                    whole.update(data)
+                    md5s.append(hashlib.md5(data).digest())
+                    digest = base64.b64encode(md5s[-1]).decode()
+
+                    def put(c, data=data, number=number, digest=digest):
+                        r = c.upload_part(
+                            Bucket=self.url.bucket,
+                            Key=key,
+                            UploadId=upload_id,
+                            PartNumber=number,
+                            Body=data,
+                            ContentLength=len(data),
+                            ContentMD5=digest,
+                        )
+                        self.counts.add("bytes", len(data))
+                        return r.get("ETag", "").strip('"')
+
+                    parts.append({"ETag": self._call("PUT part", rel, put), "PartNumber": number})
+            if whole.hexdigest() != sha:
+                raise ValueError(f"{path} has sha256 {whole.hexdigest()}, not {sha}")
+            done = self._call(
+                "PUT parts",
+                rel,
+                lambda c: c.complete_multipart_upload(
+                    Bucket=self.url.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
+        except BaseException:
+            try:
+                self.abort_upload(key, upload_id)
+            except ObjectStoreError:
+                pass  # `gristmill data upload` aborts what a failed run left (upload.py)
+            raise
+        etag = done.get("ETag", "").strip('"')
+        want = f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
+        if parts_etag(etag, done) not in (None, want):
+            raise ObjectStoreError(
+                f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of the parts sent"
+            )
+        return etag
 
     def put_bytes(self, data: bytes, rel: str) -> str:
         """`data` as object `rel`, as put_file uploads a file (a small object: a record); returns the ETag."""
@@ -645,6 +713,33 @@ def md5_etag(etag: str, response: dict[str, Any]) -> str | None:
     ):
         return None
     return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
+
+
+def parts_etag(etag: str, response: dict[str, Any]) -> str | None:
+    """`etag`, of a HEAD or a completed multipart upload's `response`, when it is the MD5 of the parts'
+    MD5s and their number (`…-N`: AWS's and every S3-compatible store's rule for an object uploaded in
+    parts, unencrypted by the store's or the customer's keys), else None."""
+    if md5_etag(etag[:32], response) is None:  # encrypted, or no MD5 at all
+        return None
+    return etag if re.fullmatch(r"[0-9a-f]{32}-[1-9][0-9]*", etag) else None
+
+
+def part_bytes(size: int) -> int:
+    """The part of a multipart upload of a file of `size` bytes: PART_BYTES, or more where MAX_PARTS of
+    them would not hold it (whole MiB). One rule for the upload and the check that recomputes its
+    ETag (ObjectStore.holds)."""
+    per_part = -(-size // MAX_PARTS)
+    return max(PART_BYTES, -(-per_part // (1 << 20)) << 20)
+
+
+def multipart_etag(path: Path) -> str:
+    """The ETag the store gives file `path` uploaded by put_file in parts: the MD5 of its parts' MD5s."""
+    step = part_bytes(path.stat().st_size)
+    md5s = []
+    with open(path, "rb") as f:
+        while data := f.read(step):
+            md5s.append(hashlib.md5(data).digest())
+    return f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
 
 
 def file_digests(path: Path) -> tuple[str, str]:
