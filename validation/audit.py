@@ -60,6 +60,7 @@ from validation.audit_views import (
     dataset_json,
     describe_views,
     find_damaged,
+    missing_stats,
     persist,
     unchecked_tables,
     unfinished_builds,
@@ -648,6 +649,13 @@ def _run(args: argparse.Namespace) -> int:
     checked = check_roots(args.dirs)  # the roots' files, hashed once where the views are made twice (--db)
     for table in unchecked_tables(args.dirs):  # named as the user named them
         print(f"note: {table}: its pages were read as they are; {_damaged_fix(table)}", file=sys.stderr)
+    for gone in missing_stats(args.dirs):
+        print(
+            f"note: {gone} is missing, though {DATASET_JSON} records it: the `stats` view has no rows of "
+            "that task of its stage (datatrove's stats of a stage before the build's pass, which no report "
+            "needs)",
+            file=sys.stderr,
+        )
     if args.db:
         try:
             views = persist(args.dirs, args.db, checked)

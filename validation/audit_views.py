@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from training.contract.dataset_format import (
     LOGS_DIR,
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
+    RECORDED_FILES,
     SHARDS_DIR,
     UPLOAD_WRITES,
     DatasetError,
@@ -46,7 +48,6 @@ from training.contract.dataset_format import (
     fingerprint_without_index,
     manifest_files,
     read_dataset_info,
-    recorded_paths,
     redo_task,
 )
 from training.contract.eval_table import (
@@ -335,12 +336,13 @@ def _check_tables(root: Path, info: dict) -> None:
     files = info.get("files")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
         return  # no record of them (a dataset from before dataset.json recorded its files)
-
-    def read_by_views(rel: str) -> bool:
-        return rel.split("/", 1)[0] in (MANIFEST_DIR, EXCLUDED_DIR) or rel.rpartition("/")[0] == BUILD_STATS
-
-    recorded = {r for r in files if read_by_views(r)}
-    present = {r for r in recorded_paths(root) if read_by_views(r)}
+    # What the views read, listed as they list it (view_files: glob.glob, which follows a linked
+    # directory and skips dot files), against what dataset.json records under the same patterns: a
+    # second listing (Path.glob) let a dedup stage's stats file copied beside its own, or a directory
+    # linked to its parent, double the `stats` and `excluded` answers, exit 0 (review RV42c F1). A
+    # recorded stats file of a stage before the build's pass that is gone is a note (missing_stats).
+    present, recorded = _view_records(root, files)
+    recorded -= set(missing_stats_of(root, files))
     rebuild = (
         f"rerun the command that built it, which validates it and names the task to rebuild "
         f"(`gristmill data validate {root}` lists what is wrong)"
@@ -360,7 +362,7 @@ def _check_tables(root: Path, info: dict) -> None:
         stray = "no task of this build wrote it: delete it"
         raise DatasetError(
             f"{root / foreign[0]} is not one of the files {root / DATASET_JSON} records: "
-            f"{stray if foreign[0].startswith(f'{BUILD_STATS}/') else rebuild}"
+            f"{stray if foreign[0].startswith(f'{LOGS_DIR}/') else rebuild}"
         )
     # ... at the size recorded: rows removed or a value rewritten changed the answers, exit 0 (review
     # R14c F4; a stats file's counts, R18a F1)
@@ -379,6 +381,42 @@ def _check_tables(root: Path, info: dict) -> None:
     viewed = sorted(r for r in _viewed(root) if r in files)
     if root.resolve() not in CHECKED_COPIES and (changed := _first_changed(root, files, viewed)) is not None:
         raise DamagedFile(changed)
+
+
+def _view_records(root: Path, files: dict) -> tuple[set[str], set[str]]:
+    """(present, recorded): the files of dataset `root` that the views over its recorded files (docs,
+    excluded, stats: their patterns are RECORDED_FILES') read, as view_files lists them, and the paths
+    dataset.json's `files` records under those patterns."""
+    patterns = [v.pattern for v in FILE_VIEWS.values() if v.pattern in RECORDED_FILES]
+    present = {rel for p in patterns for rel in glob.glob(p, root_dir=root, recursive=True)}
+    matches = [_glob_re(p) for p in patterns]
+    return present, {r for r in files if any(m.match(r) for m in matches)}
+
+
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    """A relative path matched as glob.glob(pattern, recursive=True) lists it: `*` within a name (not
+    a dot file's), `**` any directories."""
+    name = lambda seg: "(?!\\.)" + re.escape(seg).replace("\\*", "[^/]*") + "/"  # noqa: E731
+    parts = ["(?:[^/.][^/]*/)*" if seg == "**" else name(seg) for seg in pattern.split("/")]
+    return re.compile("".join(parts)[:-1] + "\\Z")
+
+
+def missing_stats(roots: list[str | Path]) -> list[Path]:
+    """The stats files of a stage before the build's pass (a dedup stage's) that dataset.json records
+    and that are gone from `roots`: no report but the `stats` view's rows of that stage reads them, so
+    the audit goes on, with a note (a damaged one's advice is to delete it: validation/audit.py)."""
+    out = []
+    for root in map(Path, roots):
+        files = dataset_json(root).get("files")
+        if isinstance(files, dict):
+            out += [root / rel for rel in missing_stats_of(root, files)]
+    return out
+
+
+def missing_stats_of(root: Path, files: dict) -> list[str]:
+    present, recorded = _view_records(root, files)
+    stage = [r for r in recorded if r.startswith(f"{LOGS_DIR}/") and r.rpartition("/")[0] != BUILD_STATS]
+    return sorted(r for r in stage if r not in present)
 
 
 # the cache copies bucket_copy hashed in this process (their resolved paths): check_roots' not again

@@ -663,6 +663,71 @@ def test_a_stats_file_edited_at_its_size_is_refused_with_a_fix_that_holds(built_
         assert "work without it" not in lines[0], lines[0]
 
 
+def test_the_stats_and_excluded_views_read_the_recorded_files_as_they_list_them(
+    built_dataset, tmp_path, capsys
+):
+    """The check of the recorded files listed them with pathlib and only logs/stats/ of the stats; the
+    views list them with glob, which follows a linked directory: a dedup stage's stats file copied
+    beside it, a build pass's copied under logs/other/stats/, and a directory linked to its own parent
+    under logs/ or excluded/ doubled the `stats` and `excluded` answers, exit 0; a recorded dedup
+    stats file deleted (the advice for a damaged one) answered its stage's rows as none, silently
+    (review RV42c F1). Every file a view would read must be a recorded one; a recorded dedup stats file
+    that is gone is a note; a dot file beside the manifest, which no view reads, is no refusal."""
+    from training.contract.dataset_format import record_files
+
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    build_pass = sorted((root / "logs" / "stats").glob("*.json"))[0]
+    dedup = root / "logs/dedup/exact/stats" / build_pass.name
+    dedup.parent.mkdir(parents=True)
+    shutil.copy(build_pass, dedup)
+    info = json.loads((root / "dataset.json").read_text())
+    info["files"] = record_files(root)  # a dedup stage's stats, recorded as a build records them
+    info["fingerprint"] = fingerprint(info)
+    (root / "dataset.json").write_text(json.dumps(info))
+    ask = "SELECT (SELECT count(*) FROM stats) AS s, (SELECT count(*) FROM excluded) AS e"
+
+    def answer() -> tuple[int, list, list[str]]:
+        capsys.readouterr()
+        rc = main(["data", "audit", str(root), "--sql", ask, "--format", "json"])
+        out, err = capsys.readouterr()
+        return rc, (json.loads(out) if rc == 0 else out), [x for x in err.splitlines() if x.strip()]
+
+    rc, want, err = answer()
+    assert rc == 0 and not err and want[0]["s"] > 0 and want[0]["e"] > 0, (want, err)
+    excluded = min((p.parent for p in (root / "excluded").rglob("*.parquet")), key=lambda p: len(p.parts))
+    for stray, undo in (
+        (dedup.parent / "00099.json", None),
+        (root / "logs/other/stats" / build_pass.name, None),
+        (root / "logs/again", "."),
+        (excluded / "again", "."),
+    ):
+        if undo is None:
+            stray.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(build_pass, stray)
+        else:
+            stray.symlink_to(undo)
+        rc, _, err = answer()
+        assert rc == 2 and len(err) == 1, (stray, err)
+        assert f"is not one of the files {root / 'dataset.json'} records: " in err[0], err
+        assert "delete it" in err[0] or "rerun the command that built it" in err[0], err
+        stray.unlink()
+        assert answer()[:2] == (0, want), stray
+    (root / "manifest" / "._00000.parquet").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)  # a macOS copy's
+    assert answer() == (0, want, [])
+    dedup.unlink()
+    rc, got, err = answer()
+    assert (
+        rc == 0
+        and got[0]["s"] < want[0]["s"]
+        and err
+        == [
+            f"note: {dedup} is missing, though dataset.json records it: the `stats` view has no rows of that "
+            "task of its stage (datatrove's stats of a stage before the build's pass, which no report needs)"
+        ]
+    ), (got, err)
+
+
 def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):
     (tmp_path / "a-file").write_text("x")
     for flag, target, expect in (
