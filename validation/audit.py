@@ -105,7 +105,11 @@ def _refusal(roots: list[str | Path], damaged: Damaged) -> AuditError:
 
 
 def _damaged_fix(damaged: Damaged) -> str:
-    """What makes the damaged file readable again: advice that works for that kind of file."""
+    """What makes the damaged file readable again: advice that works for that kind of file. One this
+    user may not read is no verdict on its bytes: a rebuild's advice deleted an intact dataset.json
+    (review RV42c F2)."""
+    if damaged.denied:
+        return "give this user read access to it (or audit as its owner) and audit again"
     rel = damaged.path.relative_to(damaged.root)
     if rel.parts[0] == LOGS_DIR and damaged.path.parent.name == "stats":
         task = damaged.path.stem

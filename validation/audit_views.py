@@ -444,7 +444,8 @@ def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
     for (rel, sha), got in zip(wanted, in_threads(digest, [rel for rel, _ in wanted])):
         if isinstance(got, OSError):
             why = f"{type(got).__name__}: {got.strerror or got}"
-            return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})")
+            denied = isinstance(got, PermissionError)
+            return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})", denied)
         if got != sha:
             why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
             return Damaged(root, root / rel, f"{root / rel} is damaged: {why}")
@@ -628,6 +629,7 @@ class Damaged:
     root: Path
     path: Path
     message: str
+    denied: bool = False  # not readable by this user (EACCES, EPERM): the file may be intact
 
     def __str__(self) -> str:
         return self.message
@@ -727,7 +729,8 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
                     json.loads(Path(path).read_bytes())
             except Exception as e:  # noqa: BLE001 - any failure is the answer
                 why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                return Damaged(root, Path(path), f"{path} is unreadable ({why})")
+                denied = isinstance(e, PermissionError)
+                return Damaged(root, Path(path), f"{path} is unreadable ({why})", denied)
     return None
 
 
