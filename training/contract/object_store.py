@@ -52,6 +52,9 @@ CHUNK = 1 << 20  # download buffer
 MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; a larger file goes up in parts (a multipart upload)
 PART_BYTES = 64 << 20  # a multipart upload's part, at least (S3: 5 MiB to 5 GiB, at most MAX_PARTS)
 MAX_PARTS = 10_000
+# Connections a process's client keeps open: data.fetch_requests at a time per loader, and the ranks'
+# walks and DataLoader workers are other processes; more requests than this open and close their own.
+POOL_CONNECTIONS = 64
 T = TypeVar("T")
 
 
@@ -262,7 +265,7 @@ def _client(within_s: float | None = None):
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 s3={"addressing_style": "path"} if endpoint else {},
-                max_pool_connections=16,
+                max_pool_connections=POOL_CONNECTIONS,
             )
             session = boto3.session.Session()
             if session.get_credentials() is None:

@@ -868,7 +868,7 @@ def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> N
         raise DatasetError(
             f"{cache.bound_key} = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
             f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb:g} GB (the samples its loaders keep at "
-            "once: docs/object-storage.md, The cache); set "
+            "once: docs/object-storage.md, Training from a bucket); set "
             f"{cache.bound_key} to at least {gb:g}"
         )
 

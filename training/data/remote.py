@@ -314,8 +314,8 @@ EMPTIED_RETRIES = 4
 def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[], T]) -> T:
     """`folders()` (make the folders of the cache `cache_dir` that `write` writes into), then `write()`:
     every write into the cache while it is read goes through here. The cache may be emptied at any time
-    (`rm -rf` to free the disk, docs/object-storage.md, The cache), and nothing makes that wait for a
-    write: when the write's file or a folder above it went meanwhile (ENOENT), the folders are made
+    (`rm -rf` to free the disk, docs/object-storage.md, Training from a bucket), and nothing makes that
+    wait for a write: when the write's file or a folder above it went meanwhile (ENOENT), the folders are made
     again and the write done again, whole (a copy's temporary file is written anew, and only a
     finished one is renamed into place), up to EMPTIED_RETRIES times; ENOENT once more is a line
     saying so. Any other failure (a full or read-only disk, a folder that became a file) is the cache's
