@@ -55,6 +55,7 @@ from validation.audit_views import (
     Damaged,
     DamagedFile,
     bucket_copy,
+    check_db_path,
     check_roots,
     connect,
     dataset_json,
@@ -648,7 +649,8 @@ def _run(args: argparse.Namespace) -> int:
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
     refuse_empty({"--db": args.db, "--plots": args.plots})
-    if args.db:
+    if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
+        check_db_path(args.db)
         _refuse_other_file(Path(args.db))
     checked = check_roots(args.dirs)  # the roots' files, hashed once where the views are made twice (--db)
     for table in unchecked_tables(args.dirs):  # named as the user named them

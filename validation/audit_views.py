@@ -595,17 +595,22 @@ def connect(
 def persist(roots: list[str | Path], db_path: str | Path, checked: list[Path] | None = None) -> list[str]:
     """Create (or replace) the views in a duckdb database file; returns the view names (`checked`: as
     connect's)."""
-    if "\\" in str(db_path):  # duckdb opens db\x.duckdb as db/x.duckdb: another file (review RV32g A)
-        raise DatasetError(
-            f"--db {db_path}: duckdb reads a '\\' in a database path as a '/', so it would write "
-            f"{str(db_path).replace(chr(92), '/')} instead; name the file without '\\'"
-        )
+    check_db_path(db_path)
     paths = check_roots(roots) if checked is None else checked
     con = duckdb.connect(str(db_path), config=_CONFIG)
     try:
         return create_views(con, paths, dataset_names(paths))
     finally:
         con.close()
+
+
+def check_db_path(db_path: str | Path) -> None:
+    """A --db path duckdb would write elsewhere: refused (the audit asks before it hashes any file)."""
+    if "\\" in str(db_path):  # duckdb opens db\x.duckdb as db/x.duckdb: another file (review RV32g A)
+        raise DatasetError(
+            f"--db {db_path}: duckdb reads a '\\' in a database path as a '/', so it would write "
+            f"{str(db_path).replace(chr(92), '/')} instead; name the file without '\\'"
+        )
 
 
 def unfinished_builds(roots: list[str | Path]) -> list[Path]:

@@ -454,11 +454,22 @@ def test_db_naming_a_data_file_or_a_foreign_table_is_one_line(built_dataset, tmp
     db = tmp_path / "d\\x.duckdb"
     assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert lines == [
+    said = [
         f"error: --db {db}: duckdb reads a '\\' in a database path as a '/', so it would write "
         f"{tmp_path / 'd' / 'x.duckdb'} instead; name the file without '\\'"
-    ], lines
+    ]
+    assert lines == said, lines
     assert not db.exists() and not (tmp_path / "d" / "x.duckdb").exists()
+    # asked before any file is hashed (minutes at FineWeb-Edu scale): a changed manifest is not what
+    # it says first (review RV42c F3)
+    changed = tmp_path / "changed"
+    shutil.copytree(built_dataset, changed)
+    manifest = sorted((changed / "manifest").glob("*.parquet"))[0]
+    data = bytearray(manifest.read_bytes())
+    data[len(data) // 2] ^= 1
+    manifest.write_bytes(data)
+    assert main(["data", "audit", str(changed), "--db", str(db), "--report", "validation"]) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.strip()] == said
 
 
 def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
