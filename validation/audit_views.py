@@ -355,6 +355,8 @@ def _check_tables(root: Path, info: dict) -> None:
         return f"it is datatrove's stats of task {task}, the summary's counts; {redo_task(task, root)}"
 
     if missing := sorted(recorded - present):
+        if (hidden := _hidden_from_user(root / missing[0])) is not None:  # no verdict on the file
+            raise DamagedFile(Damaged(root, root / missing[0], hidden, denied=True))
         raise DatasetError(
             f"{root / missing[0]} is missing, but {root / DATASET_JSON} records it: {fix(missing[0])}"
         )
@@ -381,6 +383,19 @@ def _check_tables(root: Path, info: dict) -> None:
     viewed = sorted(r for r in _viewed(root) if r in files)
     if root.resolve() not in CHECKED_COPIES and (changed := _first_changed(root, files, viewed)) is not None:
         raise DamagedFile(changed)
+
+
+def _hidden_from_user(path: Path) -> str | None:
+    """Why this user cannot see `path`, which a listing did not find, where that is the cause (a folder
+    above it it may not list or enter), else None: a file called missing and given a rebuild's advice
+    may be intact (review RV42c, noticed)."""
+    try:
+        os.stat(path)
+    except PermissionError as e:
+        return f"{path} cannot be reached by this user ({e.strerror}: a folder above it)"
+    except OSError:
+        return None
+    return f"{path} cannot be listed by this user (its folder is not readable)"
 
 
 def _view_records(root: Path, files: dict) -> tuple[set[str], set[str]]:

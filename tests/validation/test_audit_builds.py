@@ -180,8 +180,9 @@ def test_docs_name_their_input_file_and_row_and_exact_copies_are_reported(build_
 def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_dataset, capsys):
     """A manifest the auditing user may not read (another user's build, a tight umask) was refused with
     the damaged file's advice: delete the task's completion marker and dataset.json and rebuild, for
-    a file that is intact (review RV42c F2). It is named with what lets the audit read it. As root
-    (which reads any file) the audit runs as nobody, in a fresh interpreter."""
+    a file that is intact (review RV42c F2); so was a stats file in a folder it may not list, called
+    missing. Each is named with what lets the audit read it. As root (which reads any file) the
+    audit runs as nobody, in a fresh interpreter."""
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
@@ -191,23 +192,29 @@ def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_data
         for p in [work, *root.rglob("*"), root]:
             p.chmod(0o755 if p.is_dir() else 0o644)
         manifest = sorted((root / "manifest").glob("*.parquet"))[0]
-        manifest.chmod(0)
-        command = ["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]
-        if os.geteuid() == 0:
-            as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-            proc = subprocess.run(
-                [*as_nobody, sys.executable, "-m", "pipelines.cli", *command],
-                capture_output=True, text=True, cwd=work,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": str(work)},
-            )  # fmt: skip
-            rc, err = proc.returncode, proc.stderr
-        else:
-            capsys.readouterr()
-            rc, err = main(command), capsys.readouterr().err
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert rc == 2 and len(lines) == 1, err[-3000:]
-        assert f"{manifest} is unreadable (PermissionError" in lines[0], lines
-        assert lines[0].endswith("give this user read access to it (or audit as its owner) and audit again")
-        assert "dataset.json" not in lines[0].split("PermissionError", 1)[1], lines
+        stats = root / "logs" / "stats"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": str(work)}
+        fix = "give this user read access to it (or audit as its owner) and audit again"
+        for hidden, mode, said in (
+            (manifest, 0, f"{manifest} is unreadable (PermissionError"),
+            (stats, 0o700, f"{stats}/00000.json cannot be reached by this user"),
+        ):
+            hidden.chmod(mode)
+            command = ["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]
+            if os.geteuid() == 0:
+                as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+                proc = subprocess.run(
+                    [*as_nobody, sys.executable, "-m", "pipelines.cli", *command],
+                    capture_output=True, text=True, cwd=work, env=env,
+                )  # fmt: skip
+                rc, err = proc.returncode, proc.stderr
+            else:
+                capsys.readouterr()
+                rc, err = main(command), capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert rc == 2 and len(lines) == 1, err[-3000:]
+            assert said in lines[0], lines
+            assert lines[0].endswith(fix) and "delete" not in lines[0], lines
+            hidden.chmod(0o755 if hidden.is_dir() else 0o644)
     finally:
         shutil.rmtree(work, ignore_errors=True)
