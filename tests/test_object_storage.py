@@ -2003,6 +2003,25 @@ def test_a_file_past_one_put_goes_up_in_parts_each_checked_and_is_compared_by_it
     assert store.head("other.bin") is None and not list(store.multipart_uploads())
 
 
+def test_an_endpoint_set_in_the_aws_config_file_is_the_store_s(s3, synthetic, tmp_path, monkeypatch):
+    """The endpoint of an S3-compatible store may be set in the AWS config file (`endpoint_url` in the
+    profile) instead of AWS_ENDPOINT_URL; the client took only the variable as a custom endpoint: it
+    addressed buckets by virtual host there, which such a store (MinIO, moto) does not serve, and
+    messages named "AWS S3" (review RV42b 8). The profile's endpoint is the store's, as the variable's."""
+    from training.contract.object_store import _client, endpoint
+
+    local, url = synthetic
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\nendpoint_url = {s3.proxy.url}\nregion = us-east-1\n")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    assert endpoint() == s3.proxy.url
+    assert (_client().meta.config.s3 or {}).get("addressing_style") == "path"  # a hostname's too
+    assert ObjectStore(url).head("dataset.json")["bytes"] == (local / "dataset.json").stat().st_size
+    assert hashes(url, 3, cache=cache(tmp_path)) == hashes(local, 3)
+
+
 def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(
     s3, synthetic, tmp_path, capsys
 ):

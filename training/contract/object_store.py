@@ -36,6 +36,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,13 +276,31 @@ def _client(within_s: float | None = None):
                     "or run where an instance role provides them); docs/object-storage.md"
                 )
             region = session.region_name or "us-east-1"
-            client = _clients[key] = session.client("s3", region_name=region, config=config)
+            client = session.client("s3", region_name=region, config=config)
+            if not endpoint and _custom_endpoint(client):  # the AWS config file's endpoint_url (RV42b 8)
+                path_style = Config(s3={"addressing_style": "path"})
+                client = session.client("s3", region_name=region, config=config.merge(path_style))
+            _clients[key] = client
     return client
 
 
+def _custom_endpoint(client: Any) -> str | None:
+    """The endpoint `client` sends to, where it is not AWS's (the SDK resolves it from the environment
+    or the AWS config file's `endpoint_url`)."""
+    url = str(client.meta.endpoint_url)
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return None if host.endswith((".amazonaws.com", ".amazonaws.com.cn")) else url
+
+
 def endpoint() -> str:
-    """Where requests go: AWS_ENDPOINT_URL, or AWS's regional endpoint."""
-    return _endpoint_url() or "AWS S3"
+    """Where requests go: AWS_ENDPOINT_URL, the AWS config file's endpoint_url, or AWS's regional
+    endpoint ("AWS S3")."""
+    if url := _endpoint_url():
+        return url
+    try:
+        return _custom_endpoint(_client()) or "AWS S3"
+    except Exception:  # noqa: BLE001 - no client to ask (no credentials): a message's part, never its error
+        return "AWS S3"
 
 
 class ObjectStore:
