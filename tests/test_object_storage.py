@@ -829,15 +829,16 @@ def test_a_mixture_of_a_local_and_a_bucket_source_through_phases_gives_the_local
     lr = LRPiece(1e-3, 1e-3, "constant")
     phases = [
         Phase("a", 5, 64, 8, (1, 0), lr),
-        Phase("both", 6, 32, 16, (1, 3), lr),
-        Phase("b", 4, 128, 4, (0, 1), lr),
-        Phase("again", 5, 64, 8, (2, 1), lr),
+        Phase("both", 6, 64, 32, (1, 3), lr),
+        Phase("b", 4, 128, 16, (0, 1), lr),
+        Phase("again", 5, 64, 16, (1, 2), lr),
     ]
 
     def batches(location: str | Path, world: int = 1, start: int = 0) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
-        for rank in range(world):
-            tables = [DocumentTable(other), DocumentTable(location, cache=cache(tmp_path))]
+        for rank in range(world):  # each pass from a cache of its own: its samples fetched through faults
+            fresh = cache(tmp_path / f"{world}-{start}")
+            tables = [DocumentTable(other), DocumentTable(location, cache=fresh)]
             sources = [Source.of(tables[0], "a", max_epochs=None), Source.of(tables[1], "b", max_epochs=None)]
             plan = Plan(sources, phases, seed=11)
             micro = tuple(p.global_batch // world for p in phases)
@@ -848,13 +849,19 @@ def test_a_mixture_of_a_local_and_a_bucket_source_through_phases_gives_the_local
         return out
 
     s3.proxy.set_faults(FaultMix(seed=7))
+    s3.proxy.reset_counts()
     try:
         for world, start in ((1, 0), (2, 0), (1, 8)):
             want = batches(local, world, start)
             assert len(want) == 20 - start and len({h for v in want.values() for h in v}) > 10
+            before = len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p])
             assert batches(url, world, start) == want, (world, start)
+            read = len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p]) - before
+            assert read >= 2, (world, start, read)  # several samples, each fetched into this pass's cache
     finally:
         s3.proxy.set_faults(None)
+    faults = s3.proxy.counts
+    assert faults.slow_down + faults.truncated + faults.reset > 0, faults
 
 
 def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, small_blocks, tmp_path):
