@@ -125,6 +125,14 @@ def _damaged_fix(damaged: Damaged) -> str:
         )
     if rel == Path(VALIDATION_JSON):
         return f"rerun `gristmill data validate {damaged.root}`, which writes it again"
+    run_files = (Path(DATA_PLAN_JSON), Path(CONSUMPTION_PARQUET), Path(EVAL_PARQUET))
+    if (
+        rel in run_files
+        and not (damaged.root / CONFIG_TOML).is_file()
+        and not (damaged.root / DATASET_JSON).exists()
+    ):
+        # a training run's file in a directory without the run's config.toml: no dataset's fix (RV42d)
+        return f"a training run's file, in {damaged.root}, which has no {CONFIG_TOML}: audit the run's own"
     if rel in (Path(DATA_PLAN_JSON), Path(CONSUMPTION_PARQUET)) and is_training_run(damaged.root):
         return recorded_plan_fix(damaged.root)  # a run's, not a dataset's: its plan and ledger
     if rel == Path(EVAL_PARQUET) and is_training_run(damaged.root):

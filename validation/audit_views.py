@@ -677,12 +677,13 @@ def find_damaged(roots: list[str | Path]) -> Damaged | None:
 
 
 def unchecked_tables(roots: list[str | Path]) -> list[Damaged]:
-    """The `verified` views' files of `roots` (checked by check_roots) whose pages hold no checksum,
-    each as a Damaged whose message says so: written before gristmill wrote them (an older run's),
+    """The `verified` views' files of `roots` (checked by check_roots, which must run first: a footer
+    pyarrow cannot read can abort the process in pages_checksummed) whose pages hold no checksum, each
+    as a Damaged whose message says so: written by an older gristmill, or rewritten by another tool,
     they were read as they are, and the audit says so and what writes them again (review RV32e F7:
     it said nothing)."""
     return [
-        Damaged(root, Path(path), f"{path} was written before gristmill kept page checksums in it")
+        Damaged(root, Path(path), f"{path} was written without page checksums")
         for root in map(Path, roots)
         for view in FILE_VIEWS.values()
         if view.verified

@@ -3638,10 +3638,18 @@ def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_r
     got = capsys.readouterr()
     assert json.loads(got.out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
     assert got.err.strip().splitlines() == [
-        f"note: {table} was written before gristmill kept page checksums in it: its pages were read as "
+        f"note: {table} was written without page checksums: its pages were read as "
         f"they are; it is derived from {run / 'eval'}/*/results.json, which hold the scores: write it "
         f"again from them with `gristmill eval {run} --table` (it scores nothing)"
     ], got.err
+    bare = tmp_path / "bare"  # the table alone, beside no config.toml: no dataset's fix (review RV42d)
+    bare.mkdir()
+    shutil.copy(table, bare / "eval.parquet")
+    assert main(["data", "audit", str(bare), "--sql", "SELECT count(*) AS n FROM eval"]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"note: {bare / 'eval.parquet'} was written without page checksums: its pages were read as they "
+        f"are; a training run's file, in {bare}, which has no config.toml: audit the run's own"
+    ]
     # without a column whose values the results hold (the marks; the scores themselves): not its rows,
     # though the view would read them as null (review R23g S3)
     for gone in (["decontamination"], ["settings"]):
