@@ -2598,6 +2598,28 @@ def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, s
     assert "the bucket was not at fault" in str(refused.value)
 
 
+def test_a_held_out_prefix_damaged_in_the_bucket_names_the_object_and_its_repair(s3, synthetic, tmp_path):
+    """heldout.bin's prefix is read by range and never kept, so a damaged chunk is the object's fault:
+    the refusal named the cache's path of a file the cache does not hold and advised `gristmill data
+    index`, which cannot run on a bucket (review RV42a M3)."""
+    from training.contract.dataset_index import INDEX_DIR
+
+    local, _ = synthetic
+    url = s3.url("heldout-damaged")
+    upload_dataset(local, url, log=lambda *a: None)
+    key = f"heldout-damaged/{INDEX_DIR}/heldout.bin"
+    body = bytearray(s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    body[5] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
+    with pytest.raises(DatasetError) as refused:
+        DocumentTable(url, split="val", val_fraction=0.2, cache=cache(tmp_path))
+    assert str(refused.value).startswith(f"{url}/{INDEX_DIR}/heldout.bin: chunk 0 "), refused.value
+    assert str(refused.value).endswith(
+        f"twice: the file was damaged or replaced; index a local copy of {url} (`gristmill data index DIR`), "
+        f"then `gristmill data upload DIR {url}`"
+    ), refused.value
+
+
 def test_a_held_out_copy_failing_twice_names_its_row(s3, synthetic, tmp_path, monkeypatch):
     """A held-out document's unit is no sample: its refusal said "sample {its number in the split}",
     another sample's number (review R19b 4)."""

@@ -646,10 +646,9 @@ class DocIndex:
         try:
             return read_prefix(read, hashes, self.n_rows, val_fraction)
         except PrefixError as e:
-            raise DatasetError(
-                f"{self.root / INDEX_DIR / HELDOUT}: {e}, twice: the file was damaged or replaced; rerun "
-                f"`gristmill data index` on the dataset (a bucket's: upload it again)"
-            ) from None
+            # a bucket's prefix is read by range, never kept: the object is at fault, not the cache (RV42a M3)
+            where = f"{self.url or self.root}/{INDEX_DIR}/{HELDOUT}"
+            raise DatasetError(f"{where}: {e}, twice: the file was damaged or replaced; {self.fix}") from None
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.shard_rows, rows, side="right") - 1
