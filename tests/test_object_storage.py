@@ -2353,6 +2353,78 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
+def test_loaders_in_pid_namespaces_of_their_own_keep_the_shared_cache_s_bound(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """Two loaders sharing one cache from two pid namespaces on one host name (pods on one hostPath,
+    containers with the host's network) were both pid 1: each took the other's keep list, named
+    HOST-PID, for its own, nothing was evictable, and the cache grew to ~1.8x its bound, exit 0 (review
+    RV42a M1). A namespace of its own is part of the host's name in what a process leaves
+    (lifetime.host): the other's list is another host's, evictable, never judged dead. Each loader
+    reads the local copy's batches, and the cache stays within its bound."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no pid namespace here: {probe.stderr.decode().strip()}")
+    local, url = synthetic
+    other = make_dataset(tmp_path / "other", n_docs=300, seed=9)
+    other_url = s3.url("pidns-other")
+    upload_dataset(other, other_url, log=lambda *a: None)
+    geometry = dict(seq_len=64, global_batch=8, micro_batch=4, seed=3)
+    small = "from training.data import order; order.BLOCK_DOCS = 4; order.GROUP_BLOCKS = 1\n"
+    need = max(
+        sum(n for _, n in dataset_loader(u, cache=cache(tmp_path / f"probe{i}"), **geometry).cache_need())
+        for i, u in enumerate((url, other_url))
+    )
+    shared = tmp_path / "cache"
+    script = (
+        small + "import json, os, sys\nfrom pathlib import Path\n"
+        "from training.contract.lifetime import host\n"
+        "from training.data.loader import batch_sha256, dataset_loader\n"
+        "from training.data.remote import CacheSettings\n"
+        f"bound = CacheSettings(Path({str(shared)!r}), {need})\n"
+        f"loader = dataset_loader(sys.argv[1], cache=bound, **{geometry!r})\n"
+        "hashes = [batch_sha256(b) for _, b in zip(range(100), loader)]\n"
+        "print(json.dumps({'pid': os.getpid(), 'host': host(), 'hashes': hashes}))\n"
+    )
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            total = 0
+            for f in shared.rglob(f"*{BLOCK_EXT}"):
+                with contextlib.suppress(FileNotFoundError):
+                    total += f.stat().st_size
+            peak[0] = max(peak[0], total)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    try:
+        procs = [
+            subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script, u],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )  # fmt: skip
+            for u in (url, other_url)
+        ]
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        stop.set()
+        sampler.join()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert [g["pid"] for g in got] == [1, 1] and got[0]["host"] != got[1]["host"], got
+    for g, location in zip(got, (local, other)):
+        loader = dataset_loader(location, **geometry)
+        assert g["hashes"] == [batch_sha256(b) for _, b in zip(range(100), loader)]
+    assert 0 < peak[0] <= need, (peak[0], need)
+
+
 def test_a_cache_emptied_while_a_fetch_makes_room_lets_no_other_make_room_at_once(
     s3, synthetic, tmp_path, monkeypatch
 ):

@@ -15,12 +15,12 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from training.contract.errors import GristmillError
+from training.contract.lifetime import host_name as this_host  # a pid namespace's own: another host
 
 _HELD: set[int] = set()  # descriptors of the file locks this process holds (file_lock)
 SAY_AFTER_S = 1.0  # a wait longer than this says whom it waits for
@@ -70,7 +70,7 @@ def file_lock(
             recorded = False
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
                 os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
-                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
+                holder = {"pid": os.getpid(), "host": this_host(), "since": stamp}
                 record = (json.dumps(holder) + "\n").encode()
                 recorded = os.write(f.fileno(), record) == len(record)  # a short write is no record
             yield recorded
@@ -132,14 +132,14 @@ def _holder(f) -> tuple[str, bool]:
         return (who, running) if pid is not None else ("a process that left no details", False)
     return _judged(
         listed,
-        socket.gethostname(),
-        f"pid {listed} on {socket.gethostname()} (named by /proc/locks: its record is not in the lock file "
+        this_host(),
+        f"pid {listed} on {this_host()} (named by /proc/locks: its record is not in the lock file "
         "yet, or a full disk left no room for it)",
     )
 
 
 def _judged(pid: int, host: str, who: str) -> tuple[str, bool]:
-    if host != socket.gethostname():
+    if host != this_host():
         # another host sharing this file system (pods on one hostPath): the flock is real, its holder's
         # state cannot be seen, and ending the wait would end a healthy run (review RV26c M2)
         return f"{who} (another host: whether it runs cannot be told here, so it is waited for)", True

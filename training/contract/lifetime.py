@@ -85,9 +85,32 @@ def signal_at_parent_death(forked_by: int, signum: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+_INIT_PID_NS = "pid:[4026531836]"  # the kernel's PROC_PID_INIT_INO: the host's own pid namespace
+
+
 def host() -> str:
-    """This host's name in the names of a process's leftovers (HOST-PID: no dots)."""
-    return socket.gethostname().replace(".", "_")
+    """This host's name in the names of a process's leftovers (HOST-PID: no dots), and, in a pid
+    namespace of its own (a container, `unshare --pid`), that namespace's inode after a `~`: its pids
+    are another namespace's too, and two loaders sharing a cache from two of them (pods on one
+    hostPath, one host name) were both pid 1, each taking the other's keep list for its own, and the
+    cache grew past its bound; with pid 1 and pid 3, each took the other for dead and removed its list
+    (review RV42a M1). What another namespace leaves is another host's: never judged dead here."""
+    return socket.gethostname().replace(".", "_") + _pid_namespace()
+
+
+def host_name() -> str:
+    """This host's name as it gives it, and its pid namespace's as host() adds it: the holder named
+    in a lock file (training/contract/file_lock.py), whose pid is judged only where it is this one's."""
+    return socket.gethostname() + _pid_namespace()
+
+
+def _pid_namespace() -> str:
+    """`~INODE` of this process's pid namespace where it is not the host's own, else ""."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # no /proc: the host's namespace is all that can be told
+        return ""
+    return "" if namespace == _INIT_PID_NS else f"~{namespace.removeprefix('pid:[').removesuffix(']')}"
 
 
 def pid_alive(pid: int) -> bool:
