@@ -2015,7 +2015,7 @@ def test_an_endpoint_set_in_the_aws_config_file_is_the_store_s(s3, synthetic, tm
     profile) instead of AWS_ENDPOINT_URL; the client took only the variable as a custom endpoint: it
     addressed buckets by virtual host there, which such a store (MinIO, moto) does not serve, and
     messages named "AWS S3" (review RV42b 8). The profile's endpoint is the store's, as the variable's."""
-    from training.contract.object_store import _client, endpoint
+    from training.contract.object_store import _client, endpoint, endpoint_setting
 
     local, url = synthetic
     config = tmp_path / "aws-config"
@@ -2024,9 +2024,58 @@ def test_an_endpoint_set_in_the_aws_config_file_is_the_store_s(s3, synthetic, tm
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     assert endpoint() == s3.proxy.url
+    assert endpoint_setting() == "endpoint_url in the AWS config file's profile"  # what messages advise
     assert (_client().meta.config.s3 or {}).get("addressing_style") == "path"  # a hostname's too
     assert ObjectStore(url).head("dataset.json")["bytes"] == (local / "dataset.json").stat().st_size
     assert hashes(url, 3, cache=cache(tmp_path)) == hashes(local, 3)
+    # the profile's own addressing style is the user's (review RV42e M3): not forced to path-style
+    config.write_text(config.read_text() + "s3 =\n    addressing_style = auto\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))  # another client: the environment is its key
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    assert endpoint() == s3.proxy.url and (_client().meta.config.s3 or {}).get("addressing_style") != "path"
+    assert ObjectStore(url).head("dataset.json") is not None  # an IP endpoint: path-style by botocore's rule
+
+
+def test_a_completion_whose_answer_was_lost_is_the_object_the_store_holds(s3, tmp_path, monkeypatch):
+    """MinIO answers a completion of a multipart upload sent again (its first answer lost) with
+    NoSuchUpload, where AWS and moto answer 200: the upload failed at its end, the object whole (review
+    RV42e M1). The object the store holds, if it is the parts sent (their ETag, the size), is the
+    answer."""
+    from tests.helpers.s3_server import send_error
+    from training.contract import object_store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_PUT_BYTES", 1 << 10)
+    monkeypatch.setattr(store_module, "PART_BYTES", 5 << 20)
+    handler = s3.proxy.server.RequestHandlerClass
+    handle, draw, completed = handler._handle, s3.proxy._draw, set()
+    gone = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchUpload</Code>'
+        b"<Message>The specified multipart upload does not exist.</Message></Error>"
+    )
+
+    def cut_first_completion(method: str, path: str) -> str | None:
+        if method == "POST" and "uploadId=" in path and path not in completed:
+            completed.add(path)
+            return "truncated"  # the store completes it; its answer is cut short
+        return draw(method, path)
+
+    def as_minio(self) -> None:  # a completion sent again: the upload is no more
+        if self.command == "POST" and "uploadId=" in self.path and self.path in completed:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            send_error(self, 404, "Not Found", gone)
+            return
+        handle(self)
+
+    monkeypatch.setattr(s3.proxy, "_draw", cut_first_completion)
+    monkeypatch.setattr(handler, "_handle", as_minio)
+    monkeypatch.setattr(handler, "do_POST", as_minio)
+    store = ObjectStore(s3.url("lost-completion"))
+    big = tmp_path / "big.bin"
+    data = np.random.default_rng(1).bytes((12 << 20) + 5)
+    big.write_bytes(data)
+    assert store.put_file(big, "big.bin").endswith("-3")
+    assert completed and store.holds("big.bin", big)
+    assert store.download("big.bin", tmp_path / "got", len(data)) == hashlib.sha256(data).hexdigest()
 
 
 def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(

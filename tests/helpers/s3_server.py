@@ -111,6 +111,16 @@ def kms_view(headers: list[tuple[str, str]], body: bytes) -> tuple[list[tuple[st
     return out, listed
 
 
+def send_error(handler: BaseHTTPRequestHandler, status: int, reason: str, body: bytes) -> None:
+    """An S3 error answer (`body`: its XML) from request handler `handler`; a HEAD's has no body."""
+    handler.send_response(status, reason)
+    handler.send_header("Content-Type", "application/xml")
+    handler.send_header("Content-Length", "0" if handler.command == "HEAD" else str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
+
+
 class FaultProxy:
     """Forwards to `upstream` ("http://127.0.0.1:PORT"), injecting `mix`'s faults (None: none)."""
 
@@ -172,21 +182,10 @@ class FaultProxy:
                     self.connection.close()
                     return
                 if proxy.forbidden is not None and proxy.forbidden(self.command, self.path):
-                    self.send_response(403, "Forbidden")
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header(
-                        "Content-Length", "0" if self.command == "HEAD" else str(len(ACCESS_DENIED))
-                    )
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(ACCESS_DENIED)
+                    send_error(self, 403, "Forbidden", ACCESS_DENIED)
                     return
                 if fault == "slow_down":
-                    self.send_response(503, "Slow Down")
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
-                    self.end_headers()
-                    self.wfile.write(SLOW_DOWN)
+                    send_error(self, 503, "Slow Down", SLOW_DOWN)
                     return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:

@@ -724,6 +724,13 @@ def test_the_stats_and_excluded_views_read_the_recorded_files_as_they_list_them(
         assert "delete it" in err[0] or "rerun the command that built it" in err[0], err
         stray.unlink()
         assert answer()[:2] == (0, want), stray
+    manifest = sorted((root / "manifest").glob("*.parquet"))[0]  # a link to nothing in its place: one line
+    kept = manifest.rename(tmp_path / "kept.parquet")
+    manifest.symlink_to(tmp_path / "nowhere.parquet")
+    rc, _, err = answer()
+    assert rc == 2 and len(err) == 1 and f"{manifest} is unreadable (FileNotFoundError" in err[0], err
+    manifest.unlink()
+    kept.rename(manifest)
     (root / "manifest" / "._00000.parquet").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)  # a macOS copy's
     assert answer() == (0, want, [])
     dedup.unlink()

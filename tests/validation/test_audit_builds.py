@@ -185,6 +185,8 @@ def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_data
     audit runs as nobody, in a fresh interpreter."""
     import tempfile
 
+    from training.contract.dataset_format import fingerprint, record_files
+
     work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
     try:
         root = work / "ds"
@@ -193,11 +195,21 @@ def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_data
             p.chmod(0o755 if p.is_dir() else 0o644)
         manifest = sorted((root / "manifest").glob("*.parquet"))[0]
         stats = root / "logs" / "stats"
+        dedup = root / "logs" / "dedup"  # a dedup stage's stats, recorded as a build records them
+        (dedup / "exact" / "stats").mkdir(parents=True)
+        shutil.copy(stats / "00000.json", dedup / "exact" / "stats" / "00000.json")
+        for p in [dedup, *dedup.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        info = json.loads((root / "dataset.json").read_text())
+        info["files"] = record_files(root)
+        info["fingerprint"] = fingerprint(info)
+        (root / "dataset.json").write_text(json.dumps(info))
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HOME": str(work)}
         fix = "give this user read access to it (or audit as its owner) and audit again"
         for hidden, mode, said in (
             (manifest, 0, f"{manifest} is unreadable (PermissionError"),
             (stats, 0o700, f"{stats}/00000.json cannot be reached by this user"),
+            (dedup, 0o700, f"{dedup}/exact/stats/00000.json cannot be reached by this user"),  # no note
         ):
             hidden.chmod(mode)
             command = ["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]

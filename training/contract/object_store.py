@@ -36,7 +36,6 @@ import random
 import re
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,30 +276,64 @@ def _client(within_s: float | None = None):
                 )
             region = session.region_name or "us-east-1"
             client = session.client("s3", region_name=region, config=config)
-            if not endpoint and _custom_endpoint(client):  # the AWS config file's endpoint_url (RV42b 8)
-                path_style = Config(s3={"addressing_style": "path"})
-                client = session.client("s3", region_name=region, config=config.merge(path_style))
+            if not endpoint and (configured := _configured_endpoint(session, region, config, client)):
+                # the AWS config file's endpoint_url (RV42b 8): path-style, unless the profile says how
+                _CONFIGURED[key] = configured
+                if not _profile_addressing(session):
+                    path_style = Config(s3={"addressing_style": "path"})
+                    client = session.client("s3", region_name=region, config=config.merge(path_style))
             _clients[key] = client
     return client
 
 
-def _custom_endpoint(client: Any) -> str | None:
-    """The endpoint `client` sends to, where it is not AWS's (the SDK resolves it from the environment
-    or the AWS config file's `endpoint_url`)."""
+_CONFIGURED: dict[tuple, str] = {}  # by a client's key: the AWS config file's endpoint_url it was built for
+
+
+def _configured_now() -> str | None:
+    """The AWS config file's endpoint_url this process's client sends to, if any (None: none, or no
+    client can be made, e.g. no credentials: asked for a message, never its error)."""
+    try:
+        client = _client()
+    except Exception:  # noqa: BLE001 - a message's part
+        return None
+    return next((url for key, url in _CONFIGURED.items() if _clients.get(key) is client), None)
+
+
+def _configured_endpoint(session: Any, region: str, config: Any, client: Any) -> str | None:
+    """The endpoint `client` sends to where the AWS config file set it (`endpoint_url` in the profile or
+    its s3 section): the client the SDK builds without it goes elsewhere (its own regional endpoint, in
+    any partition: review RV42e M3)."""
+    from botocore.config import Config
+
+    plain = session.client(
+        "s3", region_name=region, config=config.merge(Config(ignore_configured_endpoint_urls=True))
+    )
     url = str(client.meta.endpoint_url)
-    host = urllib.parse.urlsplit(url).hostname or ""
-    return None if host.endswith((".amazonaws.com", ".amazonaws.com.cn")) else url
+    return url if url != str(plain.meta.endpoint_url) else None
+
+
+def _profile_addressing(session: Any) -> str | None:
+    """The addressing style the profile sets (`s3 = addressing_style = …`), which is the user's to keep."""
+    try:
+        s3 = session._session.get_scoped_config().get("s3", {})
+    except Exception:  # noqa: BLE001 - a profile that cannot be read sets nothing here
+        return None
+    return s3.get("addressing_style") if isinstance(s3, dict) else None
 
 
 def endpoint() -> str:
     """Where requests go: AWS_ENDPOINT_URL, the AWS config file's endpoint_url, or AWS's regional
     endpoint ("AWS S3")."""
-    if url := _endpoint_url():
-        return url
-    try:
-        return _custom_endpoint(_client()) or "AWS S3"
-    except Exception:  # noqa: BLE001 - no client to ask (no credentials): a message's part, never its error
-        return "AWS S3"
+    return _endpoint_url() or _configured_now() or "AWS S3"
+
+
+def endpoint_setting() -> str:
+    """The setting that names the endpoint, as a message advises checking it."""
+    if os.environ.get("AWS_ENDPOINT_URL_S3"):
+        return "AWS_ENDPOINT_URL_S3"
+    if _endpoint_url() is None and _configured_now():
+        return "endpoint_url in the AWS config file's profile"
+    return "AWS_ENDPOINT_URL"
 
 
 class ObjectStore:
@@ -415,7 +448,7 @@ class ObjectStore:
             return ObjectStoreError(
                 f"{where}: {what} kept failing for {spent:.1f} s ({tries} tries{late_note}), no data coming "
                 f"for data.fetch_timeout_s = {seconds:g} s, last with {self._cause(e)}; check the store and "
-                f"the network (AWS_ENDPOINT_URL = {endpoint()}), then resume the run (--resume auto), or "
+                f"the network ({endpoint_setting()} = {endpoint()}), then resume the run (--resume auto), or "
                 "raise data.fetch_timeout_s"
             )
         if isinstance(e, exc.ClientError):
@@ -424,7 +457,7 @@ class ObjectStore:
             if code == "NoSuchBucket" or (code in ("404", "NotFound") and rel is None):
                 return ObjectStoreError(
                     f"bucket {self.url.bucket!r} does not exist at {endpoint()} ({where}): create it, or fix "
-                    "the URL (or AWS_ENDPOINT_URL, if the bucket is on another store)"
+                    f"the URL (or {endpoint_setting()}, if the bucket is on another store)"
                 )
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectMissing(f"{where} does not exist")
@@ -451,8 +484,8 @@ class ObjectStore:
             )
         if isinstance(e, (exc.EndpointConnectionError, exc.ConnectTimeoutError)):
             return ObjectStoreError(
-                f"cannot reach {endpoint()} for {where} ({tries} tries: {e}); check AWS_ENDPOINT_URL and the "
-                "network"
+                f"cannot reach {endpoint()} for {where} ({tries} tries: {e}); check {endpoint_setting()} "
+                "and the network"
             )
         return ObjectStoreError(f"{where}: {what} failed {tries} time(s), last with {e}; retry later")
 
@@ -607,13 +640,14 @@ class ObjectStore:
         )
         upload_id = created["UploadId"]
         try:
-            parts, md5s, whole = [], [], hashlib.sha256()
+            parts, md5s, whole, sent = [], [], hashlib.sha256(), 0
             with open(path, "rb") as f:
                 step = part_bytes(os.fstat(f.fileno()).st_size)
                 for number in itertools.count(1):
                     if not (data := f.read(step)):
                         break
                     whole.update(data)
+                    sent += len(data)
                     md5s.append(hashlib.md5(data).digest())
                     digest = base64.b64encode(md5s[-1]).decode()
 
@@ -633,13 +667,26 @@ class ObjectStore:
                     parts.append({"ETag": self._call("PUT part", rel, put), "PartNumber": number})
             if whole.hexdigest() != sha:
                 raise ValueError(f"{path} has sha256 {whole.hexdigest()}, not {sha}")
-            done = self._call(
-                "PUT parts",
-                rel,
-                lambda c: c.complete_multipart_upload(
-                    Bucket=self.url.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-                ),
-            )
+            want = f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
+            tries = [0]
+
+            def complete(c):
+                tries[0] += 1
+                try:
+                    return c.complete_multipart_upload(
+                        Bucket=self.url.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                    )
+                except c.exceptions.NoSuchUpload:
+                    if tries[0] == 1:
+                        raise
+                    # a retry of a completion whose answer was lost: MinIO has ended the upload and
+                    # says so (review RV42e M1); the object, if it is these parts, is the answer
+                    head = c.head_object(Bucket=self.url.bucket, Key=key)
+                    if head.get("ETag", "").strip('"') != want or head["ContentLength"] != sent:
+                        raise
+                    return head
+
+            done = self._call("PUT parts", rel, complete)
         except BaseException:
             try:
                 self.abort_upload(key, upload_id)
@@ -647,7 +694,6 @@ class ObjectStore:
                 pass  # `gristmill data upload` aborts what a failed run left (upload.py)
             raise
         etag = done.get("ETag", "").strip('"')
-        want = f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
         if parts_etag(etag, done) not in (None, want):
             raise ObjectStoreError(
                 f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of the parts sent"
