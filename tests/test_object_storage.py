@@ -2183,11 +2183,24 @@ def test_upload_repairs_a_bucket_whose_dataset_json_was_edited_and_names_the_fix
     assert gristmill(["data", "upload", str(local), url]) == 0
     assert s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
     DocumentTable(url, cache=cache(tmp_path))
+    # its recorded fingerprint edited, its fields this dataset's: readers give the bucket's repair, and
+    # the upload is it (review RV42a M4: "holds another dataset", upload elsewhere)
+    edited = {**json.loads(good), "fingerprint": ("1" if json.loads(good)["fingerprint"][0] != "1" else "2")}
+    edited["fingerprint"] += json.loads(good)["fingerprint"][1:]
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(edited).encode())
+    with pytest.raises(DatasetError, match=re.escape(f"{DATASET_JSON} was edited; {fix}")):
+        DocumentTable(url, cache=cache(tmp_path / "edited"))
+    assert gristmill(["data", "upload", str(local), url]) == 0
+    assert s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=b"{")
+    with pytest.raises(DatasetError, match=re.escape(f"{url}/{DATASET_JSON} is not valid JSON")) as refused:
+        DocumentTable(url, cache=cache(tmp_path / "cut"))
+    assert str(refused.value).endswith(fix) and "rebuild" not in str(refused.value), refused.value
     with pytest.raises(
         DatasetError, match=re.escape(f"if it is this one, delete {url}/{DATASET_JSON} and upload again")
-    ):
+    ) as refused:
         upload_dataset(local, url, log=lambda *a: None)
+    assert "rebuild" not in str(refused.value), refused.value  # it said both (RV42a M4)
 
 
 def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):

@@ -532,13 +532,14 @@ def fingerprint(info: dict[str, Any]) -> str:
     return json_sha256(ident, compact=False)
 
 
-def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:
-    """Refuse a dataset.json whose recorded fingerprint is not the one its fields give (edited)."""
+def check_fingerprint(root: str | Path, info: dict[str, Any], fix: str = "rebuild the dataset") -> None:
+    """Refuse a dataset.json whose recorded fingerprint is not the one its fields give (edited); `fix`:
+    what repairs it (a bucket's: rewrite_bucket_dataset_json)."""
     if fingerprint(info) != info["fingerprint"]:
         raise DatasetError(
             f"{os.path.join(root, DATASET_JSON)}: the recorded fingerprint does not match the file's "
             f"contents ({info['fingerprint'][:12]}… recorded, {fingerprint(info)[:12]}… computed): "
-            "dataset.json was edited; rebuild the dataset"
+            f"dataset.json was edited; {fix}"
         )
 
 
@@ -720,15 +721,16 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     )
 
 
-def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
+def parse_dataset_info(text: bytes, path: str | Path, fix: str = "rebuild the dataset") -> dict[str, Any]:
     """dataset.json's content checked as read_dataset_info checks it; `path` names it in errors (a
-    file, or the object of a dataset in a bucket)."""
+    file, or the object of a dataset in a bucket), `fix` what repairs a damaged one (a bucket's:
+    rewrite_bucket_dataset_json; review RV42a M4)."""
     try:
         info = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # nested too deep to decode
-        raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
+        raise DatasetError(f"{path} is not valid JSON ({e}); {fix}") from None
     if not isinstance(info, dict):
-        raise DatasetError(f"{path} is not a JSON object; rebuild the dataset")
+        raise DatasetError(f"{path} is not a JSON object; {fix}")
     if info.get("format") not in FORMATS:
         raise DatasetError(
             f"{path}: format {info.get('format')!r} is not one of {', '.join(map(repr, FORMATS))}; rebuild "
@@ -741,9 +743,9 @@ def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
         )
     for key in ("tokenizer_sha256", "vocab_size", "dtype", "separator", "shard_files", "fingerprint"):
         if key not in info:
-            raise DatasetError(f"{path}: missing key {key!r}; rebuild the dataset")
+            raise DatasetError(f"{path}: missing key {key!r}; {fix}")
     if (problem := shape_problem(info)) is not None:
-        raise DatasetError(f"{path}: {problem}; restore the file or rebuild the dataset")
+        raise DatasetError(f"{path}: {problem}; restore the file or {fix}")
     total = info.get("index", {}).get(DOCUMENTS_SUM)
     if total is not None and not (isinstance(total, str) and re.fullmatch("[0-9a-f]{64}", total)):
         # derived, never a build's only record: deleting it loses nothing a rebuild (hours) would give

@@ -43,6 +43,7 @@ from training.contract.dataset_format import (
     parse_dataset_info,
     read_dataset_info,
     recorded_paths,
+    rewrite_bucket_dataset_json,
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
 from training.contract.file_lock import LockHeld, file_lock
@@ -392,8 +393,9 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
             f"there with `gristmill data build … --set output={url}`, or upload one with "
             f"`gristmill data upload DIR {url}`)"
         ) from None
-    info = parse_dataset_info(raw, url.child(DATASET_JSON))
-    check_fingerprint(str(url), info)
+    fix = rewrite_bucket_dataset_json(str(url))  # the bucket's repair, not a rebuild (review RV42a M4)
+    info = parse_dataset_info(raw, url.child(DATASET_JSON), fix)
+    check_fingerprint(str(url), info, fix)
     return raw, info
 
 
