@@ -3225,6 +3225,14 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     name = sorted(store.list("shards"))[0]
     took, line = _a_range_failing(s3, "down", store, name)
     assert took >= 1.95 and re.search(r"kept failing for (1\.9|2\.\d) s", line), (took, line)
+    s3.proxy.set_faults(FaultMix(slow_down=1.0, truncated=0.0, reset=0.0))  # the store's own words, once
+    try:
+        with pytest.raises(ObjectStoreError) as throttled:
+            ObjectStore(url, retry_for_s=0.5).get_range(name, 0, 100)
+    finally:
+        s3.proxy.set_faults(None)
+    said = str(throttled.value)
+    assert "SlowDown: Please reduce your request rate; check" in said, said  # not "rate.;" (RV42a L4)
     settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1)
     a, b = (DocumentTable(url, cache=settings).cache for _ in range(2))  # two ranks of a node
     waiter, got = Window(1), []

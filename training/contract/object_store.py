@@ -418,8 +418,8 @@ class ObjectStore:
         response = getattr(e, "response", None)
         if isinstance(response, dict):
             err = response.get("Error", {})
-            return f"{err.get('Code', '')}: {err.get('Message', '')}".strip(": ")
-        return str(e)
+            return f"{err.get('Code', '')}: {_message(e)}".strip(": ")
+        return str(e).rstrip(".")
 
     @staticmethod
     def _transient_code(e: Any) -> bool:
@@ -468,7 +468,7 @@ class ObjectStore:
             ):
                 return ObjectRefused(
                     f"{where}: {what} refused ({code or status}: "
-                    f"{e.response.get('Error', {}).get('Message', '')}); "
+                    f"{_message(e)}); "
                     "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's "
                     "permissions for them"
                 )
@@ -480,7 +480,7 @@ class ObjectStore:
                 )
             return ObjectStoreError(
                 f"{where}: {what} failed {tries} time(s), last with {code or status}: "
-                f"{e.response.get('Error', {}).get('Message', '')}; retry later"
+                f"{_message(e)}; retry later"
             )
         if isinstance(e, (exc.EndpointConnectionError, exc.ConnectTimeoutError)):
             return ObjectStoreError(
@@ -769,6 +769,11 @@ class ObjectStore:
             None,
             lambda c: c.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload_id),
         )
+
+
+def _message(e: Exception) -> str:
+    """The store's message of error `e`, without its closing period (a line goes on after it: RV42a L4)."""
+    return str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).rstrip(".")
 
 
 def md5_etag(etag: str, response: dict[str, Any]) -> str | None:
