@@ -1188,7 +1188,7 @@ def _check_dataset_json(
     for what, got in totals.items():
         if info.get(what) != got and not unread:
             problems.append(
-                Problem(f"says {what} = {info.get(what)}, the shards on disk hold {got}", DATASET_JSON)
+                Problem(f"says {what} = {info.get(what)}, the shards hold {got}", DATASET_JSON)
             )
     tok = root / TOKENIZER_JSON
     want = info["tokenizer_sha256"]
