@@ -1187,9 +1187,7 @@ def _check_dataset_json(
     unread = any(r.unread for r in results)  # not counted: their problem is that they were not read
     for what, got in totals.items():
         if info.get(what) != got and not unread:
-            problems.append(
-                Problem(f"says {what} = {info.get(what)}, the shards hold {got}", DATASET_JSON)
-            )
+            problems.append(Problem(f"says {what} = {info.get(what)}, the shards hold {got}", DATASET_JSON))
     tok = root / TOKENIZER_JSON
     want = info["tokenizer_sha256"]
     if tok.is_file():
