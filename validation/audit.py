@@ -89,6 +89,10 @@ def _damaged_files_named(roots: list[str | Path]):
         yield
     except DamagedFile as e:  # a run's table whose pages fail their checksums, before duckdb read it
         raise _refusal(roots, e.damaged) from None
+    except PermissionError as e:  # a folder of another user's build this one may not enter (RV42e M6)
+        where = Path(e.filename) if e.filename else Path(roots[0])
+        denied = Damaged(where, where, f"{where} cannot be read by this user ({e.strerror})", denied=True)
+        raise _refusal(roots, denied) from None
     except duckdb.Error as e:
         damaged = _damaged_error(roots)
         if damaged is None:

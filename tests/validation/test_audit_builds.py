@@ -210,6 +210,8 @@ def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_data
             (manifest, 0, f"{manifest} is unreadable (PermissionError"),
             (stats, 0o700, f"{stats}/00000.json cannot be reached by this user"),
             (dedup, 0o700, f"{dedup}/exact/stats/00000.json cannot be reached by this user"),  # no note
+            (manifest.parent, 0o644, f"{manifest} is unreadable (PermissionError"),  # listed, not entered
+            (root, 0o700, "cannot be read by this user (Permission denied)"),  # the build's umask 077
         ):
             hidden.chmod(mode)
             command = ["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]
