@@ -2078,6 +2078,19 @@ def test_a_completion_whose_answer_was_lost_is_the_object_the_store_holds(s3, tm
     assert store.download("big.bin", tmp_path / "got", len(data)) == hashlib.sha256(data).hexdigest()
 
 
+def test_an_endpoint_without_a_scheme_is_one_line_naming_its_setting(s3, synthetic, capsys, monkeypatch):
+    """AWS_ENDPOINT_URL=minio-host:9000 (no scheme) was botocore's ValueError traceback (review RV42e L8)."""
+    _, url = synthetic
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "minio-host:9000")
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        "error: AWS_ENDPOINT_URL: Invalid endpoint: minio-host:9000; give it a scheme and a host, e.g. "
+        "http://minio-host:9000"
+    ], err
+
+
 def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(
     s3, synthetic, tmp_path, capsys
 ):

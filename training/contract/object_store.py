@@ -275,7 +275,18 @@ def _client(within_s: float | None = None):
                     "or run where an instance role provides them); docs/object-storage.md"
                 )
             region = session.region_name or "us-east-1"
-            client = session.client("s3", region_name=region, config=config)
+            try:
+                client = session.client("s3", region_name=region, config=config)
+            except ValueError as e:  # "Invalid endpoint: minio-host:9000" (review RV42e L8)
+                named = next(
+                    (v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v)), None
+                )
+                setting = (
+                    named or "endpoint_url in the AWS config file's profile"
+                )  # not endpoint_setting: locked
+                raise ObjectStoreError(
+                    f"{setting}: {e}; give it a scheme and a host, e.g. http://minio-host:9000"
+                ) from None
             if not endpoint and (configured := _configured_endpoint(session, region, config, client)):
                 # the AWS config file's endpoint_url (RV42b 8): path-style, unless the profile says how
                 _CONFIGURED[key] = configured
