@@ -342,7 +342,7 @@ def _check_tables(root: Path, info: dict) -> None:
     # linked to its parent, double the `stats` and `excluded` answers, exit 0 (review RV42c F1). A
     # recorded stats file of a stage before the build's pass that is gone is a note (missing_stats).
     present, recorded = _view_records(root, files)
-    recorded -= set(missing_stats_of(root, files))
+    recorded -= set(_gone_stats(root, present, recorded))
     rebuild = (
         f"rerun the command that built it, which validates it and names the task to rebuild "
         f"(`gristmill data validate {root}` lists what is wrong)"
@@ -373,11 +373,7 @@ def _check_tables(root: Path, info: dict) -> None:
         try:
             size = (root / rel).stat().st_size
         except OSError as e:  # a link to nothing, a folder it may not enter: one line (review RV42e M2)
-            why = f"{type(e).__name__}: {e.strerror or e}"
-            denied = isinstance(e, PermissionError)
-            raise DamagedFile(
-                Damaged(root, root / rel, f"{root / rel} is unreadable ({why})", denied)
-            ) from None
+            raise DamagedFile(_unreadable(root, rel, e)) from None
         if isinstance(want, int) and size != want:
             raise DatasetError(
                 f"{root / rel} is {size:,} bytes, but {root / DATASET_JSON} records {want:,}: it changed "
@@ -388,7 +384,8 @@ def _check_tables(root: Path, info: dict) -> None:
     # still decodes answered other counts, exit 0, where the same dataset audited from a bucket was
     # refused (bucket_copy hashes its copies at each audit). A copy bucket_copy hashed in this process
     # is not hashed again; one audited by its path is (RV41b F6).
-    viewed = sorted(r for r in _viewed(root) if r in files)
+    # (the views' other files, dataset.json and a run's, are none of dataset.json's `files`)
+    viewed = sorted(present)  # the recorded files the views read: the checks above made them one set
     if root.resolve() not in CHECKED_COPIES and (changed := _first_changed(root, files, viewed)) is not None:
         raise DamagedFile(changed)
 
@@ -432,12 +429,12 @@ def missing_stats(roots: list[str | Path]) -> list[Path]:
     for root in map(Path, roots):
         files = dataset_json(root).get("files")
         if isinstance(files, dict):
-            out += [root / rel for rel in missing_stats_of(root, files)]
+            out += [root / rel for rel in _gone_stats(root, *_view_records(root, files))]
     return out
 
 
-def missing_stats_of(root: Path, files: dict) -> list[str]:
-    present, recorded = _view_records(root, files)
+def _gone_stats(root: Path, present: set[str], recorded: set[str]) -> list[str]:
+    """Of _view_records' answer, the recorded stats files of a stage before the build's pass that are gone."""
     stage = [r for r in recorded if r.startswith(f"{LOGS_DIR}/") and r.rpartition("/")[0] != BUILD_STATS]
     # one this user cannot see is no note: the check says so, with its fix (review RV42e M5)
     return sorted(r for r in stage if r not in present and _hidden_from_user(root / r) is None)
@@ -445,11 +442,6 @@ def missing_stats_of(root: Path, files: dict) -> list[str]:
 
 # the cache copies bucket_copy hashed in this process (their resolved paths): check_roots' not again
 CHECKED_COPIES: set[Path] = set()
-
-
-def _viewed(root: Path) -> set[str]:
-    """The files of dataset `root` the views read (FILE_VIEWS' patterns, globbed as view_files does)."""
-    return {rel for v in FILE_VIEWS.values() for rel in glob.glob(v.pattern, root_dir=root, recursive=True)}
 
 
 def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
@@ -467,13 +459,18 @@ def _first_changed(root: Path, files: dict, rels: list[str]) -> Damaged | None:
 
     for (rel, sha), got in zip(wanted, in_threads(digest, [rel for rel, _ in wanted])):
         if isinstance(got, OSError):
-            why = f"{type(got).__name__}: {got.strerror or got}"
-            denied = isinstance(got, PermissionError)
-            return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})", denied)
+            return _unreadable(root, rel, got)
         if got != sha:
             why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
             return Damaged(root, root / rel, f"{root / rel} is damaged: {why}")
     return None
+
+
+def _unreadable(root: Path, rel: str, e: OSError) -> Damaged:
+    """Recorded file `rel` of `root` that could not be read (`e`), named in one line; denied where this
+    user may not read it (the fix is access, not a rebuild)."""
+    why = f"{type(e).__name__}: {e.strerror or e}"
+    return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})", isinstance(e, PermissionError))
 
 
 def view_files(view: FileView, root: Path) -> list[str]:
