@@ -225,9 +225,19 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _endpoint_variable() -> str | None:
+    """The variable that sets the endpoint: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (the SDK's own
+    order), None where neither does."""
+    return next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v)), None)
+
+
 def _endpoint_url() -> str | None:
-    """AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (the SDK's own order), None for AWS itself."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    """The endpoint the environment sets, None for AWS itself (or the AWS config file's: _configured_now)."""
+    variable = _endpoint_variable()
+    return os.environ[variable] if variable else None
+
+
+_PROFILE_ENDPOINT = "endpoint_url in the AWS config file's profile"
 
 
 CONNECT_TIMEOUT_S = 10.0  # a connection not made in this long is a try that failed
@@ -278,26 +288,21 @@ def _client(within_s: float | None = None):
             try:
                 client = session.client("s3", region_name=region, config=config)
             except ValueError as e:  # "Invalid endpoint: minio-host:9000" (review RV42e L8)
-                named = next(
-                    (v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v)), None
-                )
-                setting = (
-                    named or "endpoint_url in the AWS config file's profile"
-                )  # not endpoint_setting: locked
+                setting = _endpoint_variable() or _PROFILE_ENDPOINT  # not endpoint_setting: it takes the lock
                 raise ObjectStoreError(
                     f"{setting}: {e}; give it a scheme and a host, e.g. http://minio-host:9000"
                 ) from None
             if not endpoint and (configured := _configured_endpoint(session, region, config, client)):
                 # the AWS config file's endpoint_url (RV42b 8): path-style, unless the profile says how
-                _CONFIGURED[key] = configured
                 if not _profile_addressing(session):
                     path_style = Config(s3={"addressing_style": "path"})
                     client = session.client("s3", region_name=region, config=config.merge(path_style))
+                _CONFIGURED[id(client)] = configured
             _clients[key] = client
     return client
 
 
-_CONFIGURED: dict[tuple, str] = {}  # by a client's key: the AWS config file's endpoint_url it was built for
+_CONFIGURED: dict[int, str] = {}  # id of a client (in _clients) -> the config file's endpoint_url
 
 
 def _configured_now() -> str | None:
@@ -307,7 +312,7 @@ def _configured_now() -> str | None:
         client = _client()
     except Exception:  # noqa: BLE001 - a message's part
         return None
-    return next((url for key, url in _CONFIGURED.items() if _clients.get(key) is client), None)
+    return _CONFIGURED.get(id(client))
 
 
 def _configured_endpoint(session: Any, region: str, config: Any, client: Any) -> str | None:
@@ -340,11 +345,9 @@ def endpoint() -> str:
 
 def endpoint_setting() -> str:
     """The setting that names the endpoint, as a message advises checking it."""
-    if os.environ.get("AWS_ENDPOINT_URL_S3"):
-        return "AWS_ENDPOINT_URL_S3"
-    if _endpoint_url() is None and _configured_now():
-        return "endpoint_url in the AWS config file's profile"
-    return "AWS_ENDPOINT_URL"
+    if variable := _endpoint_variable():
+        return variable
+    return _PROFILE_ENDPOINT if _configured_now() else "AWS_ENDPOINT_URL"
 
 
 class ObjectStore:
