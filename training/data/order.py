@@ -11,7 +11,8 @@ The order is a hierarchical shuffle that never materialises a per-document permu
    at a time.
 2. The blocks are permuted (per seed and epoch) and the permuted blocks grouped `GROUP_BLOCKS` at
    a time. Only per-block and per-group token totals are kept: O(blocks) memory.
-3. Inside a group the documents are permuted again, lazily, when a window first needs the group.
+3. Inside a group the documents are permuted again, lazily, when a window first needs the group;
+   their lengths are read as the windows reach them (a bucket's fetch the samples they lie in).
 
 A group holds 262,144 documents drawn from 4,096 random places in the corpus, so a global batch
 (~1,000 documents) mixes sources as a full shuffle would, while the plan costs a few bytes per
@@ -31,6 +32,7 @@ node (training/data/cache.py).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +291,15 @@ class DocBlocks:
         )
         return cand[~heldout_rows(cand, self.val_fraction)] if self.val_fraction > 0 else cand
 
+    def docs_in(self, blocks: np.ndarray) -> np.ndarray:
+        """How many documents each of `blocks` holds (what `rows(blocks)` gives, block by block)."""
+        blocks = np.asarray(blocks, np.int64)
+        if self._val_rows is not None:
+            return np.minimum(self.block_docs, self.n - blocks * self.block_docs)
+        return np.asarray(self._doc_start[blocks + 1], np.int64) - np.asarray(
+            self._doc_start[blocks], np.int64
+        )
+
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
         """Token counts of manifest rows `rows` (each a row of this split), int64."""
         if self._val_rows is not None:
@@ -326,6 +337,79 @@ def _narrow(a: np.ndarray) -> np.ndarray:
     return a.astype(np.uint32) if len(a) == 0 or int(a.max()) < 1 << 32 else a
 
 
+class _Group:
+    """One epoch group of a split's stream: its documents in stream order (a permutation of its
+    blocks' documents, which needs no length) and the cumulative token counts of the first `known` of
+    them, extended as the steps reach them (EpochOrder.planned). A bucket's lengths are its samples'
+    records, and reading one fetches its sample whole (training/data/block_cache.py): so a group's plan
+    reads the samples its next steps' documents lie in, not the group, and a run's first step fetches
+    what it reads whatever the dataset's size (a whole group was ~0.9 GB at FineWeb-Edu's lengths, and
+    a dataset smaller than a group was fetched whole). A local index's lengths are at hand: read at once.
+    Either way a block's lengths are checked against the index's total for it when they are read."""
+
+    def __init__(self, table: DocBlocks, blocks: np.ndarray, key: np.uint64, g: int):
+        self.table, self.blocks, self.g = table, blocks, g
+        per = table.docs_in(blocks)
+        self.first = np.zeros(len(per) + 1, np.int64)  # each block's first document in `rows` order
+        np.cumsum(per, out=self.first[1:])
+        n = int(self.first[-1])
+        rows = table.rows(blocks)
+        order = hashed_order(n, key)
+        self.docs = rows[order]
+        self.doc_block = np.repeat(np.arange(len(blocks), dtype=np.int32), per)[order]
+        self.stream_at = np.empty(n, np.int32 if n < 1 << 31 else np.int64)  # rows order → stream place
+        self.stream_at[order] = np.arange(n)
+        self.lengths = np.zeros(n, np.int64)  # in stream order, of the loaded blocks' documents
+        self.loaded = np.zeros(len(blocks), bool)
+        self.cum = np.zeros(n + 1, np.int64)
+        self.known = 0
+        self.by_need = table.split == "train" and bool(getattr(table.lengths, "fetched", False))
+        self.mean = int(np.asarray(table.block_tokens)[blocks].sum(dtype=np.int64)) / max(n, 1)
+
+    def extend(self, upto: int) -> None:
+        """Know the cumulative counts further, towards group token `upto`: the lengths of the blocks the
+        next documents lie in are read (about a quarter more documents than `upto` needs at the group's
+        mean length, so a step's plan is one read of a bucket's samples, rarely two), then counted
+        through every document whose block's lengths are known."""
+        n, k = len(self.docs), self.known
+        span = n - k
+        if self.by_need:
+            span = min(span, int((upto - int(self.cum[k])) / self.mean * 1.25) + 4)
+        want = np.unique(self.doc_block[k : k + span])
+        want = want[~self.loaded[want]]
+        if len(want):
+            self._load(want)
+        ahead = self.loaded[self.doc_block[k : k + max(span, 8 * span + 1024)]]
+        stop = len(ahead) if ahead.all() else int(np.argmin(ahead))
+        np.cumsum(self.lengths[k : k + stop], out=self.cum[k + 1 : k + stop + 1])
+        self.cum[k + 1 : k + stop + 1] += self.cum[k]
+        self.known = k + stop
+
+    def _load(self, want: np.ndarray) -> None:
+        """Read the lengths of blocks `want` (places in the group) at once, each checked against the
+        index's total for it."""
+        counts = self.first[want + 1] - self.first[want]
+        at = np.repeat(self.first[want] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        places = self.stream_at[at]
+        lengths = self.table.row_lengths(self.docs[places])
+        running = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=running[1:])
+        ends = np.cumsum(counts)
+        sums = running[ends] - running[ends - counts]
+        want_tokens = np.asarray(self.table.block_tokens, np.int64)[self.blocks[want]]
+        bad = np.flatnonzero(sums != want_tokens)
+        if len(bad):
+            b = int(bad[0])
+            what = "sample" if self.table.split == "train" else "held-out block"
+            raise DatasetError(
+                f"epoch group {self.g}: {what} {int(self.blocks[want[b]])}'s documents hold {int(sums[b])} "
+                f"tokens but the index's sample totals say {int(want_tokens[b])}: the dataset's index does "
+                "not match its shards; run `gristmill data validate`"
+            )
+        self.lengths[places] = lengths
+        self.loaded[want] = True
+
+
 class EpochOrder:
     """The token stream of one epoch of `seed` over a split's document blocks.
 
@@ -354,7 +438,8 @@ class EpochOrder:
         self.group_start = np.zeros(ngroups + 1, np.int64)
         np.cumsum(group_tokens, out=self.group_start[1:])
         self.tokens = int(self.group_start[-1])
-        self._groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._groups: dict[int, _Group] = {}
+        self._lock = threading.RLock()  # a group is extended in place: one thread at a time
 
     @classmethod
     def shared(cls, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochOrder:
@@ -397,27 +482,34 @@ class EpochOrder:
         if self.tokens != blocks.tokens:
             raise ValueError(f"{path}: plan of {self.tokens} tokens, the split has {blocks.tokens}")
         self._groups = {}
+        self._lock = threading.RLock()
         return self
 
-    def group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """Group g's documents (manifest rows) in stream order, and the cumulative token counts."""
-        hit = self._groups.get(g)
-        if hit is not None:
-            return hit
-        docs = self.blocks.rows(self.block_order[g * self.group_blocks : (g + 1) * self.group_blocks])
-        docs = docs[hashed_order(len(docs), derive_key(self.seed, self.epoch, 1, g))]
-        cum = np.zeros(len(docs) + 1, np.int64)
-        np.cumsum(self.blocks.row_lengths(docs), out=cum[1:])
-        want = int(self.group_start[g + 1] - self.group_start[g])
-        if int(cum[-1]) != want:  # the documents' lengths against the index's block totals
-            raise DatasetError(
-                f"epoch group {g}: its documents hold {int(cum[-1])} tokens but the index's sample totals "
-                f"say {want}: the dataset's index does not match its shards; run `gristmill data validate`"
+    def group(self, g: int) -> _Group:
+        """Group g's documents (manifest rows) in stream order; their lengths are read as `planned`
+        needs them."""
+        with self._lock:
+            hit = self._groups.get(g)
+            if hit is not None:
+                return hit
+            blocks = np.asarray(
+                self.block_order[g * self.group_blocks : (g + 1) * self.group_blocks], np.int64
             )
-        if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
-            self._groups.pop(next(iter(self._groups)))
-        self._groups[g] = (docs, cum)
-        return docs, cum
+            hit = _Group(self.blocks, blocks, derive_key(self.seed, self.epoch, 1, g), g)
+            if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
+                self._groups.pop(next(iter(self._groups)))
+            self._groups[g] = hit
+            return hit
+
+    def planned(self, g: int, upto: int) -> tuple[np.ndarray, np.ndarray]:
+        """Group g's documents in stream order, and the cumulative token counts of its first documents,
+        as far as covers its stream tokens [0, upto) at least (the whole group where its lengths are at
+        hand: a local index)."""
+        grp = self.group(g)
+        with self._lock:
+            while grp.cum[grp.known] < upto and grp.known < len(grp.docs):
+                grp.extend(upto)
+            return grp.docs, grp.cum[: grp.known + 1]
 
     def segments(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stream tokens [a, b) as (document, first token in it, token count) pieces, in order."""
@@ -426,9 +518,9 @@ class EpochOrder:
         docs_out, starts_out, counts_out = [], [], []
         while a < b:
             g = int(np.searchsorted(self.group_start, a, side="right")) - 1
-            docs, cum = self.group(g)
             base = int(self.group_start[g])
             lo, hi = a - base, min(b, int(self.group_start[g + 1])) - base
+            docs, cum = self.planned(g, hi)
             i = int(np.searchsorted(cum, lo, side="right")) - 1  # cum[i] <= lo < cum[i+1]
             j = int(np.searchsorted(cum, hi, side="left"))  # cum[j-1] < hi <= cum[j]
             first = cum[i:j]
@@ -473,9 +565,9 @@ class EpochOrder:
 
     def _in_group(self, g: int, a: np.ndarray, b: np.ndarray, qs: np.ndarray) -> tuple[np.ndarray, ...]:
         """segments_many for ranges [a, b) that all lie inside group g; `qs` names them."""
-        docs, cum = self.group(g)
         base = int(self.group_start[g])
         lo, hi = a - base, b - base
+        docs, cum = self.planned(g, int(hi.max()))
         i = np.searchsorted(cum, lo, side="right") - 1  # cum[i] <= lo < cum[i+1]
         j = np.searchsorted(cum, hi, side="left")  # cum[j-1] < hi <= cum[j]
         n = j - i

@@ -22,7 +22,13 @@ from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
 from tests.helpers.position_corpus import SEP, doc_tokens, epoch_stream, make_dataset
 from training.contract import dataset_index, heldout
-from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    DatasetError,
+    fingerprint,
+    read_dataset_info,
+    sample_starts,
+)
 from training.contract.dataset_index import (
     DOC_HASHES,
     DOC_OFFSETS,
@@ -460,8 +466,54 @@ def test_a_group_whose_lengths_differ_from_the_index_totals_is_refused():
     order.segments(0, order.tokens)  # as the index says: fine
     blocks.lengths = lengths.copy()
     blocks.lengths[7] += 1
-    with pytest.raises(DatasetError, match=r"epoch group \d: its documents hold \d+ tokens but the index"):
+    with pytest.raises(
+        DatasetError, match=r"epoch group \d: sample 0's documents hold 2\d+ tokens but the index"
+    ):
         epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=2).segments(0, order.tokens)
+
+
+class _AskedLengths:
+    """Lengths read as a bucket's are (block_cache.SampleLengths: `fetched`, each read may fetch), the
+    rows asked for kept."""
+
+    fetched = True
+
+    def __init__(self, lengths: np.ndarray):
+        self.lengths, self.asked = lengths, set()
+
+    def __getitem__(self, rows):
+        self.asked.update(np.asarray(rows).tolist())
+        return self.lengths[rows]
+
+
+@pytest.mark.parametrize("vf,gb", [(0.0, 4096), (0.2, 4096), (0.2, 7)])
+def test_a_group_read_by_need_plans_as_the_whole_group_and_reads_the_samples_its_steps_reach(vf, gb):
+    """A bucket's group is planned as its steps reach it (a length read fetches its sample): the first
+    window reads the lengths of a few samples, not of the group (a dataset smaller than a group was
+    fetched whole before its first step: RV42a), each sample whole, and any ranges, in any order, are
+    cut exactly as the group planned whole cuts them."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 400, 40_000)
+    shard_rows = np.array([0, 13_000, 27_003, 40_000])
+    whole = epoch_order.DocBlocks.of_lengths(lengths, shard_rows, val_fraction=vf)
+    by_need = epoch_order.DocBlocks.of_lengths(lengths, shard_rows, val_fraction=vf)
+    asked = by_need.lengths = _AskedLengths(lengths)
+    a = epoch_order.EpochOrder(whole, seed=2, epoch=0, group_blocks=gb)
+    b = epoch_order.EpochOrder(by_need, seed=2, epoch=0, group_blocks=gb)
+    first = b.segments(0, 2049)
+    assert all(np.array_equal(x, y) for x, y in zip(first, a.segments(0, 2049)))
+    starts = sample_starts(shard_rows)
+    sample_of = lambda rows: np.searchsorted(starts, rows, side="right") - 1  # noqa: E731
+    read = np.unique(sample_of(np.array(sorted(asked.asked))))
+    assert set(sample_of(first[0]).tolist()) <= set(read.tolist())
+    assert 0 < len(read) <= 40 < len(whole.block_tokens) // 4, len(read)  # ~13 documents
+    held = epoch_order.heldout_mask(0, len(lengths), vf) if vf else np.zeros(len(lengths), bool)
+    in_read = np.isin(sample_of(np.arange(len(lengths))), read)
+    assert asked.asked == set(np.flatnonzero(in_read & ~held).tolist())  # each sample read whole
+    ends = np.sort(rng.integers(0, a.tokens + 1, 60))
+    for lo, hi in rng.permutation(np.stack([ends[:-1], ends[1:]], 1)).tolist():
+        assert all(np.array_equal(x, y) for x, y in zip(b.segments(lo, hi), a.segments(lo, hi)))
+    assert all(np.array_equal(x, y) for x, y in zip(b.segments(0, b.tokens), a.segments(0, a.tokens)))
 
 
 def test_an_index_of_an_older_format_is_refused_then_upgraded(corpus, tmp_path, capsys):
