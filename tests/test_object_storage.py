@@ -865,8 +865,8 @@ def test_a_mixture_of_a_local_and_a_bucket_source_through_phases_gives_the_local
 
 
 def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, small_blocks, tmp_path):
-    """Each sample is one range request, fetched once; an epoch group's samples all come before the
-    group's first step (its plan needs their lengths), the groups in the plan's order."""
+    """Each sample is one range request, fetched once, as the plan's steps reach it (a group's plan reads
+    its samples' lengths as far as its steps go), the groups in the plan's order."""
     local, url = synthetic
     settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1)  # one at a time: the order shows
     # The plan, read off the local copy (planning the bucket's would fetch what it plans).
@@ -895,6 +895,67 @@ def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic,
     # DataLoader workers (forked) read the same cache, checked the same way; 8 requests in flight.
     workers = hashes(url, 40, cache=cache(tmp_path / "workers"), num_workers=2)
     assert workers == hashes(local, 40)
+
+
+def test_a_first_step_fetches_the_samples_it_reads_whatever_the_dataset_s_size(s3, tmp_path):
+    """Issue 45's cold start below one epoch group (4,096 samples): a group's plan reads the lengths of
+    the samples its steps reach, so the first step of a dataset of 24 samples and of one of 240 (one
+    group each) fetches a few samples, those its documents lie in and a few more, not the dataset
+    (RV42a: 1.61, 15.4, 153.8 MB before the first step at 1×, 10×, 100× the demo's); its batch is the
+    local copy's, and so are the steps after it, read by the loader with its prefetcher."""
+    rng = np.random.default_rng(0)
+    geometry = dict(seq_len=64, global_batch=4, micro_batch=4, seed=3)  # a step reads ~5 documents
+    fetched = {}
+    for scale in (1, 10):
+        docs = [np.append(rng.integers(1, 250, int(rng.integers(20, 100))), 0) for _ in range(1536 * scale)]
+        local = tmp_path / f"ds{scale}"
+        write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=64 << 10)
+        url = s3.url(f"cold-{scale}x")
+        upload_dataset(local, url, log=lambda *a: None)
+        loader = dataset_loader(url, **geometry, cache=cache(tmp_path / f"c{scale}"))
+        table = loader.builder.tables[0]
+        assert table.cache.nunits == 24 * scale
+        s3.proxy.reset_counts()
+        src, docs_read, *_ = loader.builder.read(0)  # the step's own fetch: no prefetcher walks ahead
+        ranges = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
+        got = {unit_of_range(table, p, r) for p, r in ranges}
+        read = set(table.cache.units_of_rows(docs_read).tolist())
+        assert read <= got and len(got) <= 2 * len(read) + 4 and len(got) < 20, (scale, read, got)
+        fetched[scale] = s3.proxy.counts.body_bytes
+        local_loader = dataset_loader(local, **geometry)
+        assert batch_sha256(loader.builder.batch(0)) == batch_sha256(local_loader.builder.batch(0))
+        assert hashes(url, 30, cache=cache(tmp_path / f"c{scale}")) == hashes(local, 30)
+    assert fetched[10] <= 1.5 * fetched[1], fetched
+    # Past the first step, the loader's prefetcher fetches what the next steps read before they do,
+    # inside the group its first step has partly fetched (its walk skipped a group once planned).
+    view = local_loader.builder.global_view()
+    sample_first = view.tables[0].index.sample_first
+    ahead = {
+        int(u) for s in range(1, 9) for u in np.searchsorted(sample_first, view.segments(s)[1], "right") - 1
+    }
+    loader = dataset_loader(url, **geometry, cache=cache(tmp_path / "ahead"))
+    steps = iter(loader)
+    next(steps)
+    blocks, deadline = loader.builder.tables[0].cache, time.monotonic() + 30
+    while not all(blocks.cached(u) for u in ahead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(blocks.cached(u) for u in ahead), sorted(u for u in ahead if not blocks.cached(u))
+    steps.close()
+    # A walk plans each step ahead as it goes, fetching what it reaches: closing the loader (a run's
+    # stop, a SIGTERM's save) waits for the step being planned, not for the walk's 64 (a slow store).
+    walk = {
+        int(u) for s in range(64) for u in np.searchsorted(sample_first, view.segments(s)[1], "right") - 1
+    }
+    s3.proxy.latency = 0.2
+    s3.proxy.reset_counts()
+    try:
+        steps = iter(dataset_loader(url, **geometry, cache=cache(tmp_path / "close")))
+        next(steps)
+        steps.close()
+        fetched_by_close = len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p])
+    finally:
+        s3.proxy.latency = 0.0
+    assert fetched_by_close < len(walk) / 2, (fetched_by_close, len(walk))
 
 
 @pytest.fixture

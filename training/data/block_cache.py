@@ -1,5 +1,5 @@
-"""A bucket's dataset read by range: the build's samples, fetched a group at a time in the plan's
-order into the node's bounded, verified cache (docs/object-storage.md, "Training from a bucket").
+"""A bucket's dataset read by range: the build's samples, fetched as the plan's steps reach them, in
+its order, into the node's bounded, verified cache (docs/object-storage.md, "Training from a bucket").
 
 The unit is the build's sample (64 consecutive documents of a shard: dataset_format.sample_starts),
 which is the training split's block in the epoch order (training/data/order.py): in a
@@ -26,10 +26,10 @@ rewrites a file on purpose together with its checks (a hash in the same file can
 needs only its samples' lengths: it reads a file's identity and records (the first 2.4 kB), checked
 the same way, and leaves the ids to the reads.
 
-`CachedBlocks` is one split's units of one bucket dataset; a training group's plan asks for its
-documents' lengths (`SampleLengths`), which fetches the group's samples together, several requests in
-flight. `Prefetcher` runs in each rank's loader, walks the plan ahead, has the next groups fetched
-before their first steps, and publishes what its process keeps: every unit of the epoch groups its
+`CachedBlocks` is one split's units of one bucket dataset; a training group's plan asks for the lengths
+of the documents its next steps reach (`SampleLengths`), which fetches their samples together, several
+requests in flight. `Prefetcher` runs in each rank's loader, walks the plan ahead, has the next steps'
+samples fetched before those steps, and publishes what its process keeps: every unit of the epoch groups its
 current and next steps read (a sample is read until its group ends). Eviction (`make_room`) removes
 units no live loader keeps, least recently needed first. The cache therefore holds the loader's
 working set, two to three groups per source (`group_need`, checked against data.cache_gb before any
@@ -291,9 +291,9 @@ class CachedBlocks:
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
         `step_tokens` of it per step: the units of the epoch groups its last LAG_STEPS steps, the
-        current one and the next read (a training group is fetched whole before its first step: its
-        plan needs its documents' lengths), each at most the GROUP_BLOCKS largest blocks' bytes, plus
-        one group for an epoch's short last group; all of them when the split has no more blocks.
+        current one and the next read (a sample is read until its group ends), each at most the
+        GROUP_BLOCKS largest blocks' bytes, plus one group for an epoch's short last group; all of them
+        when the split has no more blocks.
         Computed once per step size (a sort of every sample: the setup's check and each loader's
         prefetcher ask)."""
         group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
@@ -775,7 +775,7 @@ class CachedBlocks:
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
         """Token counts of manifest rows `rows`, from the copies this reader holds, else from their
         samples' cached records: the samples missing are fetched first, all together (an epoch group's
-        plan asks for a whole group's)."""
+        plan asks for those its next steps reach)."""
         rows = np.asarray(rows, np.int64)
         if not len(rows):
             return np.empty(0, np.int64)
@@ -835,6 +835,8 @@ class CachedBlocks:
 class SampleLengths:
     """`lengths[rows]` of a bucket's dataset: its documents' token counts, read from their samples'
     cached copies (CachedBlocks.row_lengths); what DocBlocks.lengths is for the training split."""
+
+    fetched = True  # a read may fetch samples: an epoch group's plan reads only as far as its steps go
 
     def __init__(self, cache: CachedBlocks):
         self.cache = cache
@@ -1085,8 +1087,8 @@ class Prefetcher:
         """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
         keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
         read). The steps ahead go as far as their groups fit keep_bytes (and the plan goes): a step's
-        groups are counted before the step is planned, since planning it fetches a training group
-        whole (its documents' lengths)."""
+        groups are counted before the step is planned, since planning it fetches samples of them (the
+        lengths of the documents it reaches)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
@@ -1122,7 +1124,7 @@ class Prefetcher:
         self._horizon = step
         last = end if self.last_step is None else min(end, self.last_step)
         s = step + 1
-        while s < last:
+        while s < last and not self._stop:  # a step's plan may fetch: a close waits for one, no more
             grown = self._step_groups(s) - keep
             cost = self._bytes(grown)
             if used + cost > self.keep_bytes:
@@ -1131,11 +1133,12 @@ class Prefetcher:
             keep |= grown
             used += cost
             if not self._all_cached(grown):
-                # a group not cached: this step's plan fetches it, into room made first
+                # a group not all cached: this step's plan fetches what it reads, into room made first
                 self._publish(keep)
-            elif not self._per_doc:
-                # A training step inside groups already planned, their samples fetched; so are the
-                # steps after it that read the same groups.
+            elif not self._per_doc and self._all_cached(self._step_groups(s)):
+                # A training step inside groups whose samples are all fetched; so are the steps after
+                # it that read the same groups. (A group's plan fetches only what its steps reach: one
+                # partly fetched has its steps planned, and what they read fetched, one by one.)
                 s = self._horizon = self._same_groups_until(s, last)
                 s += 1
                 continue

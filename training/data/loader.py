@@ -756,10 +756,11 @@ class TokenLoader:
     def cache_need(self) -> list[tuple[CachedBlocks, int]]:
         """(cache, bytes) per source in a bucket: the most its cache keeps at once for this loader from
         its current step. A plan that ends within MAX_AHEAD_STEPS (validation's few batches): the units
-        its remaining steps read; for a training split, whose plan fetches its epoch groups whole, the
-        units of those groups (read off the plan's group table: planning the steps would fetch them),
-        at most the groups' figure below; otherwise the source's epoch groups (CachedBlocks.group_need)
-        for the most tokens a step of the plan takes of it, over every phase."""
+        its remaining steps read; for a training split, whose plan fetches samples of its epoch groups
+        (the lengths it reaches), the units of those groups (read off the plan's group table: planning
+        the steps would fetch them), at most the groups' figure below; otherwise the source's epoch
+        groups (CachedBlocks.group_need) for the most tokens a step of the plan takes of it, over every
+        phase."""
         out = []
         view = self._node_view()
         total = self.plan.total_steps
