@@ -22,8 +22,9 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     groups and the cache a fraction of it), --val-fraction held out as the real recipes do: bytes
     fetched ÷ token bytes trained (goal ≤ 1.05), requests per 1B tokens (aim ≤ 20k);
   - the cold start: bytes and seconds from an empty cache to the first step's batch, for datasets of
-    1×, 10× and 100× --cold-shards shards (goal: flat; the 1× dataset should hold more than one
-    group: the first step fetches its group whole);
+    1×, 10× and 100× --cold-shards shards in epoch groups of --cold-group-blocks samples (4,096, as
+    real runs: below one group a dataset was fetched whole before its first step), the prefetcher's
+    walk ahead counted as far as it got; and the step's own fetch (its plan and read alone); goal: flat;
   - warm tokens/s: the loader from the bucket, its working set cached, ÷ the loader of the local copy
     over the same steps (goal ≥ 0.95), best of --repeats alternating runs, in the loop's process and
     with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read), whole and
@@ -158,31 +159,48 @@ def checked_read_seconds(files: list[Path], repeats: int) -> float:
 
 
 def cold_start(s3: LocalS3, proxy: FaultProxy, args, cache_dir: Path) -> list[dict]:
-    """Bytes and seconds from an empty cache to the first step's batch, at 1×, 10×, 100× the shards."""
+    """Bytes and seconds from an empty cache to the first step's batch, at 1×, 10×, 100× the shards, in
+    epoch groups of --cold-group-blocks samples (a real run's 4,096: below one group, a dataset was
+    fetched whole before its first step). Through the loader, the prefetcher walks ahead meanwhile
+    (its fetches counted too, as far as they got); then the step's own fetch, from another empty cache:
+    its plan and read alone (BatchBuilder.read), no prefetcher."""
+    groups, epoch_order.GROUP_BLOCKS = epoch_order.GROUP_BLOCKS, args.cold_group_blocks
     out = []
-    for scale in (1, 10, 100):
-        root = args.dir / f"cold-{scale}x"
-        info = make_dataset(root, args.cold_shards * scale, args.shard_kb)
-        url = f"s3://{BUCKET}/cold-{scale}x"
-        upload_dataset(root, url, log=lambda *a: None)
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        proxy.reset_counts()
-        t0 = time.perf_counter()
-        first = loader(url, args, CacheSettings(cache_dir, int(100e9)), global_batch=args.cold_batch)
-        lengths = proxy.counts.body_bytes
-        next(iter(first))
-        seconds = time.perf_counter() - t0
-        out.append(
-            {
+    try:
+        for scale in (1, 10, 100):
+            root = args.dir / f"cold-{scale}x"
+            info = make_dataset(root, args.cold_shards * scale, args.shard_kb)
+            url = f"s3://{BUCKET}/cold-{scale}x"
+            upload_dataset(root, url, log=lambda *a: None)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            proxy.reset_counts()
+            t0 = time.perf_counter()
+            first = loader(url, args, CacheSettings(cache_dir, int(100e9)), global_batch=args.cold_batch)
+            lengths = proxy.counts.body_bytes
+            steps = iter(first)
+            next(steps)
+            seconds = time.perf_counter() - t0
+            row = {
                 "scale": scale,
                 "shards": info["shards"],
                 "documents": info["documents"],
+                "samples": first.builder.tables[0].cache.nunits,
                 "bytes": proxy.counts.body_bytes,
                 "open_bytes": lengths,
                 "requests": proxy.counts.total(),
                 "seconds": seconds,
             }
-        )
+            steps.close()
+            del steps, first
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            own = loader(url, args, CacheSettings(cache_dir, int(100e9)), global_batch=args.cold_batch)
+            proxy.reset_counts()
+            t0 = time.perf_counter()
+            own.builder.read(0)
+            row.update(step_bytes=proxy.counts.body_bytes, step_seconds=time.perf_counter() - t0)
+            out.append(row)
+    finally:
+        epoch_order.GROUP_BLOCKS = groups
     return out
 
 
@@ -197,6 +215,9 @@ def main() -> None:
     p.add_argument("--val-fraction", type=float, default=0.001)
     p.add_argument("--cold-shards", type=int, default=40, help="the cold start's 1× dataset")
     p.add_argument("--cold-batch", type=int, default=8, help="the cold start's global batch")
+    p.add_argument(
+        "--cold-group-blocks", type=int, default=4096, help="samples per epoch group in the cold start"
+    )
     p.add_argument("--warm-steps", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
@@ -277,10 +298,12 @@ def main() -> None:
         cold = cold_start(s3, proxy, args, args.dir / "cache-cold")
         for r in cold:
             print(
-                f"cold start, {r['scale']:>3}× ({r['shards']:,} shards, {r['documents']:,} documents): "
+                f"cold start, {r['scale']:>3}× ({r['shards']:,} shards, {r['samples']:,} samples, "
+                f"{r['documents']:,} documents; groups of {args.cold_group_blocks:,}): "
                 f"{r['bytes'] / 1e6:.2f} MB ({r['open_bytes'] / 1e6:.3f} MB of it the open: dataset.json, "
                 f"sample totals and digests, held-out prefix), {r['requests']} requests, "
-                f"{r['seconds']:.2f} s to the first step's batch"
+                f"{r['seconds']:.2f} s to the first step's batch, the prefetcher walking ahead; "
+                f"the step's own fetch {r['step_bytes'] / 1e6:.2f} MB in {r['step_seconds']:.2f} s"
             )
         working = CacheSettings(args.dir / "cache", int(100e9))
         n = min(args.warm_steps, steps)
@@ -376,8 +399,9 @@ def step_share(per_rank: dict[str, dict[str, float]], train: float) -> None:
         )
 
 
-def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
-    """FineWeb-Edu on `nodes` nodes, from the layout's and the loader's formulas (docs/object-storage.md)."""
+def projection(nodes: int = 64, val_fraction: float = 0.001, step_tokens: int = 1 << 20) -> None:
+    """FineWeb-Edu on `nodes` nodes, from the layout's and the loader's formulas (docs/object-storage.md);
+    `step_tokens` a global batch's (configs/train/llama3-1b-fineweb-edu.toml)."""
     docs, tokens, itemsize = 1.5e9, 1.3e12, 4  # ~870 tokens a document; vocab 131072: uint32 ids
     sample_docs, group_blocks = 64, 4096
     # A sample's one range: its .docs header and records (36 bytes a document, padded), the .ids
@@ -396,10 +420,18 @@ def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
         f"{samples / 1e6:.1f}M samples"
     )
     print(f"  cache per node: {per_node / 1e9:.1f} GB (data.cache_gb ≥ that), whatever the dataset's size")
+    # A group's plan reads the samples its steps' documents lie in (order._Group.extend: a quarter more
+    # documents than the step needs at the mean length); a node plans the stream up to its last slot,
+    # so the last node plans the whole first step: that many documents drawn from the group's samples.
+    first_docs = step_tokens / (tokens / docs) * 1.25 + 4
+    first_samples = group_blocks * (1 - (1 - 1 / group_blocks) ** first_docs)
+    first = first_samples * sample_bytes
     print(
-        f"  before the first step, per node: {(index_open + group) / 1e9:.2f} GB: the sample totals and "
+        f"  before the first step, per node: {(index_open + first) / 1e9:.2f} GB: the sample totals and "
         f"digests and the held-out prefix ({index_open / 1e6:.0f} MB at val_fraction {val_fraction:g}), "
-        f"then the first epoch group whole ({group / 1e9:.2f} GB, {group_blocks:,} requests)"
+        f"then the samples a first step of {step_tokens:,} tokens reads ({first / 1e9:.2f} GB, "
+        f"~{first_samples:,.0f} requests of its group's {group_blocks:,}; the whole group was "
+        f"{group / 1e9:.2f} GB)"
     )
     # Every node plans every group, so it fetches every group whole: the dataset once per epoch.
     per_epoch = samples * sample_bytes
