@@ -35,7 +35,7 @@ from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
 from tests.helpers.legacy_dataset import write_legacy_dataset
-from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.mounts import python_in_namespace, sh_quote, unshare_works
 from tests.helpers.s3_server import (
     BUCKET,
     S3,
@@ -3015,6 +3015,73 @@ def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_bl
         gristmill([*argv, "--cache-gb", "0"])
     assert refused.value.code == 2
     assert "argument --cache-gb: '0' is not a size in GB above 0" in capsys.readouterr().err
+
+
+# `gristmill ARGV[2:]` with epoch groups of ARGV[1] blocks (the small_blocks fixture's, in a process of
+# its own): its exit status.
+_CLI_GROUPS = (
+    "import sys\n"
+    "from training.data import order\n"
+    "order.GROUP_BLOCKS, order.BLOCK_DOCS = int(sys.argv[1]), 4\n"
+    "from pipelines.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
+def test_a_cache_whose_disk_cannot_hold_it_is_refused_before_any_work(
+    s3, small_blocks, tmp_path, monkeypatch
+):
+    """The cache evicts only at its bound (data.cache_gb, 100 GB by default): on a disk with less room
+    it filled the disk and the run stopped there, one line, hours in, and again at each resume
+    (RV42a L2). Before any work now: a disk below the working set is refused, naming the cache and the
+    fix; a bound past the disk's room, where the dataset is more than that room, is refused with the
+    figure that fits; with that figure the command runs, its batches the local copy's, within the disk.
+    A tmpfs as the cache's disk, in a private mount namespace (unshare -rm); samples of ~50 kB."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces (unshare -rm): no small disk")
+    rng = np.random.default_rng(0)
+    docs = [np.append(rng.integers(1, 250, int(rng.integers(300, 500))), 0) for _ in range(1280)]
+    local = tmp_path / "ds"
+    write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=256 << 10)
+    url = s3.url("small-disk")
+    upload_dataset(local, url, log=lambda *a: None)
+    probe = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=cache(tmp_path))
+    ((blocks, need),) = probe.cache_need()
+    assert 2 * need < blocks.split_bytes(), (need, blocks.split_bytes())  # ~166 kB of ~1.08 MB
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+
+    def inspect(disk_kb: int, *extra: str) -> subprocess.CompletedProcess:
+        disk = tmp_path / f"disk{disk_kb}-{len(extra)}"
+        disk.mkdir()
+        mount = [f"mount -t tmpfs -o size={disk_kb}k tmpfs {sh_quote(str(disk))}"]
+        cmd = [sys.executable, "-c", _CLI_GROUPS, "1", *argv, "--end", "60", "--cache-dir", str(disk / "c")]
+        return python_in_namespace(mount, [*cmd, *extra])
+
+    small = inspect(need // 2048)  # half the working set
+    assert small.returncode == 2 and len(small.stderr.strip().splitlines()) == 1, small.stderr
+    assert (
+        re.search(r" has 0\.0000\d+ GB free, and the cache holds [\d.]+ GB: ", small.stderr)
+        and "less than the working set this plan reads from" in small.stderr
+    )
+    assert "give the cache a disk with room (data.cache_dir in a train config, --cache-dir" in small.stderr
+    disk_kb = (need + blocks.split_bytes()) // 2048  # between the working set and the dataset
+    bound = inspect(disk_kb)
+    assert bound.returncode == 2 and len(bound.stderr.strip().splitlines()) == 1, bound.stderr
+    said = re.search(
+        r"--cache-gb = 100 is more than the cache can hold: .* set --cache-gb to at most (\S+) ", bound.stderr
+    )
+    assert said and "so the cache would fill the disk before its bound" in bound.stderr, bound.stderr
+    fits = inspect(disk_kb, "--cache-gb", said.group(1))
+    assert fits.returncode == 0, fits.stderr
+    local_hashes = [
+        batch_sha256(b)
+        for _, b in zip(
+            range(59), dataset_loader(local, **dict(seq_len=64, global_batch=8, micro_batch=4, seed=3))
+        )
+    ]
+    assert [line.split()[1] for line in fits.stdout.splitlines()[1:]] == local_hashes
 
 
 def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):

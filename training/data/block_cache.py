@@ -863,16 +863,72 @@ def block_source(
 
 def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> None:
     """Refuse, before any work, a data.cache_gb below what the loaders reading these bucket splits keep
-    at once (`needs`: each split's working set, TokenLoader.cache_need)."""
+    at once (`needs`: each split's working set, TokenLoader.cache_need), and a cache whose disk cannot
+    hold what it would: the working set, or, where the splits are more than the disk holds, the bound
+    (the cache evicts only at its bound: it would fill the disk first, and the run, or a checkpoint
+    written beside it, stop there hours later; RV42a L2)."""
     need = sum(n for _, n in needs)
+    urls = ", ".join(sorted({c.url for c, _ in needs}))
     if need > cache.max_bytes:
         gb = gb_holding(need)
         raise DatasetError(
             f"{cache.bound_key} = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
-            f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb:g} GB (the samples its loaders keep at "
-            "once: docs/object-storage.md, Training from a bucket); set "
-            f"{cache.bound_key} to at least {gb:g}"
+            f"{urls}: {gb:g} GB (the samples its loaders keep at once: docs/object-storage.md, Training "
+            f"from a bucket); set {cache.bound_key} to at least {gb:g}"
         )
+    splits = {id(c): c for c, _ in needs}.values()
+    split_bytes, units = sum(c.split_bytes() for c in splits), sum(c.nunits for c in splits)
+    free, held, block = *_disk_free(cache.dir), _held(cache.dir)
+    # What the cache's files may take on its disk: what is free and what they hold, each file ending in
+    # a block of its own (the bound counts their bytes: a unit is ~225 kB at FineWeb-Edu's, 2% more).
+    unit = split_bytes / max(1, units)
+    room = int((free + held) * unit / (unit + block))
+    disk = f"the disk of the cache {cache.dir} has {_gb(free)} GB free, and the cache holds {_gb(held)} GB"
+    if need > room:
+        raise DatasetError(
+            f"{disk}: less than the working set this plan reads from {urls}, {gb_holding(need):g} GB; free "
+            "room there, or give the cache a disk with room (data.cache_dir in a train config, --cache-dir "
+            "in the data commands)"
+        )
+    if cache.max_bytes > room and split_bytes > room:
+        raise DatasetError(
+            f"{cache.bound_key} = {cache.max_bytes / 1e9:g} is more than the cache can hold: {disk}, and "
+            f"{urls} hold {_gb(split_bytes)} GB, so the cache would fill the disk before its bound (it "
+            f"evicts only there); set {cache.bound_key} to at most {gb_within(room):g} (the working set "
+            f"needs {gb_holding(need):g}), or give the cache a disk with room"
+        )
+
+
+def _gb(n: int) -> str:
+    """Bytes `n` as GB in a message, in the figures data.cache_gb takes (0.000166, not 1.66e-04)."""
+    return np.format_float_positional(float(f"{n / 1e9:.3g}"), trim="-")
+
+
+def _disk_free(path: Path) -> tuple[int, int]:
+    """The bytes this user may still write on the filesystem of `path` (or of its nearest folder that
+    exists: a cache not made yet), and its block size."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_frsize
+
+
+def _held(cache_dir: Path) -> int:
+    """The bytes of the cache's unit files: its count (USAGE), else a listing."""
+    counted = _usage(cache_dir)
+    return counted if counted is not None else sum(size for _, size, _ in cache_usage(cache_dir))
+
+
+def gb_within(room: int) -> float:
+    """The largest figure of 3 significant digits, as data.cache_gb, whose bytes `room` holds."""
+    x = room / 1e9
+    if x <= 0:
+        return 0.0
+    value = float(f"{x:.3g}")
+    step = 10.0 ** (math.floor(math.log10(value)) - 2)
+    while value > 0 and int(value * 1e9) > room:
+        value = float(f"{value - step:.3g}")
+    return value
 
 
 def gb_holding(need: int) -> float:
