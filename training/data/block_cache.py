@@ -878,7 +878,10 @@ def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> N
         )
     splits = {id(c): c for c, _ in needs}.values()
     split_bytes, units = sum(c.split_bytes() for c in splits), sum(c.nunits for c in splits)
-    free, held, block = *_disk_free(cache.dir), _held(cache.dir)
+    space = _disk_free(cache.dir)
+    if space is None:  # no answer (a filesystem without statvfs): its writes say when it is full
+        return
+    (free, block), held = space, _held(cache.dir)
     # What the cache's files may take on its disk: what is free and what they hold, each file ending in
     # a block of its own (the bound counts their bytes: a unit is ~225 kB at FineWeb-Edu's, 2% more).
     unit = split_bytes / max(1, units)
@@ -904,12 +907,15 @@ def _gb(n: int) -> str:
     return np.format_float_positional(float(f"{n / 1e9:.3g}"), trim="-")
 
 
-def _disk_free(path: Path) -> tuple[int, int]:
+def _disk_free(path: Path) -> tuple[int, int] | None:
     """The bytes this user may still write on the filesystem of `path` (or of its nearest folder that
-    exists: a cache not made yet), and its block size."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    st = os.statvfs(path)
+    exists: a cache not made yet), and its block size; None where the system does not say."""
+    try:
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        st = os.statvfs(path)
+    except OSError:
+        return None
     return st.f_bavail * st.f_frsize, st.f_frsize
 
 
