@@ -1,7 +1,7 @@
 """The sample order: which tokens form window w of epoch e, as a pure function of the index.
 
 Inputs are the split's block totals (the build's sample totals, less the held-out rows'), the seed
-and the epoch, and a group's document lengths when a window first needs the group; no tar is read
+and the epoch, and a group's document lengths as the windows reach them; no tar is read
 here, so a benchmark can plan a 1.5B-document corpus from a lengths array alone.
 
 The order is a hierarchical shuffle that never materialises a per-document permutation:
@@ -32,7 +32,6 @@ node (training/data/cache.py).
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -344,8 +343,10 @@ class _Group:
     records, and reading one fetches its sample whole (training/data/block_cache.py): so a group's plan
     reads the samples its next steps' documents lie in, not the group, and a run's first step fetches
     what it reads whatever the dataset's size (a whole group was ~0.9 GB at FineWeb-Edu's lengths, and
-    a dataset smaller than a group was fetched whole). A local index's lengths are at hand: read at once.
-    Either way a block's lengths are checked against the index's total for it when they are read."""
+    a dataset smaller than a group was fetched whole). A local index's lengths are at hand: read at
+    once, as before. Either way each block's lengths are checked against the index's total for it
+    before any of its documents is cut (a block with no document of the split, when the group is made:
+    its total must be 0). 16 bytes a document once the group is known whole; 24 until then."""
 
     def __init__(self, table: DocBlocks, blocks: np.ndarray, key: np.uint64, g: int):
         self.table, self.blocks, self.g = table, blocks, g
@@ -353,18 +354,26 @@ class _Group:
         self.first = np.zeros(len(per) + 1, np.int64)  # each block's first document in `rows` order
         np.cumsum(per, out=self.first[1:])
         n = int(self.first[-1])
+        totals = np.asarray(table.block_tokens, np.int64)[blocks]
+        self._check(np.flatnonzero(per == 0), np.zeros(int((per == 0).sum()), np.int64))
         rows = table.rows(blocks)
         order = hashed_order(n, key)
         self.docs = rows[order]
-        self.doc_block = np.repeat(np.arange(len(blocks), dtype=np.int32), per)[order]
-        self.stream_at = np.empty(n, np.int32 if n < 1 << 31 else np.int64)  # rows order → stream place
-        self.stream_at[order] = np.arange(n)
-        self.lengths = np.zeros(n, np.int64)  # in stream order, of the loaded blocks' documents
-        self.loaded = np.zeros(len(blocks), bool)
+        # Before `known`, the cumulative counts; after it, each loaded document's own length (0 where
+        # its block is not loaded yet): extend() sums them in place.
         self.cum = np.zeros(n + 1, np.int64)
         self.known = 0
-        self.by_need = table.split == "train" and bool(getattr(table.lengths, "fetched", False))
-        self.mean = int(np.asarray(table.block_tokens)[blocks].sum(dtype=np.int64)) / max(n, 1)
+        self.mean = max(1.0, int(totals.sum()) / max(n, 1))
+        if table.split == "train" and getattr(table.lengths, "fetched", False):
+            self.doc_block = np.repeat(np.arange(len(blocks), dtype=np.int32), per)[order]
+            self.stream_at = np.empty(n, np.int32 if n < 1 << 31 else np.int64)  # rows order → stream
+            self.stream_at[order] = np.arange(n, dtype=self.stream_at.dtype)
+            self.loaded = per == 0
+        else:  # at hand: the whole group now, without the by-need arrays
+            lengths = table.row_lengths(rows)
+            self._check(np.arange(len(blocks)), self._sums(lengths, per))
+            np.cumsum(lengths[order], out=self.cum[1:])
+            self.known = n
 
     def extend(self, upto: int) -> None:
         """Know the cumulative counts further, towards group token `upto`: the lengths of the blocks the
@@ -372,42 +381,52 @@ class _Group:
         mean length, so a step's plan is one read of a bucket's samples, rarely two), then counted
         through every document whose block's lengths are known."""
         n, k = len(self.docs), self.known
-        span = n - k
-        if self.by_need:
-            span = min(span, int((upto - int(self.cum[k])) / self.mean * 1.25) + 4)
+        span = min(n - k, int((upto - int(self.cum[k])) / self.mean * 1.25) + 4)
         want = np.unique(self.doc_block[k : k + span])
         want = want[~self.loaded[want]]
         if len(want):
             self._load(want)
         ahead = self.loaded[self.doc_block[k : k + max(span, 8 * span + 1024)]]
         stop = len(ahead) if ahead.all() else int(np.argmin(ahead))
-        np.cumsum(self.lengths[k : k + stop], out=self.cum[k + 1 : k + stop + 1])
-        self.cum[k + 1 : k + stop + 1] += self.cum[k]
+        counted = self.cum[k + 1 : k + stop + 1]
+        np.cumsum(counted, out=counted)
+        counted += self.cum[k]
         self.known = k + stop
+        if self.known == n:  # known whole: the by-need arrays go
+            del self.doc_block, self.stream_at, self.loaded
 
     def _load(self, want: np.ndarray) -> None:
         """Read the lengths of blocks `want` (places in the group) at once, each checked against the
-        index's total for it."""
+        index's total for it, into their documents' places after `known`."""
         counts = self.first[want + 1] - self.first[want]
         at = np.repeat(self.first[want] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
         places = self.stream_at[at]
         lengths = self.table.row_lengths(self.docs[places])
+        self._check(want, self._sums(lengths, counts))
+        self.cum[places + 1] = lengths
+        self.loaded[want] = True
+
+    @staticmethod
+    def _sums(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Per block, the sum of its `counts` lengths (the blocks' lengths back to back in `lengths`)."""
         running = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=running[1:])
         ends = np.cumsum(counts)
-        sums = running[ends] - running[ends - counts]
-        want_tokens = np.asarray(self.table.block_tokens, np.int64)[self.blocks[want]]
-        bad = np.flatnonzero(sums != want_tokens)
+        return running[ends] - running[ends - counts]
+
+    def _check(self, places: np.ndarray, sums: np.ndarray) -> None:
+        """Refuse blocks (`places` in the group) whose documents' lengths (`sums`) are not the index's
+        totals for them."""
+        want = np.asarray(self.table.block_tokens, np.int64)[self.blocks[places]]
+        bad = np.flatnonzero(sums != want)
         if len(bad):
             b = int(bad[0])
             what = "sample" if self.table.split == "train" else "held-out block"
             raise DatasetError(
-                f"epoch group {self.g}: {what} {int(self.blocks[want[b]])}'s documents hold {int(sums[b])} "
-                f"tokens but the index's sample totals say {int(want_tokens[b])}: the dataset's index does "
-                "not match its shards; run `gristmill data validate`"
+                f"epoch group {self.g}: {what} {int(self.blocks[places[b]])}'s documents hold "
+                f"{int(sums[b])} tokens but the index's sample totals say {int(want[b])}: the dataset's "
+                "index does not match its shards; run `gristmill data validate`"
             )
-        self.lengths[places] = lengths
-        self.loaded[want] = True
 
 
 class EpochOrder:
@@ -438,8 +457,7 @@ class EpochOrder:
         self.group_start = np.zeros(ngroups + 1, np.int64)
         np.cumsum(group_tokens, out=self.group_start[1:])
         self.tokens = int(self.group_start[-1])
-        self._groups: dict[int, _Group] = {}
-        self._lock = threading.RLock()  # a group is extended in place: one thread at a time
+        self._groups: dict[int, _Group] = {}  # extended in place: an order is one thread's (below)
 
     @classmethod
     def shared(cls, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochOrder:
@@ -482,34 +500,38 @@ class EpochOrder:
         if self.tokens != blocks.tokens:
             raise ValueError(f"{path}: plan of {self.tokens} tokens, the split has {blocks.tokens}")
         self._groups = {}
-        self._lock = threading.RLock()
         return self
+
+    # An order is one thread's: its groups are extended in place, unlocked (a lock held across a
+    # bucket's fetch, in an order a DataLoader worker forked with, would hang the worker). Every
+    # builder, node view and worker plans with orders of its own (BatchBuilder.order, __getstate__).
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_groups": {}}
 
     def group(self, g: int) -> _Group:
         """Group g's documents (manifest rows) in stream order; their lengths are read as `planned`
         needs them."""
-        with self._lock:
-            hit = self._groups.get(g)
-            if hit is not None:
-                return hit
-            blocks = np.asarray(
-                self.block_order[g * self.group_blocks : (g + 1) * self.group_blocks], np.int64
-            )
-            hit = _Group(self.blocks, blocks, derive_key(self.seed, self.epoch, 1, g), g)
-            if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
-                self._groups.pop(next(iter(self._groups)))
-            self._groups[g] = hit
+        hit = self._groups.get(g)
+        if hit is not None:
             return hit
+        gb = self.group_blocks
+        blocks = np.asarray(self.block_order[g * gb : (g + 1) * gb], np.int64)
+        hit = _Group(self.blocks, blocks, derive_key(self.seed, self.epoch, 1, g), g)
+        if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
+            self._groups.pop(next(iter(self._groups)))
+        self._groups[g] = hit
+        return hit
 
     def planned(self, g: int, upto: int) -> tuple[np.ndarray, np.ndarray]:
         """Group g's documents in stream order, and the cumulative token counts of its first documents,
         as far as covers its stream tokens [0, upto) at least (the whole group where its lengths are at
         hand: a local index)."""
         grp = self.group(g)
-        with self._lock:
-            while grp.cum[grp.known] < upto and grp.known < len(grp.docs):
-                grp.extend(upto)
-            return grp.docs, grp.cum[: grp.known + 1]
+        while grp.cum[grp.known] < upto and grp.known < len(grp.docs):
+            grp.extend(upto)
+        if grp.cum[grp.known] < upto:  # every block checked, so only an upto past the group's tokens
+            raise ValueError(f"group {g} holds {int(grp.cum[grp.known])} tokens, not {upto}")
+        return grp.docs, grp.cum[: grp.known + 1]
 
     def segments(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stream tokens [a, b) as (document, first token in it, token count) pieces, in order."""

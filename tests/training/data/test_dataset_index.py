@@ -28,6 +28,7 @@ from training.contract.dataset_format import (
     fingerprint,
     read_dataset_info,
     sample_starts,
+    sample_totals,
 )
 from training.contract.dataset_index import (
     DOC_HASHES,
@@ -470,6 +471,27 @@ def test_a_group_whose_lengths_differ_from_the_index_totals_is_refused():
         DatasetError, match=r"epoch group \d: sample 0's documents hold 2\d+ tokens but the index"
     ):
         epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=2).segments(0, order.tokens)
+
+
+@pytest.mark.parametrize("by_need", [False, True])
+def test_a_sample_of_held_out_rows_alone_whose_total_is_not_theirs_is_refused(by_need):
+    """A sample whose every row is held out has no training document, so no length of it is ever read:
+    its index total (less its held-out rows' tokens) must be 0, checked when its group is made; else
+    the group's windows were cut short or misaligned with no error (review RV43b 1)."""
+    n, vf = 40, 0.5
+    lengths = np.random.default_rng(0).integers(5, 50, n)
+    shard_rows = np.arange(n + 1)  # a document a shard: a sample a document
+    held = np.flatnonzero(epoch_order.heldout_mask(0, n, vf))
+    totals = sample_totals(lengths, shard_rows)
+    totals[held[0]] += 7
+    blocks = epoch_order.DocBlocks(sample_starts(shard_rows), totals, held, lengths[held], val_fraction=vf)
+    blocks.lengths = _AskedLengths(lengths) if by_need else lengths
+    order = epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=4096)
+    refused = (
+        rf"epoch group 0: sample {held[0]}'s documents hold 0 tokens but the index's sample totals say 7"
+    )
+    with pytest.raises(DatasetError, match=refused):
+        order.segments(0, 10)
 
 
 class _AskedLengths:
