@@ -1186,21 +1186,25 @@ class Prefetcher:
         self._horizon = step
         last = end if self.last_step is None else min(end, self.last_step)
         s = step + 1
+        walked: tuple | None = None  # the groups (BatchBuilder.group_keys) of the steps just planned
+        complete = False
         while s < last and not self._stop:  # a step's plan may fetch: a close waits for one, no more
-            grown = self._step_groups(s) - keep
-            cost = self._bytes(grown)
-            if used + cost > self.keep_bytes:
-                break
+            if self.keys(s) != walked:  # other groups: counted, and looked up in the cache, once
+                grown = self._step_groups(s) - keep
+                cost = self._bytes(grown)
+                if used + cost > self.keep_bytes:
+                    break
+                keep |= grown
+                used += cost
+                if not self._all_cached(grown):
+                    # a group not all cached: this step's plan fetches what it reads, into room made first
+                    self._publish(keep)
+                # A group's plan fetches only what its steps reach: a partly fetched one has its steps
+                # planned, and what they read fetched, one by one; one whose samples are all cached, not.
+                complete = not self._per_doc and self._all_cached(self._step_groups(s))
+                walked = self.keys(s)
             self._horizon = s
-            keep |= grown
-            used += cost
-            if not self._all_cached(grown):
-                # a group not all cached: this step's plan fetches what it reads, into room made first
-                self._publish(keep)
-            elif not self._per_doc and self._all_cached(self._step_groups(s)):
-                # A training step inside groups whose samples are all fetched; so are the steps after
-                # it that read the same groups. (A group's plan fetches only what its steps reach: one
-                # partly fetched has its steps planned, and what they read fetched, one by one.)
+            if complete:  # a training step inside groups all fetched; so are the steps after it there
                 s = self._horizon = self._same_groups_until(s, last)
                 s += 1
                 continue
@@ -1319,8 +1323,9 @@ class Prefetcher:
         for t, b in fetch:
             if self._stop or self._step > step + LAG_STEPS:
                 break
-            if self.caches[t].cached(b):
-                self.caches[t].known(b)
+            c = self.caches[t]
+            if c.key(b) in c.on_disk or c.cached(b):  # what this walk's plans fetched: no syscall each
+                c.known(b)
                 continue
             while len(inflight) >= self.requests:
                 inflight.pop(0).result()
