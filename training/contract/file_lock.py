@@ -52,20 +52,22 @@ def file_lock(
     fix: str = "",
     say: Callable[[str], None] | None = None,
     block: bool = True,
+    say_own: bool = True,
 ) -> Iterator[bool]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
     take turns (flock holds per open file; the kernel releases it when its holder dies). A process
     forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
     lock through its copy of the descriptor: the lock is released explicitly on the way out, never
     by closing (which would leave it to the copy for the child's life), and the child closes its copy.
-    A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
+    A wait over a second is told through `say` (not `say_own`: only a wait for another process; this
+    process's threads then take turns quietly); with `wait_s`, a holder not seen running for that
     long is a LockWaitError ending with `fix` (what the user can do instead); `block=False` tries
     once: a lock held by another is LockHeld, no wait. Yields whether the holder's record was written
     (a full disk: not, and a waiter names the holder by /proc/locks, where Linux lists it: _holder)."""
     with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
-            _wait(f, path, wait_s, fix, say, block)
+            _wait(f, path, wait_s, fix, say, block, say_own)
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             recorded = False
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
@@ -80,7 +82,13 @@ def file_lock(
 
 
 def _wait(
-    f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None, block: bool = True
+    f,
+    path: Path,
+    wait_s: float | None,
+    fix: str,
+    say: Callable[[str], None] | None,
+    block: bool = True,
+    say_own: bool = True,
 ) -> None:
     """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
     while the holder is not seen running. Not `block`: LockHeld at once where it is held."""
@@ -101,7 +109,8 @@ def _wait(
             holder, running = seen
             idle = 0.0 if running else idle + (now - last)
             last = now
-            if say is not None and holder != told:  # the first line, and one when the holder changes
+            tell = say is not None and (say_own or not holder.endswith(_OURS))
+            if tell and holder != told:  # the first line, and one when the holder changes
                 told = holder
                 bound = f"; one not running is waited for at most {wait_s:g} s" if wait_s is not None else ""
                 say(f"waiting for {path}, held by {holder}{bound}")
@@ -138,13 +147,16 @@ def _holder(f) -> tuple[str, bool]:
     )
 
 
+_OURS = " (another thread of this process)"  # a holder judged to be this process (_judged)
+
+
 def _judged(pid: int, host: str, who: str) -> tuple[str, bool]:
     if host != this_host():
         # another host sharing this file system (pods on one hostPath): the flock is real, its holder's
         # state cannot be seen, and ending the wait would end a healthy run (review RV26c M2)
         return f"{who} (another host: whether it runs cannot be told here, so it is waited for)", True
     if pid == os.getpid():
-        return f"{who} (another thread of this process)", True
+        return f"{who}{_OURS}", True
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
             state = stat.read().rsplit(")", 1)[1].split()[0]

@@ -342,8 +342,12 @@ class CachedBlocks:
     def _unit_lock(self, u: int):
         """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
-        process exclude each other too, and closing one file releases no other thread's lock)."""
-        with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}", self.cache.timeout_s):
+        process exclude each other too, and closing one file releases no other thread's lock). A wait
+        for another thread of this process is not told: the loop and its prefetcher fetch side by side,
+        and two samples of one stripe through a flaky store each said so at a slow fetch (the holder's
+        own failure is its line)."""
+        stripe = self.dir / f".lock-{u % LOCK_STRIPES}"
+        with cache_lock(self.cache.dir, stripe, self.cache.timeout_s, say_own=False):
             yield
 
     def fetch(self, u: int, window: Window | None = None) -> bool:

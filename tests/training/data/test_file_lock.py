@@ -607,3 +607,42 @@ def test_a_holder_whose_record_is_not_written_yet_is_waited_for(tmp_path, monkey
     with fl.file_lock(lock, wait_s=0.3, say=said.append):
         assert release.is_set()  # not ended before the holder let go
     assert said and all(f"held by pid {os.getpid()} " in line for line in said), said
+
+
+def test_a_sample_s_lock_held_by_another_thread_of_the_process_is_waited_for_without_a_word(
+    tmp_path, monkeypatch
+):
+    """A bucket's loop and its prefetcher fetch side by side, and two samples of one lock stripe
+    (LOCK_STRIPES files a split) take turns: through a flaky store each slow fetch had the other
+    thread say `waiting for …/.lock-K, held by pid N … (another thread of this process)` (RV43's
+    bench with faults). A sample's lock (cache_lock with say_own off) waits for this process's own
+    threads without a word; the node's lock still tells every wait over a second."""
+    from training.contract import file_lock as fl
+    from training.data import remote
+
+    monkeypatch.setattr(fl, "SAY_AFTER_S", 0.0)
+    said: list[str] = []
+    monkeypatch.setattr(remote, "say", said.append)
+    for say_own in (False, True):
+        path, held, release = tmp_path / f"stripe-{say_own}", threading.Event(), threading.Event()
+
+        def hold(path=path, held=held, release=release, say_own=say_own) -> None:
+            with remote.cache_lock(tmp_path, path, say_own=say_own):
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        held.wait()
+        timer = threading.Timer(0.3, release.set)
+        timer.start()
+        start = time.monotonic()
+        with remote.cache_lock(tmp_path, path, say_own=say_own):
+            waited = time.monotonic() - start
+        thread.join()
+        assert waited >= 0.2, waited  # it did wait for the holder
+        if not say_own:
+            assert said == [], said
+    (line,) = said
+    assert line.startswith(f"waiting for {tmp_path / 'stripe-True'}, held by pid {os.getpid()} "), line
+    assert "(another thread of this process)" in line, line
