@@ -64,9 +64,11 @@ from training.contract.dataset_format import (
     DOCUMENTS_SUM,
     DatasetError,
     dataset_files,
+    fingerprint,
     read_dataset_info,
     write_dataset_info,
 )
+from training.contract.dataset_index import INDEX_DIR, SAMPLE_TOKENS
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
 from training.data.block_cache import (
@@ -956,6 +958,49 @@ def test_a_first_step_fetches_the_samples_it_reads_whatever_the_dataset_s_size(s
     finally:
         s3.proxy.latency = 0.0
     assert fetched_by_close < len(walk) / 2, (fetched_by_close, len(walk))
+
+
+def test_an_index_total_its_sample_s_records_disagree_with_is_named_not_the_bucket_s_object(
+    s3, tmp_path, capsys
+):
+    """A built index whose sample totals disagree with the shards' records (samples 1 and 2 of a shard
+    shifted by +7 and -7: the shard's and the dataset's totals, its hashes and fingerprint all as
+    recorded). The records a range brings are the ones the index's digest vouches for, so the object is
+    as built: it was fetched a second time and refused as 'damaged or replaced; upload again', which
+    changes nothing (RV43a F3). Now one fetch, and the line names the index's file, nothing trained on
+    the sample; validate names it too."""
+    rng = np.random.default_rng(0)
+    docs = [np.append(rng.integers(1, 250, int(rng.integers(300, 500))), 0) for _ in range(640)]
+    local = tmp_path / "ds"
+    write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=1 << 20)
+    path = local / INDEX_DIR / SAMPLE_TOKENS
+    totals = np.fromfile(path, np.uint64)
+    totals[1] += 7
+    totals[2] -= 7
+    totals.tofile(path)
+    info = json.loads((local / DATASET_JSON).read_text())
+    info["index"]["files"][SAMPLE_TOKENS]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    info["fingerprint"] = fingerprint(info)
+    (local / DATASET_JSON).write_text(json.dumps(info, indent=2))
+    url = s3.url("index-off")
+    upload_dataset(local, url, log=lambda *a: None)
+    blocks = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=cache(tmp_path))
+    blocks = blocks.builder.tables[0].cache
+    assert blocks._range(1)[0] == blocks._range(2)[0]  # one shard's two samples
+    s3.proxy.reset_counts()
+    with pytest.raises(DatasetError) as refused:
+        blocks.fetch(1)
+    assert len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p]) == 1  # not fetched twice
+    line = str(refused.value)
+    assert line.startswith(f"{url}/{INDEX_DIR}/{SAMPLE_TOKENS}: sample 1's total there is "), line
+    assert "the dataset's index does not match its shards, and nothing was trained on the sample" in line
+    assert "damaged" not in line and "upload" not in line, line
+    assert not blocks.cached(1)
+    with pytest.raises(DatasetError, match="index/sample_tokens.bin: sample 1's total"):
+        hashes(url, 200, cache=cache(tmp_path / "run"))
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress"]) != 0
+    assert f"{SAMPLE_TOKENS}: dataset.json's record differs from the index" in capsys.readouterr().out
 
 
 @pytest.fixture
@@ -2707,7 +2752,7 @@ def test_a_cache_emptied_at_a_write_of_an_open_is_made_again(s3, synthetic, tmp_
     does: the copy is made again (marked, its dataset.json), what the emptying removed is fetched
     again, and every file is the recorded one."""
     from training.contract.dataset_format import file_sha256
-    from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS
+    from training.contract.dataset_index import SHARD_ROWS
     from training.data import remote
 
     _, url = synthetic

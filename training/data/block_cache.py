@@ -546,7 +546,18 @@ class CachedBlocks:
             if sample_digest(data[: n * DOC_RECORD]) != int(self.digests[s]):
                 bad = f"its .docs records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} records for it"
             elif int(lengths.sum()) != total:
-                bad = f"its .docs records add up to {int(lengths.sum())} tokens, its index total to {total}"
+                # The records are the ones the index's digest vouches for: the object is as built, and
+                # the index's own two files disagree. No second fetch; the bucket's object is not blamed
+                # (its repair, an upload, changed nothing: RV43a F3).
+                if (changed := self._index_changed()) is not None:
+                    raise changed
+                raise DatasetError(
+                    f"{self.url}/{INDEX_DIR}/{SAMPLE_TOKENS}: sample {s}'s total there is {total} tokens, "
+                    f"but its .docs records in {name}, the ones {INDEX_DIR}/{SAMPLE_DIGEST} records for "
+                    f"it, add up to {int(lengths.sum())}: the dataset's index does not match its shards, "
+                    f"and nothing was trained on the sample; `gristmill data validate {self.url}` names "
+                    "what to rebuild"
+                )
             elif self.per_doc and int(lengths[k]) != tokens:
                 bad = f"its .docs record of row {row} says {int(lengths[k])} tokens, heldout.bin {tokens}"
             else:
