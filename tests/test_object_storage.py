@@ -70,7 +70,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, SAMPLE_TOKENS
 from training.contract.errors import GristmillError
-from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
+from training.contract.object_store import COUNTS, STOP_FETCHING, ObjectStore, ObjectStoreError, Window
 from training.data.block_cache import (
     BLOCK_EXT,
     BLOCKS_DIR,
@@ -3641,6 +3641,66 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
     took = stopped_at - stalled_at
     assert took < 1.5 * timeout, f"stopped {took:.1f} s after the run first wanted data the outage kept"
     train_run([*sets, 'checkpoint.resume="auto"'])
+    assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+
+
+def _children() -> set[int]:
+    """This process's child processes now (/proc)."""
+    me = f"/proc/{os.getpid()}/task"
+    return {int(c) for t in os.listdir(me) for c in Path(f"{me}/{t}/children").read_text().split()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_once(
+    s3, synthetic, small_blocks, tmp_path, capsys, monkeypatch, workers
+):
+    """The store goes away mid-run and the loop waits for a step's data, its fetches retrying for
+    data.fetch_timeout_s (300 s here, the default): a SIGTERM then waited out the whole window before
+    the run saved (298 s; a scheduler's grace period, 30 s in Slurm, kill -9s it first and the steps
+    since the last checkpoint are lost: RV43a F1). Now the signal ends the wait: the step trained last
+    is saved at once, the run stops as after a step (its line, no error), and the resume gives the
+    uninterrupted run's losses. With data.num_workers the workers wait for the data: the signal a
+    scheduler sends every process of the job ends theirs (here sent to the run's new children)."""
+    local, url = synthetic
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    extra = ["checkpoint.interval=0", f"data.num_workers={workers}"]
+    train(load_train_config(TINY, overrides(local, reference, *extra)))
+    sets = overrides(url, run_dir, f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", *extra)
+    before = _children()
+    monkeypatch.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # the loop runs into the outage
+    done, signalled = threading.Event(), []
+
+    def outage_then_sigterm() -> None:  # once step 6 is logged, every request is reset; then SIGTERM
+        while not done.is_set():
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            if rows and rows[-1]["step"] >= 6 and not s3.proxy.down:
+                s3.proxy.down = True  # (down_met_at: None until a request meets the outage)
+            met = s3.proxy.down_met_at if s3.proxy.down else None
+            if met is not None and time.monotonic() - met > 1.0:
+                signalled.append(time.monotonic())
+                for pid in _children() - before:  # the run's DataLoader workers
+                    os.kill(pid, signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler, in the main thread
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=outage_then_sigterm, daemon=True)
+    watcher.start()
+    try:
+        train(load_train_config(TINY, sets))
+        returned = time.monotonic()
+    finally:
+        done.set()
+        watcher.join()
+        s3.proxy.down = False
+    out = capsys.readouterr().out
+    saved = metrics(run_dir)[-1]["step"]
+    assert signalled and returned - signalled[0] < 30, "the save waited for data.fetch_timeout_s"
+    assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
+    assert f"stopping after step {saved} on SIGTERM: checkpoint saved; resume with --resume auto" in out
+    assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
+    assert not STOP_FETCHING.is_set()  # the next run in this process fetches
+    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
 
 

@@ -71,6 +71,7 @@ from training.contract.errors import (
     print_error,
     unwritable,
 )
+from training.contract.object_store import FETCH_STOPPED
 from training.contract.run_layout import BATCHES_BIN, check_saved_config_place, checkpoint_dir, complete_steps
 from training.metrics import (
     mfu,
@@ -318,7 +319,13 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
-                micro_batches = _next_batch(run, batches, shutdown, start)
+                try:
+                    micro_batches = _next_batch(run, batches, shutdown, start)
+                except _StoppedForData as stopped:  # SIGTERM while the step's data was awaited
+                    stopped_by = shutdown.should_stop() or "SIGTERM"  # every rank is here
+                    advice = _stop_advice(run) if stopped.saved is not None else "resume with --resume auto"
+                    say(f"stopping after step {state.step} on {stopped_by}: {advice}")
+                    break
                 phase = _enter_phase(run, step, phase)
                 due = Due.at(run, step)
                 result = _train(run, step, phase, micro_batches, measure_update=due.log)
@@ -398,6 +405,16 @@ def _go_on(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Ver
     _write_pending(run)
 
 
+class _StoppedForData(Exception):
+    """The run was asked to stop while a step's data was awaited (object_store.FetchStopped on every
+    failing rank): the step trained last is saved (`saved`, None where it could not be), and the loop
+    stops as after a step."""
+
+    def __init__(self, saved: int | None):
+        super().__init__(saved)
+        self.saved = saved
+
+
 def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:
     """This rank's micro-batches of the next step, their rows hashed for the record (on the host, as
     the loader gave them: training/run/batch_digests.py). Data that cannot be had (a bucket unreachable for
@@ -427,8 +444,17 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     if error is None:
         run.batches.add(run.state.step + 1, batch)
         return [to_device(mb, run.device) for mb in batch]
-    why = f"the data of step {run.state.step + 1} cannot be read"
+    # A stop asked for (SIGTERM) while the data was awaited ended every failing rank's wait: the run
+    # stops as after the step it trained last, saved now (not after data.fetch_timeout_s: RV43a F1)
+    asked = all(message == FETCH_STOPPED for _, message in failed)
+    why = (
+        f"asked to stop while the data of step {run.state.step + 1} was awaited"
+        if asked
+        else f"the data of step {run.state.step + 1} cannot be read"
+    )
     saved = _save_before_stopping(run, start, why, error, can_save=True)  # every rank is here
+    if asked:
+        raise _StoppedForData(saved)
     if isinstance(error, LoaderWorkerDied):
         error = error.kept(saved)
     raise error

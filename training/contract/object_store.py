@@ -79,6 +79,23 @@ class Window:
         return time.monotonic() - (self.until - self.seconds)
 
 
+# Set while the run was asked to stop (SIGTERM, Ctrl-C: training/run/shutdown.py): a training's fetches
+# (those retrying within a window) stop retrying and their waits end, so the step trained last is
+# saved now, not after data.fetch_timeout_s of an outage (5 minutes by default: a scheduler's grace
+# period, 30 s in Slurm, ended the process first and the steps since the last checkpoint were lost:
+# RV43a F1). A request already in flight ends at its own timeout.
+STOP_FETCHING = threading.Event()
+FETCH_STOPPED = "stopped waiting for data: the run was asked to stop"
+
+
+class FetchStopped(GristmillError):
+    """A training's fetch given up because the run was asked to stop (STOP_FETCHING): not the data's
+    failure nor the store's (no record of a failed fetch is kept for it)."""
+
+    def __init__(self) -> None:
+        super().__init__(FETCH_STOPPED)
+
+
 class ObjectStoreError(GristmillError):
     """A bucket that cannot be used (unknown, no credentials, unreachable, refusing): one line naming
     the URL and the fix."""
@@ -396,6 +413,8 @@ class ObjectStore:
         late = 0.0 if window is None else window.elapsed()
         first, refused = time.monotonic(), 0
         for attempt in itertools.count():
+            if window is not None and STOP_FETCHING.is_set():
+                raise FetchStopped()
             self.counts.add("requests")
             wait = backoff(attempt)
             try:
@@ -424,7 +443,10 @@ class ObjectStore:
                     raise self._error(what, rel, last, attempt + 1, self.retry_for_s, tried) from None
                 wait = min(wait, window.until - now)
             self.counts.add("retries")
-            time.sleep(wait)
+            if window is not None:
+                STOP_FETCHING.wait(wait)  # a stop ends the wait: checked before the next try
+            else:
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     @staticmethod

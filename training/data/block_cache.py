@@ -47,7 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,15 @@ from training.contract.dataset_index import (
     sample_digest,
 )
 from training.contract.lifetime import host, pid_alive
-from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window, endpoint
+from training.contract.object_store import (
+    COUNTS,
+    STOP_FETCHING,
+    FetchStopped,
+    ObjectStore,
+    ObjectStoreError,
+    Window,
+    endpoint,
+)
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
@@ -481,9 +489,7 @@ class CachedBlocks:
                 self.known(u)  # fetched by another process of the node since this one's listing
             else:
                 missing.append(u)
-        if len(missing) <= 1:
-            for u in missing:
-                self.fetch(u, window)
+        if not missing:
             return
         failed = threading.Event()  # the queued fetches end at the first failure, not when it is read
 
@@ -496,14 +502,19 @@ class CachedBlocks:
                 failed.set()
                 raise
 
+        # In threads of their own, even one: the caller (the training loop) waits here, and a stop
+        # (STOP_FETCHING: SIGTERM) ends its wait at once, the threads left to end their own
         pool = ThreadPoolExecutor(
             min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
         )
         try:
             for f in [pool.submit(one, u) for u in missing]:
+                while not wait([f], timeout=0.2).done:
+                    if STOP_FETCHING.is_set():
+                        raise FetchStopped()
                 f.result()
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=not STOP_FETCHING.is_set(), cancel_futures=True)
 
     def _range(self, u: int) -> tuple[str, int, int, int]:
         """Sample `u`'s shard, and the bytes of its one range request: from its `.docs` records to the end
@@ -710,7 +721,7 @@ class CachedBlocks:
             try:
                 got = read(u)
             except FileNotFoundError:
-                self.fetch(u)
+                self.fetch_all([u])  # its wait ends at a stop (STOP_FETCHING)
             except _BadCopy as bad:
                 self._failed(bad)
             else:

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from training.contract.dataset_format import BEFORE_INDEX_SUFFIX, DATASET_JSON, same_data
 from training.contract.errors import GristmillError
 from training.contract.lifetime import exit_with
+from training.contract.object_store import STOP_FETCHING
 from training.data import order as epoch_order
 from training.data import plan as data_plan
 from training.data.block_cache import MAX_AHEAD_STEPS, CachedBlocks, Prefetcher, check_room
@@ -389,8 +390,11 @@ def _worker_start(trainer: int, _: int) -> None:
     OOM killer took left its workers running ~4 s past it and its launcher: review R18b 4).
     `trainer`: the trainer's pid, taken before the fork. A worker starting after its trainer's death
     (killed as its workers started) found the reaper as its parent, and it and torch's watchdog
-    watched that forever, SIGTERM ignored; it ends at once now (exit_with's forked_by)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watched that forever, SIGTERM ignored; it ends at once now (exit_with's forked_by). The signal
+    only ends the worker's wait for data (object_store.STOP_FETCHING, as in its trainer: a step's
+    fetch retrying through an outage for data.fetch_timeout_s held the trainer's save back, RV43a
+    F1): the worker hands its trainer FetchStopped, which stops as after the step trained last."""
+    signal.signal(signal.SIGTERM, lambda *_: STOP_FETCHING.set())
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     exit_with(forked_by=trainer)
 

@@ -1,18 +1,20 @@
 """Clean shutdown on SIGTERM/SIGINT (Slurm preemption, Ctrl-C): finish the step, save, exit 0;
 a closed terminal's SIGHUP ignored (the run trains on); and no worker outlives its launcher.
 
-The handler only records the signal. After each step `should_stop()` lets every rank agree,
-since the scheduler may signal only some of them and all ranks must take the same last step and
-write the same checkpoint: a MAX all-reduce of one flag on a CPU (gloo) group of its own, which
-never waits for the GPU. A second Ctrl-C (SIGINT after the first signal) stops the process at once,
-without saving: one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for a
-Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt,
-which would unwind through whatever the step was doing (a checkpoint write reports it as a failed
-save, exit 2) and end in a traceback with exit status 1; what is cut short is safe to cut: a
-checkpoint counts only once complete, the run lock is an flock the kernel releases, metrics.jsonl
-is written a line at a time. Only in the interpreter's last teardown, after every atexit callback,
-has Python given SIGINT its default action back: a second Ctrl-C there ends the process by the signal
-(a shell says 130) with nothing left to save, and no line.
+The handler only records the signal (and ends a wait for a step's data: object_store.STOP_FETCHING,
+which the step's read raises as FetchStopped, and the loop stops as after the step trained last).
+After each step `should_stop()` lets every rank agree, since the scheduler may signal only some of
+them and all ranks must take the same last step and write the same checkpoint: a MAX all-reduce of
+one flag on a CPU (gloo) group of its own, which never waits for the GPU. A second Ctrl-C (SIGINT
+after the first signal) stops the process at once, without saving: one line on rank 0 and exit
+status 130 (128 + SIGINT, what a shell reports for a Ctrl-C), no traceback. It exits from the
+handler (os._exit) rather than raising KeyboardInterrupt, which would unwind through whatever the
+step was doing (a checkpoint write reports it as a failed save, exit 2) and end in a traceback with
+exit status 1; what is cut short is safe to cut: a checkpoint counts only once complete, the run
+lock is an flock the kernel releases, metrics.jsonl is written a line at a time. Only in the
+interpreter's last teardown, after every atexit callback, has Python given SIGINT its default action
+back: a second Ctrl-C there ends the process by the signal (a shell says 130) with nothing left to
+save, and no line.
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
@@ -35,6 +37,7 @@ import torch.distributed as dist
 
 from training.contract.errors import INTERRUPTED_EXIT
 from training.contract.lifetime import AGENT_PID_VAR, exit_with
+from training.contract.object_store import STOP_FETCHING
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -50,6 +53,7 @@ class GracefulStop:
         self._after: dict[int, object] = {}  # the handlers the note's replaced after the loop (release)
 
     def __enter__(self) -> GracefulStop:
+        STOP_FETCHING.clear()  # a run before this one in the process may have been stopped
         # The stderr the run started with, for the second Ctrl-C's line: an in-training eval points fd
         # 2 at its eval.log while it scores, and the line went there (review R18d 2c).
         with contextlib.suppress(OSError):
@@ -63,6 +67,7 @@ class GracefulStop:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        STOP_FETCHING.clear()
         if self._stderr is not None:
             with contextlib.suppress(OSError):
                 os.close(self._stderr)
@@ -106,6 +111,7 @@ class GracefulStop:
         if self.received and signum == signal.SIGINT:
             self._stop_now()
         self.received = signum
+        STOP_FETCHING.set()  # a wait for a step's data ends: the step trained last is saved now
 
     def _stop_now(self, complete: bool = False) -> None:
         """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
