@@ -35,7 +35,7 @@ from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
 from tests.helpers.legacy_dataset import write_legacy_dataset
-from tests.helpers.mounts import python_in_namespace, sh_quote, unshare_works
+from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.s3_server import (
     BUCKET,
     S3,
@@ -3062,17 +3062,6 @@ def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_bl
     assert "argument --cache-gb: '0' is not a size in GB above 0" in capsys.readouterr().err
 
 
-# `gristmill ARGV[2:]` with epoch groups of ARGV[1] blocks (the small_blocks fixture's, in a process of
-# its own): its exit status.
-_CLI_GROUPS = (
-    "import sys\n"
-    "from training.data import order\n"
-    "order.GROUP_BLOCKS, order.BLOCK_DOCS = int(sys.argv[1]), 4\n"
-    "from pipelines.cli import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
-
-
 def test_a_cache_whose_disk_cannot_hold_it_is_refused_before_any_work(
     s3, small_blocks, tmp_path, monkeypatch
 ):
@@ -3093,16 +3082,16 @@ def test_a_cache_whose_disk_cannot_hold_it_is_refused_before_any_work(
     probe = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=cache(tmp_path))
     ((blocks, need),) = probe.cache_need()
     assert 2 * need < blocks.split_bytes(), (need, blocks.split_bytes())  # ~166 kB of ~1.08 MB
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
     argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
 
     def inspect(disk_kb: int, *extra: str) -> subprocess.CompletedProcess:
         disk = tmp_path / f"disk{disk_kb}-{len(extra)}"
         disk.mkdir()
-        mount = [f"mount -t tmpfs -o size={disk_kb}k tmpfs {sh_quote(str(disk))}"]
-        cmd = [sys.executable, "-c", _CLI_GROUPS, "1", *argv, "--end", "60", "--cache-dir", str(disk / "c")]
-        return python_in_namespace(mount, [*cmd, *extra])
+        mount = f"mount -t tmpfs -o size={disk_kb}k tmpfs {sh_quote(str(disk))}"
+        # forked (tests/helpers/mounts.py), not a fresh interpreter; the small blocks set there
+        cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, "", "tests.helpers.small_blocks_cli"]
+        cmd += [*argv, "--end", "60", "--cache-dir", str(disk / "c"), *extra]
+        return forked.run(cmd, cwd=ROOT, env={**os.environ, **s3.env}, timeout=120)
 
     small = inspect(need // 2048)  # half the working set
     assert small.returncode == 2 and len(small.stderr.strip().splitlines()) == 1, small.stderr
