@@ -22,6 +22,7 @@ position_corpus         the loader tests' token-position corpus (token = 1 + doc
 preload_probe           a datatrove step saying which process imported its module (forkserver preload)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
 shared                  artifacts built once per run under a file lock (datasets, reference runs), unchanged
+small_blocks_cli        the CLI with small epoch groups, for a command in a process of its own (a namespace)
 small_blocks_train      torchrun workers of training.train with small epoch groups, planning a step ahead
 tiers                   the two tiers (pytest.mark.process); modules kept on one worker (xdist_group)
 train_data              a small learnable synthetic dataset for trainer tests
