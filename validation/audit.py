@@ -61,7 +61,6 @@ from validation.audit_views import (
     dataset_json,
     describe_views,
     find_damaged,
-    missing_stats,
     persist,
     unchecked_tables,
     unfinished_builds,
@@ -664,12 +663,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
         check_db_path(args.db)
         _refuse_other_file(Path(args.db))
-    checked = check_roots(args.dirs)  # the roots' files, hashed once where the views are made twice (--db)
+    gone: list[Path] = []  # recorded stats files of a stage before the build's pass, missing: a note
+    checked = check_roots(args.dirs, gone)  # the roots' files, hashed once where the views are made twice
     for table in unchecked_tables(args.dirs):  # named as the user named them
         print(f"note: {table}: its pages were read as they are; {_damaged_fix(table)}", file=sys.stderr)
-    for gone in missing_stats(args.dirs):
+    for path in gone:
         print(
-            f"note: {gone} is missing, though {DATASET_JSON} records it: the `stats` view has no rows of "
+            f"note: {path} is missing, though {DATASET_JSON} records it: the `stats` view has no rows of "
             "that task of its stage (datatrove's stats of a stage before the build's pass, which no report "
             "needs)",
             file=sys.stderr,

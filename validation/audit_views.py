@@ -272,7 +272,9 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     return root
 
 
-def check_roots(roots: list[str | Path]) -> list[Path]:
+def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list[Path]:
+    """The roots checked (their real paths); `gone` gets the recorded stats files of a stage before the
+    build's pass that are missing (a note: _gone_stats), from the check's own listing."""
     out = []
     for r in roots:
         p = Path(r)
@@ -304,7 +306,9 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
                 f"{p / DATASET_JSON} lists {listed:,} documents but {p / MANIFEST_DIR}/ holds no parquet "
                 f"file; check the dataset with `gristmill data validate {p}` and rebuild it"
             )
-        _check_tables(p, info)
+        missing = _check_tables(p, info)
+        if gone is not None:
+            gone += [p / rel for rel in missing]
         if damaged := _first_damaged(p, [v for v in FILE_VIEWS.values() if v.verified]):
             raise DamagedFile(damaged)
         # the `eval` view reads the table alone; read again while a live run's eval, which changes
@@ -328,21 +332,23 @@ def dataset_json(root: Path) -> dict:
 BUILD_STATS = f"{LOGS_DIR}/stats"  # datatrove's stats of the build's own pass: the summary's counts
 
 
-def _check_tables(root: Path, info: dict) -> None:
+def _check_tables(root: Path, info: dict) -> list[str]:
     """The manifest, excluded and build-pass stats files are those dataset.json records (its `files`),
     at their recorded sizes and sha256: one missing, of another build or changed would make the `docs`,
     `excluded` and `stats` views count other documents without a word (a validated dataset's count is
-    dataset.json's; the views count the files)."""
+    dataset.json's; the views count the files). Returns the recorded stats files of a stage before the
+    build's pass that are gone (_gone_stats: a note, not a refusal)."""
     files = info.get("files")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
-        return  # no record of them (a dataset from before dataset.json recorded its files)
+        return []  # no record of them (a dataset from before dataset.json recorded its files)
     # What the views read, listed as they list it (view_files: glob.glob, which follows a linked
     # directory and skips dot files), against what dataset.json records under the same patterns: a
     # second listing (Path.glob) let a dedup stage's stats file copied beside its own, or a directory
     # linked to its parent, double the `stats` and `excluded` answers, exit 0 (review RV42c F1). A
-    # recorded stats file of a stage before the build's pass that is gone is a note (missing_stats).
+    # recorded stats file of a stage before the build's pass that is gone is a note (returned).
     present, recorded = _view_records(root, files)
-    recorded -= set(_gone_stats(root, present, recorded))
+    gone = _gone_stats(root, present, recorded)
+    recorded -= set(gone)
     rebuild = (
         f"rerun the command that built it, which validates it and names the task to rebuild "
         f"(`gristmill data validate {root}` lists what is wrong)"
@@ -388,6 +394,7 @@ def _check_tables(root: Path, info: dict) -> None:
     viewed = sorted(present)  # the recorded files the views read: the checks above made them one set
     if root.resolve() not in CHECKED_COPIES and (changed := _first_changed(root, files, viewed)) is not None:
         raise DamagedFile(changed)
+    return gone
 
 
 def _hidden_from_user(path: Path) -> str | None:
@@ -419,18 +426,6 @@ def _glob_re(pattern: str) -> re.Pattern[str]:
     name = lambda seg: "(?!\\.)" + re.escape(seg).replace("\\*", "[^/]*") + "/"  # noqa: E731
     parts = ["(?:[^/.][^/]*/)*" if seg == "**" else name(seg) for seg in pattern.split("/")]
     return re.compile("".join(parts)[:-1] + "\\Z")
-
-
-def missing_stats(roots: list[str | Path]) -> list[Path]:
-    """The stats files of a stage before the build's pass (a dedup stage's) that dataset.json records
-    and that are gone from `roots`: no report but the `stats` view's rows of that stage reads them, so
-    the audit goes on, with a note (a damaged one's advice is to delete it: validation/audit.py)."""
-    out = []
-    for root in map(Path, roots):
-        files = dataset_json(root).get("files")
-        if isinstance(files, dict):
-            out += [root / rel for rel in _gone_stats(root, *_view_records(root, files))]
-    return out
 
 
 def _gone_stats(root: Path, present: set[str], recorded: set[str]) -> list[str]:
