@@ -703,7 +703,7 @@ class ObjectStore:
                     parts.append({"ETag": self._call("PUT part", rel, put), "PartNumber": number})
             if whole.hexdigest() != sha:
                 raise ValueError(f"{path} has sha256 {whole.hexdigest()}, not {sha}")
-            want = f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
+            want = parts_md5(md5s)
             tries = [0]
 
             def complete(c):
@@ -848,6 +848,11 @@ def multipart_etag(path: Path) -> str:
     with open(path, "rb") as f:
         while data := f.read(step):
             md5s.append(hashlib.md5(data).digest())
+    return parts_md5(md5s)
+
+
+def parts_md5(md5s: list[bytes]) -> str:
+    """The ETag of an object uploaded in parts whose MD5s are `md5s`: the MD5 of them, `-` their number."""
     return f"{hashlib.md5(b''.join(md5s)).hexdigest()}-{len(md5s)}"
 
 
