@@ -23,6 +23,7 @@ The dataset directory is opened, checked and read by training/data/reader.py (`D
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
 import hashlib
@@ -521,6 +522,23 @@ def _live(items: Any) -> None:
         multiprocessing.util.Finalize(None, end, exitpriority=100)
         atexit.register(end)  # a fresh interpreter: before torch's exit flag makes its shutdown a no-op
     _LIVE.add(items)
+
+
+def stop_workers_waiting() -> None:
+    """SIGTERM to this process's live DataLoader workers, which only ends their waits for a step's data
+    (_worker_start). For a stop asked of the trainer alone (`gristmill train` relays a SIGTERM or a
+    Ctrl-C to its trainers only; Kubernetes signals a container's first process; a `kill` of one
+    pid): the trainer's own wait ended, but it waits on its workers, whose fetches retried through an
+    outage for data.fetch_timeout_s, and the save waited with them past a grace period. A worker is
+    signalled only while the trainer has not reaped it (its pid cannot be another process's yet);
+    one that the signal of a whole job reached already gets it twice, which changes nothing. Called
+    from the trainer's signal handler (training/run/shutdown.py): no syscall but the kills."""
+    for items in list(_LIVE):
+        for worker in getattr(items, "_workers", ()):
+            popen = getattr(worker, "_popen", None)
+            if popen is not None and popen.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGTERM)
 
 
 class _StepStream(IterableDataset):

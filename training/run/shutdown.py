@@ -2,7 +2,8 @@
 a closed terminal's SIGHUP ignored (the run trains on); and no worker outlives its launcher.
 
 The handler only records the signal (and ends a wait for a step's data: object_store.STOP_FETCHING,
-which the step's read raises as FetchStopped, and the loop stops as after the step trained last).
+which the step's read raises as FetchStopped, and the loop stops as after the step trained last; its
+data loader's workers get a SIGTERM for theirs, as from a scheduler: loader.stop_workers_waiting).
 After each step `should_stop()` lets every rank agree, since the scheduler may signal only some of
 them and all ranks must take the same last step and write the same checkpoint: a MAX all-reduce of
 one flag on a CPU (gloo) group of its own, which never waits for the GPU. A second Ctrl-C (SIGINT
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from training.contract.errors import INTERRUPTED_EXIT
 from training.contract.lifetime import AGENT_PID_VAR, exit_with
 from training.contract.object_store import STOP_FETCHING
+from training.data.loader import stop_workers_waiting
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -112,6 +114,7 @@ class GracefulStop:
             self._stop_now()
         self.received = signum
         STOP_FETCHING.set()  # a wait for a step's data ends: the step trained last is saved now
+        stop_workers_waiting()  # and the data loader's workers' waits, where the signal was ours alone
 
     def _stop_now(self, complete: bool = False) -> None:
         """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
