@@ -70,10 +70,18 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, SAMPLE_TOKENS
 from training.contract.errors import GristmillError
-from training.contract.object_store import COUNTS, STOP_FETCHING, ObjectStore, ObjectStoreError, Window
+from training.contract.object_store import (
+    COUNTS,
+    STOP_FETCHING,
+    FetchStopped,
+    ObjectStore,
+    ObjectStoreError,
+    Window,
+)
 from training.data.block_cache import (
     BLOCK_EXT,
     BLOCKS_DIR,
+    LOCK_STRIPES,
     MAGIC,
     MAX_AHEAD_STEPS,
     USAGE,
@@ -3414,13 +3422,13 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     waiting, unit_lock = threading.Event(), b._unit_lock
 
     @contextlib.contextmanager
-    def announced(u: int):  # B found the sample missing and goes for its lock (not a sleep's guess)
-        waiting.set()
-        with unit_lock(u):
+    def announced(u: int, stoppable: bool):  # B found the sample missing and goes for its lock (not a
+        waiting.set()  # sleep's guess)
+        with unit_lock(u, stoppable):
             yield
 
     b._unit_lock = announced
-    with a._unit_lock(0):  # rank A holds sample 0's lock: B finds it missing and waits
+    with a._unit_lock(0, stoppable=True):  # rank A holds sample 0's lock: B finds it missing and waits
         t = threading.Thread(target=lambda: got.append(b.fetch(0, waiter)))
         t.start()
         assert waiting.wait(timeout=20), "B never went for the sample's lock"
@@ -3692,6 +3700,43 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     assert not STOP_FETCHING.is_set()  # the next run in this process fetches
     train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+
+
+def test_a_stop_ends_a_wait_for_a_sample_s_lock_that_another_holds(s3, synthetic, tmp_path):
+    """The ranks of a node share its cache, and a sample is fetched by one thread of one process at a
+    time, under its lock. A stop (SIGTERM, Ctrl-C: STOP_FETCHING) ended a fetch's retries but not its
+    wait for that lock, whose holder (another rank, its main thread blocked in a collective and its
+    handler not run yet) kept retrying through the outage: a DataLoader worker whose fetch waited
+    could not exit, and its trainer's save waited ~20 s for the worker's shutdown (two ranks of
+    `gristmill train`, the store down, SIGTERM to the launcher). The wait ends at the stop now, with
+    FetchStopped, as the fetch's own retries do."""
+    import fcntl
+
+    _, url = synthetic
+    t = DocumentTable(url, cache=cache(tmp_path))
+    stripe = t.cache.dir / f".lock-{0 % LOCK_STRIPES}"
+    stripe.parent.mkdir(parents=True, exist_ok=True)
+    got: list[BaseException | bool] = []
+
+    def fetch() -> None:
+        try:
+            got.append(t.cache.fetch(0))
+        except BaseException as e:
+            got.append(e)
+
+    with open(stripe, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another holder (an flock holds per open file)
+        waiter = threading.Thread(target=fetch, daemon=True)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and not got  # waiting for the lock
+        STOP_FETCHING.set()
+        try:
+            waiter.join(timeout=5)
+        finally:
+            STOP_FETCHING.clear()
+        assert not waiter.is_alive(), "the wait for the lock went on after the stop"
+    assert isinstance(got[0], FetchStopped) and not t.cache.cached(0)
 
 
 def test_two_urls_of_one_dataset_keep_their_own_cache_copies(s3, synthetic, tmp_path):

@@ -53,6 +53,7 @@ def file_lock(
     say: Callable[[str], None] | None = None,
     block: bool = True,
     say_own: bool = True,
+    give_up: Callable[[], None] | None = None,
 ) -> Iterator[bool]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
     take turns (flock holds per open file; the kernel releases it when its holder dies). A process
@@ -62,12 +63,14 @@ def file_lock(
     A wait over a second is told through `say` (not `say_own`: only a wait for another process; this
     process's threads then take turns quietly); with `wait_s`, a holder not seen running for that
     long is a LockWaitError ending with `fix` (what the user can do instead); `block=False` tries
-    once: a lock held by another is LockHeld, no wait. Yields whether the holder's record was written
-    (a full disk: not, and a waiter names the holder by /proc/locks, where Linux lists it: _holder)."""
+    once: a lock held by another is LockHeld, no wait; `give_up` is called at each look of a wait and
+    ends it by raising (a training asked to stop: block_cache). Yields whether the holder's record was
+    written (a full disk: not, and a waiter names the holder by /proc/locks, where Linux lists it:
+    _holder)."""
     with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
-            _wait(f, path, wait_s, fix, say, block, say_own)
+            _wait(f, path, wait_s, fix, say, block, say_own, give_up)
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             recorded = False
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
@@ -89,6 +92,7 @@ def _wait(
     say: Callable[[str], None] | None,
     block: bool = True,
     say_own: bool = True,
+    give_up: Callable[[], None] | None = None,
 ) -> None:
     """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
     while the holder is not seen running. Not `block`: LockHeld at once where it is held."""
@@ -105,6 +109,8 @@ def _wait(
         except BlockingIOError:
             if not block:
                 raise LockHeld(str(path)) from None
+        if give_up is not None:
+            give_up()
         if seen is not None:
             holder, running = seen
             idle = 0.0 if running else idle + (now - last)

@@ -96,6 +96,13 @@ class FetchStopped(GristmillError):
         super().__init__(FETCH_STOPPED)
 
 
+def stop_if_asked() -> None:
+    """FetchStopped while the run is asked to stop (STOP_FETCHING): where a training's fetch or its
+    wait (for a sample's lock, for its group's fetches: training/data/block_cache.py) looks."""
+    if STOP_FETCHING.is_set():
+        raise FetchStopped()
+
+
 class ObjectStoreError(GristmillError):
     """A bucket that cannot be used (unknown, no credentials, unreachable, refusing): one line naming
     the URL and the fix."""
@@ -413,8 +420,8 @@ class ObjectStore:
         late = 0.0 if window is None else window.elapsed()
         first, refused = time.monotonic(), 0
         for attempt in itertools.count():
-            if window is not None and STOP_FETCHING.is_set():
-                raise FetchStopped()
+            if window is not None:
+                stop_if_asked()
             self.counts.add("requests")
             wait = backoff(attempt)
             try:

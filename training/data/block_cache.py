@@ -77,11 +77,11 @@ from training.contract.lifetime import host, pid_alive
 from training.contract.object_store import (
     COUNTS,
     STOP_FETCHING,
-    FetchStopped,
     ObjectStore,
     ObjectStoreError,
     Window,
     endpoint,
+    stop_if_asked,
 )
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
@@ -347,15 +347,20 @@ class CachedBlocks:
     # -- fetching -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _unit_lock(self, u: int):
+    def _unit_lock(self, u: int, stoppable: bool):
         """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
         process exclude each other too, and closing one file releases no other thread's lock). A wait
         for another thread of this process is not told: the loop and its prefetcher fetch side by side,
         and two samples of one stripe through a flaky store each said so at a slow fetch (the holder's
-        own failure is its line)."""
+        own failure is its line). `stoppable` (a training's fetch): a stop ends the wait as it ends the
+        fetch's own (FetchStopped). The holder may be another rank whose main thread, blocked in a
+        collective, has not run its signal handler yet, its fetches retrying on; a DataLoader worker's
+        fetch thread waiting here kept the worker from exiting, and its trainer's save waited ~20 s
+        for the worker's shutdown."""
         stripe = self.dir / f".lock-{u % LOCK_STRIPES}"
-        with cache_lock(self.cache.dir, stripe, self.cache.timeout_s, say_own=False):
+        give_up = stop_if_asked if stoppable else None
+        with cache_lock(self.cache.dir, stripe, self.cache.timeout_s, say_own=False, give_up=give_up):
             yield
 
     def fetch(self, u: int, window: Window | None = None) -> bool:
@@ -375,7 +380,7 @@ class CachedBlocks:
             self.known(u)
             return False
         window = self.store.window() if window is None else window
-        with self._unit_lock(u):
+        with self._unit_lock(u, stoppable=window is not None):
             if u in self.refused:
                 raise self.refused[u]
             if self.cached(u):  # another process or thread fetched it while this one waited: data came
@@ -510,8 +515,7 @@ class CachedBlocks:
         try:
             for f in [pool.submit(one, u) for u in missing]:
                 while not wait([f], timeout=0.2).done:
-                    if STOP_FETCHING.is_set():
-                        raise FetchStopped()
+                    stop_if_asked()
                 f.result()
         finally:
             pool.shutdown(wait=not STOP_FETCHING.is_set(), cancel_futures=True)

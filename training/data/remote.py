@@ -242,7 +242,11 @@ def _beside_lock(path: Path, wait_s: float, block: bool = True) -> Iterator[None
 
 @contextlib.contextmanager
 def cache_lock(
-    cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S, say_own: bool = True
+    cache_dir: Path,
+    path: Path,
+    wait_s: float = LOCK_WAIT_S,
+    say_own: bool = True,
+    give_up: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """file_lock on `path`, a lock file in the cache `cache_dir` (CACHE/.lock, a sample's .lock-K), made with
     its folder. One that cannot be made or opened (a read-only or full disk, a folder that became a
@@ -251,13 +255,13 @@ def cache_lock(
     R19b 5). A wait says whom it waits for after a second, and ends in one line once the holder was
     not seen running for `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next
     one hung without a word: review R26b M2); not `say_own`: a wait for another thread of this process
-    is not told (file_lock)."""
+    is not told (file_lock); `give_up` ends a wait by raising (file_lock)."""
     with contextlib.ExitStack() as held:
         cache_write(
             cache_dir,
             lambda: path.parent.mkdir(parents=True, exist_ok=True),
             lambda: held.enter_context(
-                file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say, say_own=say_own)
+                file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say, say_own=say_own, give_up=give_up)
             ),
         )
         yield
