@@ -1223,8 +1223,12 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     flipped[at] ^= 0x01  # the first token of step 1's first document
     damaged.write_bytes(bytes(flipped))
     others = (int(table.cache.units_of_rows(loader.builder.segments(s)[1][:1])[0]) for s in range(1, 30))
-    swapped = table.cache.path(next(u for u in others if u != unit))  # a later step's other sample
-    donor = next(p for p in damaged.parent.glob("*.blk") if p not in (damaged, swapped))
+    other = next(u for u in others if u != unit)
+    swapped = table.cache.path(other)  # a later step's other sample
+    # a third sample's copy, fetched here: the 30 steps read two samples (groups of one), and a third
+    # was cached only where the prefetcher's walk had fetched ahead before the loader closed
+    donor = table.cache.path(next(u for u in range(table.cache.nunits) if u not in (unit, other)))
+    table.cache.fetch(int(donor.stem))
     swapped.write_bytes(donor.read_bytes())  # another block's copy under this one's name
     s3.proxy.reset_counts()
     before = COUNTS.snapshot()["refetches"]
