@@ -72,6 +72,7 @@ from training.contract.dataset_index import INDEX_DIR, SAMPLE_TOKENS
 from training.contract.errors import GristmillError
 from training.contract.object_store import (
     COUNTS,
+    FETCH_STOPPED,
     STOP_FETCHING,
     FetchStopped,
     ObjectStore,
@@ -3708,6 +3709,39 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     assert not STOP_FETCHING.is_set()  # the next run in this process fetches
     train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+
+
+def test_a_stop_as_the_data_loader_workers_start_reaches_them(s3, synthetic, tmp_path, monkeypatch):
+    """A SIGTERM that comes while the DataLoader workers fork is held (_workers_started) and handled as
+    the mask is restored, before the iterator's workers are registered: the trainer's handler passed
+    them over, and they were forked before the stop, so a store down then kept them retrying for
+    data.fetch_timeout_s while their trainer waited. Here the stop comes just then (the handler run
+    there) with the store down: the first batch ends in the stop's line within seconds."""
+    from training.data import loader as data_loader
+    from training.run.shutdown import GracefulStop
+
+    _, url = synthetic
+    started = data_loader._workers_started
+
+    def started_then_stopped(loader):
+        items = started(loader)
+        GracefulStop(0, 1)._handle(signal.SIGTERM, None)  # the handler, as the mask is restored
+        return items
+
+    monkeypatch.setattr(data_loader, "_workers_started", started_then_stopped)
+    settings = CacheSettings(tmp_path / "cache", int(1e9), timeout_s=30)
+    loader = dataset_loader(
+        url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings, num_workers=2
+    )
+    s3.proxy.down = True
+    began = time.monotonic()
+    try:
+        with pytest.raises(GristmillError, match=FETCH_STOPPED):
+            next(iter(loader))
+    finally:
+        s3.proxy.down = False
+        STOP_FETCHING.clear()
+    assert time.monotonic() - began < 15, "the workers waited out their window"
 
 
 def test_a_stop_ends_a_wait_for_a_sample_s_lock_that_another_holds(s3, synthetic, tmp_path):

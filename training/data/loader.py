@@ -733,6 +733,10 @@ class TokenLoader:
         items = _workers_started(loader)  # before the prefetcher's thread, not forked with it
         if self.num_workers:
             _live(items)
+            # A stop whose handler ran as they started (a SIGTERM held while they forked is handled
+            # there) passed them over, and they were forked before it: theirs now.
+            if STOP_FETCHING.is_set():
+                stop_workers_waiting()
         prefetcher = self._prefetcher()
         try:
             for item in _results(items):
