@@ -3427,13 +3427,13 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     waiting, unit_lock = threading.Event(), b._unit_lock
 
     @contextlib.contextmanager
-    def announced(u: int, stoppable: bool):  # B found the sample missing and goes for its lock (not a
-        waiting.set()  # sleep's guess)
-        with unit_lock(u, stoppable):
+    def announced(u: int):  # B found the sample missing and goes for its lock (not a sleep's guess)
+        waiting.set()
+        with unit_lock(u):
             yield
 
     b._unit_lock = announced
-    with a._unit_lock(0, stoppable=True):  # rank A holds sample 0's lock: B finds it missing and waits
+    with a._unit_lock(0):  # rank A holds sample 0's lock: B finds it missing and waits
         t = threading.Thread(target=lambda: got.append(b.fetch(0, waiter)))
         t.start()
         assert waiting.wait(timeout=20), "B never went for the sample's lock"

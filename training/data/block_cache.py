@@ -347,20 +347,19 @@ class CachedBlocks:
     # -- fetching -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _unit_lock(self, u: int, stoppable: bool):
+    def _unit_lock(self, u: int):
         """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
         process exclude each other too, and closing one file releases no other thread's lock). A wait
         for another thread of this process is not told: the loop and its prefetcher fetch side by side,
         and two samples of one stripe through a flaky store each said so at a slow fetch (the holder's
-        own failure is its line). `stoppable` (a training's fetch): a stop ends the wait as it ends the
-        fetch's own (FetchStopped). The holder may be another rank whose main thread, blocked in a
-        collective, has not run its signal handler yet, its fetches retrying on; a DataLoader worker's
-        fetch thread waiting here kept the worker from exiting, and its trainer's save waited ~20 s
-        for the worker's shutdown."""
+        own failure is its line). A stop (STOP_FETCHING, which only a training's stop sets) ends the
+        wait as it ends the fetch's own retries (FetchStopped). The holder may be another rank whose
+        main thread, blocked in a collective, has not run its signal handler yet, its fetches retrying
+        on; a DataLoader worker's fetch thread waiting here kept the worker from exiting, and its
+        trainer's save waited ~20 s for the worker's shutdown."""
         stripe = self.dir / f".lock-{u % LOCK_STRIPES}"
-        give_up = stop_if_asked if stoppable else None
-        with cache_lock(self.cache.dir, stripe, self.cache.timeout_s, say_own=False, give_up=give_up):
+        with cache_lock(self.cache.dir, stripe, self.cache.timeout_s, say_own=False, give_up=stop_if_asked):
             yield
 
     def fetch(self, u: int, window: Window | None = None) -> bool:
@@ -380,7 +379,7 @@ class CachedBlocks:
             self.known(u)
             return False
         window = self.store.window() if window is None else window
-        with self._unit_lock(u, stoppable=window is not None):
+        with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
             if self.cached(u):  # another process or thread fetched it while this one waited: data came
