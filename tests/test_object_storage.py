@@ -96,7 +96,7 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, local_root, tmp_name
-from training.run.faults import DATA
+from training.run.faults import DATA, SIGTERM
 from training.train import load_train_config, train
 from validation.validate import VALIDATION_JSON
 
@@ -3709,6 +3709,53 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     assert not STOP_FETCHING.is_set()  # the next run in this process fetches
     train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+
+
+def test_a_sigterm_to_one_rank_in_an_outage_ends_every_rank_s_fetches(s3, synthetic, tmp_path):
+    """Two ranks, two loader workers each, train on what they fetched ahead while the store is down and
+    their fetches retry; a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid). Every rank
+    agrees to stop after the step and saves it at once, but rank 0 learned of the stop only from that
+    agreement: its prefetcher and workers went on retrying, and its process outlived the save by the
+    rest of data.fetch_timeout_s (170 s of 300 through the CLI: RV44a F1). Now the agreement ends every
+    rank's fetches, and the job exits within seconds of the save."""
+    local, url = synthetic
+    run_dir, timeout = tmp_path / "run", 60
+    sets = overrides(
+        url,
+        run_dir,
+        f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+        f"data.fetch_timeout_s={timeout}",
+        "checkpoint.interval=0",
+        "parallel.shard=2",
+        "data.num_workers=2",
+    )
+    env = {**run_env(s3, tmp_path), "GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: "9@1"}
+    two_ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = forked.popen(
+        [*two_ranks, "-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set", *sets],
+        cwd=ROOT,
+        env=env,
+    )
+    saved_at = None
+    try:
+        while proc.poll() is None:
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            if rows and rows[-1]["step"] >= 6:
+                s3.proxy.down = True  # steps 7-9 train on what was fetched ahead; the fetches after retry
+            if saved_at is None and "stopping after step" in proc.output()[0]:
+                saved_at = time.monotonic()
+            time.sleep(0.02)
+        exited_at = time.monotonic()
+        out, err = proc.communicate()
+    finally:
+        proc.kill()
+        met, s3.proxy.down = s3.proxy.down_met_at, False
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    line = "stopping after step 9 on SIGTERM: checkpoint saved; resume with --resume auto"
+    assert line in out and saved_at is not None, out[-2000:]
+    assert met is not None  # a fetch met the outage: rank 0's were retrying
+    assert (run_dir / "checkpoints" / "step-000009" / ".metadata").is_file()
+    assert exited_at - saved_at < 20, f"exited {exited_at - saved_at:.1f} s after the stop's save"
 
 
 def test_a_stop_as_the_data_loader_workers_start_reaches_them(s3, synthetic, tmp_path, monkeypatch):

@@ -19,8 +19,10 @@ brought into line with it: rows marked, batch records moved; the skip's checkpoi
 validation, eval and metrics row not yet done), "trained:N" (step N trained and folded into
 [merge]'s average, nothing of it saved or written). A kill -9 at a known place, for the resume tests.
 
-GRISTMILL_FAULT_SIGTERM="STEP": the process sends itself SIGTERM as step STEP starts (a preemption
-at a known step: the run finishes that step, saves and stops).
+GRISTMILL_FAULT_SIGTERM="STEP[@RANK]": the process (of that rank only, or of every rank) sends
+itself SIGTERM as step STEP starts (a preemption at a known step: the run finishes that step, saves
+and stops; on one rank, a `kill` of one trainer's pid: the others learn of it from the stop's
+agreement).
 
 GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
@@ -124,7 +126,8 @@ class LossFaults:
             self.windows[_window(where, plan)] = float(factor or 100)
         self.plan = plan
         self.factor = 1.0
-        self.sigterm_step = int(os.environ.get(SIGTERM) or 0)
+        at, _, on_rank = os.environ.get(SIGTERM, "").partition("@")
+        self.sigterm_step = int(at or 0) if on_rank in ("", str(rank)) else 0
         if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 

@@ -149,12 +149,18 @@ class GracefulStop:
         return [(rank, m) for rank, m in enumerate(messages) if m is not None]
 
     def should_stop(self) -> str | None:
-        """The signal's name on every rank if any rank received one (a collective when distributed)."""
+        """The signal's name on every rank if any rank received one (a collective when distributed). A
+        rank that learns of the stop here, not from a signal of its own, ends its waits for data as its
+        handler would: its prefetcher and its loader's workers kept retrying through an outage, and its
+        process outlived the save by the rest of data.fetch_timeout_s (RV44a F1)."""
         signum = self.received
         if self.group is not None:
             t = torch.tensor([signum], dtype=torch.int32)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             signum = int(t.item())
+        if signum and not self.received and not STOP_FETCHING.is_set():
+            STOP_FETCHING.set()
+            stop_workers_waiting()
         return signal.Signals(signum).name if signum else None
 
 
