@@ -83,7 +83,8 @@ class Window:
 # (those retrying within a window) stop retrying and their waits end, so the step trained last is
 # saved now, not after data.fetch_timeout_s of an outage (5 minutes by default: a scheduler's grace
 # period, 30 s in Slurm, ended the process first and the steps since the last checkpoint were lost:
-# RV43a F1). A request already in flight ends at its own timeout.
+# RV43a F1). A request already in flight ends at its own timeout, in a daemon thread that the
+# process does not wait for at its exit (block_cache._FetchThreads).
 STOP_FETCHING = threading.Event()
 FETCH_STOPPED = "stopped waiting for data: the run was asked to stop"
 

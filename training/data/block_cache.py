@@ -44,10 +44,11 @@ import hashlib
 import json
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,61 @@ from training.data.remote import (
     repair_advice,
     tmp_name,
 )
+
+
+class _FetchThreads:
+    """ThreadPoolExecutor's submit and shutdown over daemon threads. A stop (STOP_FETCHING) leaves a
+    request in flight to end on its own (the save comes first), but Python joins every
+    ThreadPoolExecutor thread at exit, a DataLoader worker's too: a store that accepts and never answers
+    kept a stopped trainer alive for each request's read timeout, past a scheduler's grace period
+    (RV44a F2). A daemon thread cut off at exit is a fetch killed mid-way, as by kill -9: its copy was
+    not moved into place, and its sample's lock is an flock the kernel releases."""
+
+    def __init__(self, max_workers: int, name: str):
+        self._max, self._name = max_workers, name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._closed:  # no thread would take it
+            raise RuntimeError(f"{self._name}: cannot submit after shutdown")
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        if len(self._threads) < self._max:  # one more thread per task, as many as asked for at most
+            t = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as e:  # the caller's, as ThreadPoolExecutor gives it
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        """The threads end after their task in hand (the queued ones cancelled first with
+        `cancel_futures`); `wait`: until then."""
+        self._closed = True
+        if cancel_futures:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is not None:
+                        item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
+
 
 BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
@@ -508,9 +564,7 @@ class CachedBlocks:
 
         # In threads of their own, even one: the caller (the training loop) waits here, and a stop
         # (STOP_FETCHING: SIGTERM) ends its wait at once, the threads left to end their own
-        pool = ThreadPoolExecutor(
-            min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
-        )
+        pool = _FetchThreads(min(self.cache.requests, len(missing)), "gristmill-group")
         try:
             for f in [pool.submit(one, u) for u in missing]:
                 while not wait([f], timeout=0.2).done:
@@ -1130,7 +1184,7 @@ class Prefetcher:
         self._listed_at = -float("inf")  # when what the caches hold was last forgotten (_all_cached)
         self._relisted: set[int] = set()  # the tables listed since
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
-        self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
+        self._pool = _FetchThreads(requests, "gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
         self._thread.start()
 
@@ -1153,7 +1207,7 @@ class Prefetcher:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=60)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=not STOP_FETCHING.is_set(), cancel_futures=True)  # a stop: left to end
         self.keep_file.unlink(missing_ok=True)
 
     def _step_needs(self, step: int) -> list[tuple[int, int]]:
@@ -1357,7 +1411,14 @@ class Prefetcher:
                 c.known(b)
                 continue
             while len(inflight) >= self.requests:
-                inflight.pop(0).result()
+                self._result(inflight.pop(0))
             inflight.append(self._pool.submit(self.caches[t].fetch, b))
         for f in inflight:
-            f.result()
+            self._result(f)
+
+    def _result(self, f: Future) -> None:
+        """`f`'s fetch done (its error raised), or the run asked to stop (STOP_FETCHING: a close then
+        joins this thread at once, not after a request in flight to a store that does not answer)."""
+        while not wait([f], timeout=0.2).done:
+            stop_if_asked()
+        f.result()
