@@ -5,7 +5,8 @@ forkserver with those modules preloaded).
 The child is a separate OS process (its own pid, signals, kill -9, exit status, a new session when
 asked) that runs MODULE as `python -m` does (runpy, `__name__ == "__main__"`, sys.argv), with the
 command's environment and working directory; only the 3-4 s a fresh interpreter spends importing
-torch are gone. Its stdout and stderr go to files, read back by `communicate` as text. `popen` and
+torch are gone. Its stdout and stderr go to files, read back by `communicate` as text (stdout to a
+descriptor of the caller's where it gives one: a pipe's end, a terminal). `popen` and
 `run` take the arguments of subprocess.Popen and subprocess.run that the tests use, so a test
 switches by swapping the call; commands that are not `sys.executable -m MODULE …` are refused.
 
@@ -105,18 +106,39 @@ def stop_server() -> None:
         shutil.rmtree(_outputs, ignore_errors=True)
 
 
-def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str, session: bool):
+class _Descriptor:
+    """A descriptor of the test process sent to the forked child (multiprocessing passes it with the
+    child's start, as it passes a Connection's): unpickled there as the child's copy of it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(dup) -> int:
+    return dup.detach()
+
+
+def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str | int, err: str,
+           session: bool):  # fmt: skip
     if session:
         os.setsid()
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        os.dup2(target, fd)
-        os.close(target)
+        target = path if isinstance(path, int) else os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        if target != fd:
+            os.dup2(target, fd)
+            os.close(target)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)
+    if isinstance(out, int):  # buffered as a fresh interpreter's stdout on it: by lines on a terminal only
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))
     become(module, args, env, cwd)
 
 
@@ -161,10 +183,16 @@ class Forked:
         self._err = self._out if stderr == subprocess.STDOUT else folder / "stderr"
         for path in {self._out, self._err}:
             path.touch()
+        # stdout a descriptor of this process's (a pipe's write end, a terminal): the child's fd 1 is
+        # that file, and `communicate` gives "" for stdout
+        given = isinstance(stdout, int) and stdout >= 0
+        if given and stderr == subprocess.STDOUT:
+            raise TypeError("forked.popen takes stderr=STDOUT only with its stdout to a file")
+        out = _Descriptor(stdout) if given else str(self._out)
         self._process = server.Process(
             target=_child,
             args=(args[2], list(args[3:]), env, str(cwd or os.getcwd()),
-                  str(self._out), str(self._err), start_new_session),
+                  out, str(self._err), start_new_session),
         )  # fmt: skip
         self._process.start()
         self.pid = self._process.pid

@@ -805,28 +805,27 @@ def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path, reader):
     run = tmp_path / "run"
     sets = overrides(dataset, run, "run.log_every=1")
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-    if reader == "head -3":
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    else:
-        terminal, tty = pty.openpty()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=tty, stderr=subprocess.PIPE)
-        os.close(tty)
+    # forked (tests/helpers/forked.py), its stdout the pipe's write end or the terminal's
+    reading, writing = os.pipe() if reader == "head -3" else pty.openpty()
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, stdout=writing)
+    os.close(writing)
     try:
         if reader == "head -3":
-            for _ in range(3):
-                proc.stdout.readline()
-            proc.stdout.close()  # as head does after its three lines
+            with open(reading, "rb") as pipe:
+                for _ in range(3):
+                    pipe.readline()
+            # as head does after its three lines: the pipe's read end closed
         else:
             seen = b""
             while seen.count(b"step ") < 3:
-                seen += os.read(terminal, 4096)
-            os.close(terminal)  # the terminal goes: writes to it fail with EIO
+                seen += os.read(reading, 4096)
+            os.close(reading)  # the terminal goes: writes to it fail with EIO
             proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert "Traceback" not in err.decode()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
     assert [r["step"] for r in metrics(run)] == list(range(1, 13))
     assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
 
