@@ -3346,10 +3346,11 @@ def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[flo
 def test_a_slow_healthy_store_keeps_its_retries_through_a_group_longer_than_the_window(
     s3, synthetic, small_blocks, tmp_path
 ):
-    """A group's window runs on from each sample fetched: a store answering every request, slowly (0.4 s
-    each, one in flight, a group of 5 taking ~2 s against a window of 1.5 s), with one 503 on the last
-    sample's first try, fetches the group. When the window ran from the group's request alone, the
-    later samples each had one try and the 503 stopped the run, blaming the store (review R24f 1)."""
+    """A group's window runs on from each sample fetched: a store answering every request, slowly (0.25 s
+    before and after the store: 0.5 s a sample, one in flight, a group of 5 taking ~2.5 s against a
+    window of 1.5 s), with one 503 on the last sample's first try (~2.25 s in), fetches the group. When
+    the window ran from the group's request alone, the later samples each had one try and the 503
+    stopped the run, blaming the store (review R24f 1)."""
     _, url = synthetic
     c = DocumentTable(url, cache=CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1.5)).cache
     n = c.nunits
@@ -3364,7 +3365,7 @@ def test_a_slow_healthy_store_keeps_its_retries_through_a_group_longer_than_the_
                 return "slow_down"
         return fault
 
-    s3.proxy.latency, s3.proxy._draw = 0.4, one_slow_down
+    s3.proxy.latency, s3.proxy._draw = 0.25, one_slow_down
     try:
         c.fetch_all(range(n))
     finally:
