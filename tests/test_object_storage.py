@@ -2570,13 +2570,19 @@ def test_loaders_in_pid_namespaces_of_their_own_keep_the_shared_cache_s_bound(
         for i, u in enumerate((url, other_url))
     )
     shared = tmp_path / "cache"
+    (tmp_path / "ready").mkdir()
     script = (
-        small + "import json, os, sys\nfrom pathlib import Path\n"
+        small + "import json, os, sys, time\nfrom pathlib import Path\n"
         "from training.contract.lifetime import host\n"
         "from training.data.loader import batch_sha256, dataset_loader\n"
         "from training.data.remote import CacheSettings\n"
         f"bound = CacheSettings(Path({str(shared)!r}), {need})\n"
         f"loader = dataset_loader(sys.argv[1], cache=bound, **{geometry!r})\n"
+        # both read at once, whichever started first: alone, one loader's 100 steps could be over before
+        # the other's began, and the cache stayed within its bound with the fault in place (1 run in 2)
+        f"ready = Path({str(tmp_path / 'ready')!r})\n"
+        "(ready / sys.argv[1].rsplit('/', 1)[-1]).touch()\n"
+        "while len(list(ready.iterdir())) < 2: time.sleep(0.01)\n"
         "hashes = [batch_sha256(b) for _, b in zip(range(100), loader)]\n"
         "print(json.dumps({'pid': os.getpid(), 'host': host(), 'hashes': hashes}))\n"
     )
@@ -2584,7 +2590,7 @@ def test_loaders_in_pid_namespaces_of_their_own_keep_the_shared_cache_s_bound(
 
     def sample() -> None:  # under the node's lock: a walk beside an eviction and the fetch after it
         while not stop.is_set():  # counted both (89,274 bytes against 77,916 once, under load)
-            time.sleep(0.002)
+            time.sleep(0.01)  # the lock held a tenth of the time at most: the loaders take turns with it
             if not shared.is_dir():
                 continue
             total = 0
