@@ -96,7 +96,7 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, local_root, node_lock, tmp_name
-from training.run.faults import DATA, SIGTERM
+from training.run.faults import AWAITED, DATA, SIGTERM
 from training.train import load_train_config, train
 from validation.validate import VALIDATION_JSON
 
@@ -3724,11 +3724,13 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
 
 def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s3, synthetic, tmp_path):
     """Two ranks, two loader workers each, train on what they fetched ahead while the store hangs (it
-    takes requests and never answers); a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid).
-    Every rank agrees to stop after the step and saves it at once, but:
+    takes requests and never answers); a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid)
+    while it awaits step 9's data, which rank 0 has. Every rank agrees to stop and saves step 8 at
+    once, but:
     - rank 0 learned of the stop only from that agreement: its prefetcher and workers went on
       retrying, and its process outlived the save by the rest of data.fetch_timeout_s (170 s of 300
-      through the CLI: RV44a F1);
+      through the CLI: RV44a F1); and once it had learned, its loader was ended only after the stop's
+      flag was cleared, so they retried on all the same (63 s of 300: RV45a F1);
     - a request in flight waits for its read timeout (here the window's 60 s), and Python joins every
       ThreadPoolExecutor thread at exit: a stopped trainer lived on until its requests ended (RV44a F2),
       and here, where a loader worker's request hung, until torch gave up on each worker (10.2 s).
@@ -3745,7 +3747,7 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
         "parallel.shard=2",
         "data.num_workers=2",
     )
-    env = {**run_env(s3, tmp_path), "GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: "9@1"}
+    env = {**run_env(s3, tmp_path), "GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: f"{AWAITED}9@1"}
     two_ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     proc = forked.popen(
         [*two_ranks, "-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set", *sets],
@@ -3768,10 +3770,11 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
         proc.kill()
         hung, s3.proxy.hung = len(s3.proxy.counts.ranges) - (asked or 0), False
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
-    line = "stopping after step 9 on SIGTERM: checkpoint saved; resume with --resume auto"
+    line = "stopping after step 8 on SIGTERM: checkpoint saved; resume with --resume auto"
     assert line in out and saved_at is not None, out[-2000:]
     assert hung > 0  # requests were in flight when the stop came
-    assert (run_dir / "checkpoints" / "step-000009" / ".metadata").is_file()
+    assert "asked to stop while the data of step 9 was awaited: saving step 8" in out, out[-2000:]
+    assert (run_dir / "checkpoints" / "step-000008" / ".metadata").is_file()
     assert exited_at - saved_at < 5, f"exited {exited_at - saved_at:.1f} s after the stop's save"
 
 

@@ -312,7 +312,12 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     batches = iter(run.loader)
     phase = None
     try:
-        with shutdown:
+        with shutdown, contextlib.ExitStack() as inside:
+            # The loader's iterator ends inside the stop (STOP_FETCHING holds until `shutdown` exits), so
+            # its prefetcher and workers give up their fetches. Ended later, on a rank that learned of a
+            # stop agreed while data was awaited, they retried through an outage for their window (RV45a
+            # F1). `batches` as it is then: a rewind takes a new one.
+            inside.callback(lambda: batches.close())
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             if run.merge is not None:  # after that row: it may read the checkpoint's merged weights
                 run.merge.resume(state.step, lambda k: run.timeline.skipped(k - 1, k) > 0)

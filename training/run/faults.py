@@ -19,10 +19,11 @@ brought into line with it: rows marked, batch records moved; the skip's checkpoi
 validation, eval and metrics row not yet done), "trained:N" (step N trained and folded into
 [merge]'s average, nothing of it saved or written). A kill -9 at a known place, for the resume tests.
 
-GRISTMILL_FAULT_SIGTERM="STEP[@RANK]": the process (of that rank only, or of every rank) sends
-itself SIGTERM as step STEP starts (a preemption at a known step: the run finishes that step, saves
-and stops; on one rank, a `kill` of one trainer's pid: the others learn of it from the stop's
-agreement).
+GRISTMILL_FAULT_SIGTERM="[awaited:]STEP[@RANK]": the process (of that rank only, or of every rank)
+sends itself SIGTERM as step STEP starts (a preemption at a known step: the run finishes that step,
+saves and stops; on one rank, a `kill` of one trainer's pid: the others learn of it from the stop's
+agreement); with `awaited:`, while step STEP's data is awaited (its wait ends, as a signal's during an
+outage does: the run saves the step before it and stops).
 
 GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from training.contract.errors import GristmillError
+from training.contract.object_store import stop_if_asked
 
 NAN_LOSS = "GRISTMILL_FAULT_NAN_LOSS"
 SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
@@ -84,12 +86,25 @@ def kill_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+AWAITED = "awaited:"
+
+
+def _step_named(spec: str, rank: int) -> int:
+    """The step of a "STEP[@RANK]" value where it names this rank (or none), else 0."""
+    at, _, on_rank = spec.partition("@")
+    return int(at) if at and on_rank in ("", str(rank)) else 0
+
+
 def data_fault(step: int, rank: int) -> None:
     """Raise the error of data that cannot be had if GRISTMILL_FAULT_DATA names step `step` (and, when
-    it names a rank, `rank`)."""
-    at, _, on_rank = os.environ.get(DATA, "").partition("@")
-    if at == str(step) and on_rank in ("", str(rank)):
+    it names a rank, `rank`); or, where GRISTMILL_FAULT_SIGTERM names it `awaited:`, SIGTERM this
+    process, whose handler ends the wait (object_store.FetchStopped)."""
+    if _step_named(os.environ.get(DATA, ""), rank) == step:
         raise GristmillError(f"the data of step {step} cannot be read ({DATA}={os.environ[DATA]})")
+    spec = os.environ.get(SIGTERM, "")
+    if spec.startswith(AWAITED) and _step_named(spec.removeprefix(AWAITED), rank) == step:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled before the call returns: STOP_FETCHING is set
+        stop_if_asked()
 
 
 def replace_dataset(rank: int, point: str) -> None:
@@ -126,8 +141,8 @@ class LossFaults:
             self.windows[_window(where, plan)] = float(factor or 100)
         self.plan = plan
         self.factor = 1.0
-        at, _, on_rank = os.environ.get(SIGTERM, "").partition("@")
-        self.sigterm_step = int(at or 0) if on_rank in ("", str(rank)) else 0
+        spec = os.environ.get(SIGTERM, "")
+        self.sigterm_step = 0 if spec.startswith(AWAITED) else _step_named(spec, rank)
         if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 
