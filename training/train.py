@@ -317,7 +317,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
             # its prefetcher and workers give up their fetches. Ended later, on a rank that learned of a
             # stop agreed while data was awaited, they retried through an outage for their window (RV45a
             # F1). `batches` as it is then: a rewind takes a new one.
-            inside.callback(lambda: batches.close())
+            inside.callback(lambda: _end_loader(batches))
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             if run.merge is not None:  # after that row: it may read the checkpoint's merged weights
                 run.merge.resume(state.step, lambda k: run.timeline.skipped(k - 1, k) > 0)
@@ -389,6 +389,16 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
         "seconds": seconds,
         "states": run.checkpointables,
     }
+
+
+def _end_loader(batches) -> None:
+    """The loader's iterator ended (its prefetcher, its workers). A failure there is a warning: the
+    steps and saves are done, and the run's outcome is theirs (ended by the garbage collector, as
+    before, it was an "Exception ignored" on stderr)."""
+    try:
+        batches.close()
+    except Exception as e:
+        say(f"warning: the data loader did not end cleanly: {e}")
 
 
 def _go_on(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdict, due: Due, stop) -> None:

@@ -123,6 +123,26 @@ def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
     assert states["train_state"].step == 7
 
 
+def test_a_loader_that_fails_to_end_after_the_last_step_is_a_warning(dataset, tmp_path, monkeypatch, capsys):
+    """The loop ends its loader's iterator itself, inside the stop's handling (training/train.py
+    _end_loader), where the garbage collector ended it after the run before: a failure there (a worker
+    gone as it was being shut down) would have turned a complete run into an error. It is a warning;
+    the run's steps and checkpoint stand."""
+
+    def fails(items) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr("training.data.loader._end_workers", fails)
+    run_dir = tmp_path / "run"
+    summary = train(
+        load_train_config(TINY, recipe(dataset, run_dir, "run.max_steps=2", "checkpoint.interval=2"))
+    )
+    assert summary["steps"] == 2 and (checkpoint_dir(run_dir, 2) / COMPLETE_FILE).is_file()
+    assert (
+        "warning: the data loader did not end cleanly: [Errno 3] No such process" in capsys.readouterr().out
+    )
+
+
 def test_trains_on_a_dataset_from_the_real_build(built_dataset, tmp_path):
     """The shared `gristmill data build` fixture (real tokenizer, 512 ids): the model takes the
     dataset's vocabulary, and a few steps already lower the loss from ln(512)."""
