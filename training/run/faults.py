@@ -61,7 +61,7 @@ EFFECTS = {
     NAN_LOSS: "the training loss of those steps is made NaN",
     SPIKE_WINDOW: "the training loss of the steps that train those data windows is multiplied",
     KILL: "the process kills itself (SIGKILL) at that point",
-    SIGTERM: "the process sends itself SIGTERM as that step starts",
+    SIGTERM: "the process sends itself SIGTERM at that step (as it starts, or while its data is awaited)",
     DATA: "the data of that step cannot be read",
     REPLACE_DATASET: "rank 0 replaces that dataset directory with another while the run starts",
 }
