@@ -135,7 +135,9 @@ def test_a_loader_that_fails_to_end_after_the_last_step_is_a_warning(dataset, tm
     monkeypatch.setattr("training.data.loader._end_workers", fails)
     run_dir = tmp_path / "run"
     summary = train(
-        load_train_config(TINY, recipe(dataset, run_dir, "run.max_steps=2", "checkpoint.interval=2"))
+        load_train_config(
+            TINY, recipe(dataset, run_dir, "run.max_steps=2", "checkpoint.interval=2", "run.val_every=0")
+        )
     )
     assert summary["steps"] == 2 and (checkpoint_dir(run_dir, 2) / COMPLETE_FILE).is_file()
     assert (
