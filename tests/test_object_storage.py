@@ -3759,7 +3759,7 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
         while proc.poll() is None:
             rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
             if asked is None and rows and rows[-1]["step"] >= 6:
-                # steps 7-8 (and rank 0's step 9) train on what was fetched ahead; the fetches after hang
+                # steps 7-8 train, and rank 0 reads step 9, from what was fetched ahead; later fetches hang
                 asked, s3.proxy.hung = len(s3.proxy.counts.ranges), True
             if saved_at is None and "stopping after step" in proc.output()[0]:
                 saved_at = time.monotonic()
