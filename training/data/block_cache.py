@@ -101,12 +101,13 @@ from training.data.remote import (
 
 
 class _FetchThreads:
-    """ThreadPoolExecutor's submit and shutdown over daemon threads. A stop (STOP_FETCHING) leaves a
-    request in flight to end on its own (the save comes first), but Python joins every
-    ThreadPoolExecutor thread at exit, a DataLoader worker's too: a store that accepts and never answers
-    kept a stopped trainer alive for each request's read timeout, past a scheduler's grace period
-    (RV44a F2). A daemon thread cut off at exit is a fetch killed mid-way, as by kill -9: its copy was
-    not moved into place, and its sample's lock is an flock the kernel releases."""
+    """ThreadPoolExecutor's submit and shutdown (cancelling the queued tasks) over daemon threads, and a
+    stop's rule for both waits. A stop (STOP_FETCHING) leaves a request in flight to end on its own
+    (the save comes first), but Python joins every ThreadPoolExecutor thread at exit, a DataLoader
+    worker's too: a store that accepts and never answers kept a stopped trainer alive for each
+    request's read timeout, past a scheduler's grace period (RV44a F2). A daemon thread cut off at
+    exit is a fetch killed mid-way, as by kill -9: its copy was not moved into place, and its sample's
+    lock is an flock the kernel releases."""
 
     def __init__(self, max_workers: int, name: str):
         self._max, self._name = max_workers, name
@@ -116,7 +117,7 @@ class _FetchThreads:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._closed:  # no thread would take it
-            raise RuntimeError(f"{self._name}: cannot submit after shutdown")
+            raise RuntimeError(f"{self._name}: cannot submit after close")
         future: Future = Future()
         self._queue.put((future, fn, args))
         if len(self._threads) < self._max:  # one more thread per task, as many as asked for at most
@@ -137,19 +138,25 @@ class _FetchThreads:
             else:
                 future.set_result(result)
 
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        """The threads end after their task in hand (the queued ones cancelled first with
-        `cancel_futures`); `wait`: until then."""
+    def result(self, future: Future) -> Any:
+        """`future`'s result (its error raised), or FetchStopped once the run is asked to stop: a wait
+        that looks at the stop every 0.2 s."""
+        while not wait([future], timeout=0.2).done:
+            stop_if_asked()
+        return future.result()
+
+    def close(self) -> None:
+        """The queued tasks cancelled; the threads end after their task in hand, waited for unless the
+        run is asked to stop (STOP_FETCHING: then left to end on their own)."""
         self._closed = True
-        if cancel_futures:
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    item = self._queue.get_nowait()
-                    if item is not None:
-                        item[0].cancel()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if item is not None:
+                    item[0].cancel()
         for _ in self._threads:
             self._queue.put(None)
-        if wait:
+        if not STOP_FETCHING.is_set():
             for t in self._threads:
                 t.join()
 
@@ -567,11 +574,9 @@ class CachedBlocks:
         pool = _FetchThreads(min(self.cache.requests, len(missing)), "gristmill-group")
         try:
             for f in [pool.submit(one, u) for u in missing]:
-                while not wait([f], timeout=0.2).done:
-                    stop_if_asked()
-                f.result()
+                pool.result(f)
         finally:
-            pool.shutdown(wait=not STOP_FETCHING.is_set(), cancel_futures=True)
+            pool.close()
 
     def _range(self, u: int) -> tuple[str, int, int, int]:
         """Sample `u`'s shard, and the bytes of its one range request: from its `.docs` records to the end
@@ -1207,7 +1212,7 @@ class Prefetcher:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=60)
-        self._pool.shutdown(wait=not STOP_FETCHING.is_set(), cancel_futures=True)  # a stop: left to end
+        self._pool.close()
         self.keep_file.unlink(missing_ok=True)
 
     def _step_needs(self, step: int) -> list[tuple[int, int]]:
@@ -1410,15 +1415,10 @@ class Prefetcher:
             if c.key(b) in c.on_disk or c.cached(b):  # what this walk's plans fetched: no syscall each
                 c.known(b)
                 continue
+            # a wait that ends at a stop: a close then joins this thread at once, not after a request in
+            # flight to a store that does not answer
             while len(inflight) >= self.requests:
-                self._result(inflight.pop(0))
+                self._pool.result(inflight.pop(0))
             inflight.append(self._pool.submit(self.caches[t].fetch, b))
         for f in inflight:
-            self._result(f)
-
-    def _result(self, f: Future) -> None:
-        """`f`'s fetch done (its error raised), or the run asked to stop (STOP_FETCHING: a close then
-        joins this thread at once, not after a request in flight to a store that does not answer)."""
-        while not wait([f], timeout=0.2).done:
-            stop_if_asked()
-        f.result()
+            self._pool.result(f)
