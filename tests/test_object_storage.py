@@ -106,6 +106,10 @@ pytestmark = [
 ]
 
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
+# torchrun's two workers with small blocks and a fetch a step ahead (tests.helpers.small_blocks_train), then
+# the run's --set values
+SMALL_BLOCKS_TWO_RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+SMALL_BLOCKS_TWO_RANKS += ["-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set"]
 
 
 @pytest.fixture(scope="module")
@@ -3584,16 +3588,13 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
     # no checkpoint but the stop's: the reference gives losses only (three saves cost two ranks ~1.6
     # CPU s), and the checkpoint the resume starts from can only be the one the stall saved
     extra = ["checkpoint.interval=0", *(["parallel.shard=2"] if ranks == 2 else [])]
-    # torchrun's workers: small blocks and a fetch a step ahead, as the monkeypatches below set here
-    two_ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    two_ranks += ["-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set"]
     env = run_env(s3, tmp_path)
 
     def train_run(sets: list[str]) -> None:
         if ranks == 1:
             train(load_train_config(TINY, sets))
             return
-        proc = forked.run([*two_ranks, *sets], cwd=ROOT, env=env, timeout=300)
+        proc = forked.run([*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     train_run(overrides(local, reference, *extra))  # small blocks: its own reference
@@ -3634,7 +3635,7 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
             stopped_at = said[0] if said else time.monotonic()
             out = capsys.readouterr().out
         else:
-            proc = forked.popen([*two_ranks, *sets], cwd=ROOT, env=env)
+            proc = forked.popen([*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env=env)
             stopped_at = None
             while proc.poll() is None:  # the stop's line, seen when it is printed
                 if stopped_at is None and "before stopping" in proc.output()[0]:
@@ -3748,12 +3749,7 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
         "data.num_workers=2",
     )
     env = {**run_env(s3, tmp_path), "GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: f"{AWAITED}9@1"}
-    two_ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = forked.popen(
-        [*two_ranks, "-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set", *sets],
-        cwd=ROOT,
-        env=env,
-    )
+    proc = forked.popen([*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env=env)
     saved_at, asked = None, None
     try:
         while proc.poll() is None:
