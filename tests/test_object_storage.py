@@ -3723,6 +3723,23 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
 
 
+def _two_ranks_with_workers(s3, url: str, run_dir: Path, env: dict[str, str]) -> forked.Forked:
+    """Two ranks with two loader workers each, training from bucket dataset `url` (small blocks) under a
+    fetch window of 60 s, no periodic checkpoint: the stop tests' job, started (`env`: added)."""
+    sets = overrides(
+        url,
+        run_dir,
+        f"data.cache_dir={json.dumps(str(run_dir.parent / 'cache'))}",
+        "data.fetch_timeout_s=60",
+        "checkpoint.interval=0",
+        "parallel.shard=2",
+        "data.num_workers=2",
+    )
+    return forked.popen(
+        [*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env={**run_env(s3, run_dir.parent), **env}
+    )
+
+
 def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s3, synthetic, tmp_path):
     """Two ranks, two loader workers each, train on what they fetched ahead while the store hangs (it
     takes requests and never answers); a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid)
@@ -3737,19 +3754,9 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
       and here, where a loader worker's request hung, until torch gave up on each worker (10.2 s).
     Now the agreement ends every rank's fetches, their threads are left to end on their own, and the job
     exits within seconds of the save."""
-    local, url = synthetic
-    run_dir, timeout = tmp_path / "run", 60
-    sets = overrides(
-        url,
-        run_dir,
-        f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
-        f"data.fetch_timeout_s={timeout}",
-        "checkpoint.interval=0",
-        "parallel.shard=2",
-        "data.num_workers=2",
-    )
-    env = {**run_env(s3, tmp_path), "GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: f"{AWAITED}9@1"}
-    proc = forked.popen([*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env=env)
+    run_dir = tmp_path / "run"
+    env = {"GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: f"{AWAITED}9@1"}
+    proc = _two_ranks_with_workers(s3, synthetic[1], run_dir, env)
     saved_at, asked = None, None
     try:
         while proc.poll() is None:
@@ -3772,6 +3779,58 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
     assert "asked to stop while the data of step 9 was awaited: saving step 8" in out, out[-2000:]
     assert (run_dir / "checkpoints" / "step-000008" / ".metadata").is_file()
     assert exited_at - saved_at < 5, f"exited {exited_at - saved_at:.1f} s after the stop's save"
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of torchrun `launcher`'s worker of rank `rank` (its child whose environment says so)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            if f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+    return None
+
+
+def test_a_sigterm_to_one_rank_while_every_rank_waits_on_the_store_stops_the_job_at_once(
+    s3, synthetic, tmp_path
+):
+    """Two ranks, two loader workers each, both stuck on a store that hangs (it takes requests and never
+    answers); a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid). Its handler ends its own
+    wait, but the ranks' agreement is a collective that rank 0, itself waiting for data, never reached:
+    the job saved only at the end of rank 0's data.fetch_timeout_s, with the data's error and exit 2
+    (RV45a F2: 337 s through the CLI, past any scheduler's grace period). Now the signalled rank posts
+    its stop in the job's store, which every rank watches: every rank saves the step trained last and
+    the job exits 0 within seconds of the signal."""
+    run_dir = tmp_path / "run"
+    proc = _two_ranks_with_workers(s3, synthetic[1], run_dir, {})
+    last, still_since, signalled_at = 0, time.monotonic(), None
+    try:
+        while proc.poll() is None:
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            step = rows[-1]["step"] if rows else 0
+            if step >= 6 and not s3.proxy.hung:
+                s3.proxy.hung = True  # what was fetched ahead trains on; then every rank waits
+            if step != last:
+                last, still_since = step, time.monotonic()
+            if s3.proxy.hung and signalled_at is None and time.monotonic() - still_since > 2:
+                pid = _rank_pid(proc.pid, 1)
+                assert pid is not None, "no rank-1 worker under torchrun"
+                os.kill(pid, signal.SIGTERM)
+                signalled_at = time.monotonic()
+            time.sleep(0.02)
+        exited_at = time.monotonic()
+        out, err = proc.communicate()
+    finally:
+        proc.kill()
+        s3.proxy.hung = False
+    assert signalled_at is not None, out[-2000:] + err[-3000:]
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    saving = f"asked to stop while the data of step {last + 1} was awaited: saving step {last}"
+    assert saving in out, out[-2000:]
+    assert f"stopping after step {last} on SIGTERM: checkpoint saved; resume with --resume auto" in out
+    assert (run_dir / "checkpoints" / f"step-{last:06d}" / ".metadata").is_file()
+    assert exited_at - signalled_at < 10, f"exited {exited_at - signalled_at:.1f} s after the signal"
 
 
 def test_a_stop_as_the_data_loader_workers_start_reaches_them(s3, synthetic, tmp_path, monkeypatch):

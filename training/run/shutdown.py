@@ -6,7 +6,11 @@ which the step's read raises as FetchStopped, and the loop stops as after the st
 data loader's workers get a SIGTERM for theirs, as from a scheduler: loader.stop_workers_waiting).
 After each step `should_stop()` lets every rank agree, since the scheduler may signal only some of
 them and all ranks must take the same last step and write the same checkpoint: a MAX all-reduce of
-one flag on a CPU (gloo) group of its own, which never waits for the GPU. A second Ctrl-C (SIGINT
+one flag on a CPU (gloo) group of its own, which never waits for the GPU. A rank that is waiting for
+data never reaches that collective, so a signalled rank also posts its stop in the job's c10d store,
+which a thread of every rank watches (`_watch`): there a stop ends the data waits as the handler does
+(RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at the end of
+data.fetch_timeout_s, 337 s later, with the data's error). A second Ctrl-C (SIGINT
 after the first signal) stops the process at once, without saving: one line on rank 0 and exit
 status 130 (128 + SIGINT, what a shell reports for a Ctrl-C), no traceback. It exits from the
 handler (os._exit) rather than raising KeyboardInterrupt, which would unwind through whatever the
@@ -35,6 +39,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from training.contract.errors import INTERRUPTED_EXIT
 from training.contract.lifetime import AGENT_PID_VAR, exit_with
@@ -42,13 +47,21 @@ from training.contract.object_store import STOP_FETCHING
 from training.data.loader import stop_workers_waiting
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_KEY = "gristmill/stop"  # in the default group's store: the signal's number, set by a signalled rank
+_WATCH_S = 0.25  # how often each rank's watcher looks (a check per rank: cheap for the store's server)
 
 
 class GracefulStop:
     def __init__(self, rank: int, world_size: int):
         self.received: int = 0  # the signal number, 0 while none arrived
         distributed = world_size > 1 and dist.is_initialized()
+        self._store = distributed_c10d._get_default_store() if distributed else None
+        if self._store is not None and rank == 0:
+            # an earlier attempt's stop (torchrun's restarts keep the store): gone before any rank can
+            # post one, as no rank leaves the group's creation below before rank 0 enters it
+            self._store.delete_key(_STOP_KEY)
         self.group = dist.new_group(backend="gloo") if distributed else None
+        self._watching: tuple[threading.Thread, threading.Event] | None = None
         self.rank = rank
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
@@ -66,9 +79,19 @@ class GracefulStop:
             # A closed terminal (SIGHUP) only stops the printing (training/console.py): the run
             # trains on to its last step. Its default action ended the process, nothing saved.
             self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if self._store is not None:
+            done = threading.Event()
+            watcher = threading.Thread(target=self._watch, args=(done,), name="gristmill-stop", daemon=True)
+            watcher.start()
+            self._watching = (watcher, done)
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        if self._watching is not None:
+            watcher, done = self._watching
+            done.set()
+            watcher.join(timeout=2 * _WATCH_S)  # a store that stopped answering: left, a daemon thread
+            self._watching = None
         STOP_FETCHING.clear()
         if self._stderr is not None:
             with contextlib.suppress(OSError):
@@ -115,6 +138,24 @@ class GracefulStop:
         self.received = signum
         STOP_FETCHING.set()  # a wait for a step's data ends: the step trained last is saved now
         stop_workers_waiting()  # and the data loader's workers' waits, where the signal was ours alone
+
+    def _watch(self, done: threading.Event) -> None:
+        """Every _WATCH_S until the loop ends: post this rank's signal in the store (not from the handler:
+        the store may hang, and the handler runs on the main thread), or end this rank's data waits once
+        another rank posted one, as should_stop does for a stop it learns of. The agreement after the step
+        or at the step's read then stops every rank together. Its own client of the store where the
+        store can make one, so its checks never queue behind the main thread's use of the store."""
+        store, posted = self._store, False
+        with contextlib.suppress(Exception):  # a store gone: the job is ending, and its collectives say so
+            store = store.clone()
+        with contextlib.suppress(Exception):
+            while not done.wait(_WATCH_S):
+                if self.received and not posted:
+                    store.set(_STOP_KEY, str(self.received))
+                    posted = True
+                elif not STOP_FETCHING.is_set() and store.check([_STOP_KEY]) and not done.is_set():
+                    STOP_FETCHING.set()
+                    stop_workers_waiting()
 
     def _stop_now(self, complete: bool = False) -> None:
         """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
