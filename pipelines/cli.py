@@ -19,8 +19,11 @@ import sys
 from training.contract.errors import (
     INTERRUPTED,
     INTERRUPTED_EXIT,
+    TERMINATED_EXIT,
     GristmillError,
+    Terminated,
     hold_closed_streams,
+    interrupted,
     print_error,
 )
 
@@ -125,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
                 print(INTERRUPTED, file=sys.stderr)
                 return INTERRUPTED_EXIT
+            except Terminated:  # a SIGTERM where a command asked for it (sigterm_raises)
+                print(interrupted("SIGTERM"), file=sys.stderr)
+                return TERMINATED_EXIT
             except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush stays quiet
                 return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader

@@ -42,7 +42,7 @@ from training.contract.config_loader import (
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, refuse_empty
+from training.contract.errors import GristmillError, refuse_empty, sigterm_raises
 from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
@@ -158,11 +158,14 @@ def torchrun_command(
 def run(args: argparse.Namespace) -> int:
     """`gristmill train`. A closed terminal (SIGHUP) never ends it: ignored from here on, not only
     once the loop runs (it ended a run in its first seconds, a resume during its checkpoint's load:
-    review R18d 2e); restored after (the tests and the demo run several commands in one process)."""
+    review R18d 2e); restored after (the tests and the demo run several commands in one process). A
+    SIGTERM before the loop's handler (or the relay to torchrun's workers) takes it is one line and
+    143, as a Ctrl-C there is (sigterm_raises): it ended the command without a word."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN) if main_thread else None
     try:
-        return _run(args)
+        with sigterm_raises():
+            return _run(args)
     finally:
         if previous is not None:
             signal.signal(signal.SIGHUP, previous)

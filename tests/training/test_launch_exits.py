@@ -269,6 +269,36 @@ def test_a_ctrl_c_or_a_hangup_before_the_loop_is_one_line_or_nothing(dataset, tm
     assert hangup == [signal.SIG_IGN] and signal.getsignal(signal.SIGHUP) == before
 
 
+class _NotTaken(Exception):
+    """The test's own SIGTERM handler ran: the command had none of its own."""
+
+
+def test_a_sigterm_before_the_loop_is_one_line_and_143(dataset, tmp_path, monkeypatch, capsys):
+    """`gristmill train` in its own process: a SIGTERM during its setup (a checkpoint's load, the
+    model's build; a scheduler's preemption) ended it by the signal's default action, 143 and not a
+    word (review RV43a F6). It says one line now, as a Ctrl-C there does, and SIGTERM's handler is
+    the caller's again after."""
+    import training.train
+    from pipelines.cli import main as cli
+
+    def terminated(*args, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler runs here
+        raise AssertionError("the SIGTERM was not handled")
+
+    def not_taken(signum, frame):
+        raise _NotTaken
+
+    monkeypatch.setattr(training.train, "train", terminated)
+    before = signal.signal(signal.SIGTERM, not_taken)
+    try:
+        assert cli(["train", "--config", TINY, "--set", *sets(dataset, tmp_path / "run")]) == 143
+        assert signal.getsignal(signal.SIGTERM) is not_taken
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert capsys.readouterr().err == "interrupted (SIGTERM): nothing after the last line above was done\n"
+
+
 def two_ctrl_cs(setup: str, indent: str) -> subprocess.CompletedProcess:
     """A fresh interpreter that runs `setup` (code using GracefulStop), then sends itself two SIGINTs
     (at `indent`: inside its block, or after it) and waits; it must end with 130."""

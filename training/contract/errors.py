@@ -3,7 +3,9 @@ the standard streams they go to, held open at each entry point (`hold_closed_str
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -14,7 +16,40 @@ class GristmillError(ValueError):
 
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT: a command stopped by Ctrl-C, as a shell reports it
-INTERRUPTED = "interrupted (Ctrl-C): nothing after the last line above was done"  # a Ctrl-C no handler took
+TERMINATED_EXIT = 143  # 128 + SIGTERM
+
+
+def interrupted(by: str) -> str:
+    """The line of a command stopped by `by` (Ctrl-C, SIGTERM) where no handler of its own took it."""
+    return f"interrupted ({by}): nothing after the last line above was done"
+
+
+INTERRUPTED = interrupted("Ctrl-C")
+
+
+class Terminated(BaseException):
+    """A SIGTERM that no handler of the command took (`sigterm_raises`): the command ends as a Ctrl-C
+    there does, with one line, where the signal's default action ended it without a word."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises Terminated inside (the main thread only has handlers), as SIGINT raises
+    KeyboardInterrupt: `gristmill train` in its own process, whose setup (a checkpoint's load, the
+    model's build) a scheduler's SIGTERM ended with exit 143 and nothing said (review RV43a F6). The
+    loop's own handler (training/run/shutdown.py) takes it meanwhile: it saves."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def unwritable(where: str | Path, e: OSError) -> GristmillError:
