@@ -8,7 +8,9 @@ torchrun; its workers forked from the tests' server, tests/helpers/forked_worker
 interpreters' start-up less); the others check what the launcher and torchrun do with a worker's
 status, message and signals, with light workers (tests/helpers/light_trainer.py: no torch import,
 no model), and the trainer's side of those exits with the real trainer in one process (a loader
-worker killed under a one-process `gristmill train`: tests/training/checkpoint/test_checkpoint.py)."""
+worker killed under a one-process `gristmill train`: tests/training/checkpoint/test_checkpoint.py).
+The probes of GracefulStop and of the agent's start (`run_code`) are forked from the tests' server
+(tests/helpers/forked.py: no torch import), not fresh interpreters."""
 
 from __future__ import annotations
 
@@ -299,14 +301,20 @@ def test_a_sigterm_before_the_loop_is_one_line_and_143(dataset, tmp_path, monkey
     assert capsys.readouterr().err == "interrupted (SIGTERM): nothing after the last line above was done\n"
 
 
-def two_ctrl_cs(setup: str, indent: str) -> subprocess.CompletedProcess:
-    """A fresh interpreter that runs `setup` (code using GracefulStop), then sends itself two SIGINTs
+def run_code(folder: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -c CODE` as a process of its own, forked (tests/helpers/forked.py: torch's import
+    skipped): CODE is the module `folder/probe.py`, run as `python -m probe` from `folder`."""
+    (folder / "probe.py").write_text(code)
+    return forked.run([sys.executable, "-m", "probe"], cwd=folder, env=ENV, timeout=timeout)
+
+
+def two_ctrl_cs(folder: Path, setup: str, indent: str) -> subprocess.CompletedProcess:
+    """A process of its own that runs `setup` (code using GracefulStop), then sends itself two SIGINTs
     (at `indent`: inside its block, or after it) and waits; it must end with 130."""
     kill = f"{indent}os.kill(os.getpid(), signal.SIGINT)\n"
     script = "import os, signal\nfrom training.run.shutdown import GracefulStop\n" + setup + kill * 2
     script += f"{indent}signal.pause()\n"
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = run_code(folder, script)
     assert done.returncode == 130, done.stderr
     return done
 
@@ -316,6 +324,7 @@ def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
     130 with its one line in RUN/eval/step-N/eval.log and nothing on the terminal (review R18d 2c)."""
     log = tmp_path / "eval.log"
     done = two_ctrl_cs(
+        tmp_path,
         "with GracefulStop(0, 1):\n"
         f"    fd = os.open({str(log)!r}, os.O_WRONLY | os.O_CREAT)\n"
         "    os.dup2(fd, 2)  # as validation/eval_output.py does during an eval\n",
@@ -328,7 +337,7 @@ def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
 def test_a_second_ctrl_c_after_the_last_step_says_the_run_is_complete(tmp_path):
     """After the loop a first Ctrl-C is a note; a second stops at once, 130, and said "resume from the
     newest complete checkpoint", where a resume has nothing to do (review R18i B4)."""
-    done = two_ctrl_cs("with GracefulStop(0, 1):\n    pass  # the loop, done\n", "")
+    done = two_ctrl_cs(tmp_path, "with GracefulStop(0, 1):\n    pass  # the loop, done\n", "")
     lines = done.stderr.splitlines()
     assert lines[0].startswith("note: Ctrl-C after the last step: the run finishes its records"), lines
     said = "second Ctrl-C (SIGINT) after the last step: stopping now; the run's steps and checkpoints are "
@@ -432,6 +441,6 @@ def test_a_signal_before_the_workers_start_stops_the_agent(tmp_path, sig):
         f"real = tr.run\ndef run(args):\n    os.kill(os.getpid(), signal.{sig})\n    return real(args)\n"
         f"tr.run = run\nsys.exit(agent_main(['--standalone', '--nproc_per_node=1', {str(worker)!r}]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, timeout=120)
+    done = run_code(tmp_path, code)
     assert done.returncode == 128 + getattr(signal, sig), done.stderr[-2000:]
     assert not (tmp_path / "ran").exists()
