@@ -9,8 +9,10 @@ interpreters' start-up less); the others check what the launcher and torchrun do
 status, message and signals, with light workers (tests/helpers/light_trainer.py: no torch import,
 no model), and the trainer's side of those exits with the real trainer in one process (a loader
 worker killed under a one-process `gristmill train`: tests/training/checkpoint/test_checkpoint.py).
-The probes of GracefulStop and of the agent's start (`run_code`) are forked from the tests' server
-(tests/helpers/forked.py: no torch import), not fresh interpreters."""
+Forked from the tests' server (tests/helpers/forked.py: no torch import), not fresh interpreters:
+the one-process `gristmill train` that one Ctrl-C stops, and the probes of GracefulStop and of the
+agent's start (`run_code`). The one-process second Ctrl-C stays a fresh interpreter: it may meet
+the interpreter's teardown, which a forked process does not have."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +82,31 @@ def launch(nproc: int, overrides: list[str], *args: str, env: dict[str, str] = E
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
     )
+
+
+class ForkedLaunch(forked.Forked):
+    """`launch(1, …)` forked (tests/helpers/forked.py): the launcher that trains in its own process,
+    torch's and the trainer's import skipped; its stdout a pipe read here, as launch's."""
+
+    def __init__(self, overrides: list[str], **kw):
+        reading, writing = os.pipe()
+        try:
+            super().__init__([*LAUNCHER, "--nproc-per-node", "1", "--set", *overrides], cwd=ROOT, env=ENV,
+                             stdout=writing, stderr=subprocess.PIPE, **kw)  # fmt: skip
+        finally:
+            os.close(writing)
+        self.stdout = open(reading, encoding="utf-8")
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(the rest of stdout, stderr) once it ended; stdout read meanwhile (a full pipe would stall it)."""
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(self.stdout.read()), daemon=True)
+        reader.start()
+        _, err = super().communicate(timeout)
+        reader.join(timeout)
+        assert rest, "stdout still open after the launcher ended"
+        self.stdout.close()
+        return rest[0], err
 
 
 def the_one_line(err: str) -> str:
@@ -401,7 +429,10 @@ def test_one_ctrl_c_saves_and_exits_0(dataset, tmp_path, light, nproc):
     so does not end with its SignalException traceback and exit 1)."""
     run = tmp_path / "run"
     long = ["schedule.steps=400", "run.log_every=1", *(["parallel.shard=2"] if nproc == 2 else [])]
-    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV)
+    if nproc == 1:  # the trainer itself, forked
+        proc = ForkedLaunch(sets(dataset, run, *long), start_new_session=True)
+    else:
+        proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light)
     wait_for_step(proc, 2)
     out, err = ctrl_c(proc, 1)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
