@@ -2607,18 +2607,12 @@ def test_loaders_in_pid_namespaces_of_their_own_keep_the_shared_cache_s_bound(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    loader_script = tmp_path / "loader.py"
+    loader_script.write_text(script)
+    # `unshare --pid --fork --mount-proc python loader.py URL`, forked (tests/helpers/pid_namespace.py)
+    in_namespace = [sys.executable, "-m", "tests.helpers.pid_namespace", str(loader_script)]
     try:
-        procs = [
-            subprocess.Popen(
-                ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script, u],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-                cwd=ROOT,
-            )  # fmt: skip
-            for u in (url, other_url)
-        ]
+        procs = [forked.popen([*in_namespace, u], env=env, cwd=ROOT) for u in (url, other_url)]
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
         stop.set()

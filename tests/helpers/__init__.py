@@ -18,6 +18,7 @@ mounts                  private mount namespaces (unshare -rm): sh quoting; `pyt
 parquet_damage          a bit flipped inside a data page of a parquet file (not its footer)
 no_accelerate           an entry point's main where accelerate cannot be imported (without the eval extra)
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
+pid_namespace           `python SCRIPT` as pid 1 of a pid namespace of its own (unshare --pid), forked
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 preload_probe           a datatrove step saying which process imported its module (forkserver preload)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
