@@ -9,10 +9,11 @@ interpreters' start-up less); the others check what the launcher and torchrun do
 status, message and signals, with light workers (tests/helpers/light_trainer.py: no torch import,
 no model), and the trainer's side of those exits with the real trainer in one process (a loader
 worker killed under a one-process `gristmill train`: tests/training/checkpoint/test_checkpoint.py).
-Forked from the tests' server (tests/helpers/forked.py: no torch import), not fresh interpreters:
-the one-process `gristmill train` that one Ctrl-C stops, and the probes of GracefulStop and of the
-agent's start (`run_code`). The one-process second Ctrl-C stays a fresh interpreter: it may meet
-the interpreter's teardown, which a forked process does not have."""
+The launchers (`gristmill train`) and the probes of GracefulStop and of the agent's start
+(`run_code`) are forked from the tests' server (tests/helpers/forked.py: no interpreter start, no
+torch import), real processes all the same; what a launcher starts is its own (torchrun's agent, a
+fresh interpreter, as for a user). The one-process second Ctrl-C stays a fresh interpreter: it may
+meet the interpreter's teardown, which a forked process does not have."""
 
 from __future__ import annotations
 
@@ -76,23 +77,28 @@ def light(tmp_path_factory) -> dict[str, str]:
     return {**ENV, "PATH": f"{folder}{os.pathsep}{ENV['PATH']}", "PYTHON_EXEC": "training.train"}
 
 
-def launch(nproc: int, overrides: list[str], *args: str, env: dict[str, str] = ENV, **kw) -> subprocess.Popen:
-    """`gristmill train --config tiny.toml --nproc-per-node N [args] --set overrides`."""
+def launch(nproc: int, overrides: list[str], *args: str, env: dict[str, str] = ENV, fresh: bool = False,
+           **kw) -> subprocess.Popen | ForkedLaunch:  # fmt: skip
+    """`gristmill train --config tiny.toml --nproc-per-node N [args] --set overrides`, forked
+    (ForkedLaunch); `fresh`: a fresh interpreter."""
     cmd = [*LAUNCHER, "--nproc-per-node", str(nproc), *args, "--set", *overrides]
+    if not fresh:
+        return ForkedLaunch(cmd, env=env, **kw)
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
     )
 
 
 class ForkedLaunch(forked.Forked):
-    """`launch(1, …)` forked (tests/helpers/forked.py): the launcher that trains in its own process,
-    torch's and the trainer's import skipped; its stdout a pipe read here, as launch's."""
+    """A launch forked from the tests' server (tests/helpers/forked.py): the launcher without its
+    interpreter's start and torch's import; what it starts is its own (torchrun's agent, a fresh
+    interpreter, as for a user; one process: the trainer, itself). Its stdout a pipe read here, as
+    subprocess.PIPE's (`stdout`); its stderr a file (`communicate`, `output`)."""
 
-    def __init__(self, overrides: list[str], **kw):
+    def __init__(self, cmd: list[str], **kw):
         reading, writing = os.pipe()
         try:
-            super().__init__([*LAUNCHER, "--nproc-per-node", "1", "--set", *overrides], cwd=ROOT, env=ENV,
-                             stdout=writing, stderr=subprocess.PIPE, **kw)  # fmt: skip
+            super().__init__(cmd, cwd=ROOT, stdout=writing, **kw)
         finally:
             os.close(writing)
         self.stdout = open(reading, encoding="utf-8")
@@ -255,8 +261,9 @@ def test_a_reader_gone_before_the_launchers_first_line_costs_no_run(dataset, tmp
     said = {**light, "LIGHT_TRAINER": "exit:0:done"}
     proc = launch(2, sets(dataset, tmp_path / "run", "parallel.shard=2"), env=said)
     proc.stdout.close()  # the reader gone before anything was printed
-    err = proc.stderr.read()
-    assert proc.wait(timeout=240) == 0, err
+    proc.wait(timeout=240)
+    err = proc.output()[1]
+    assert proc.returncode == 0, err
     assert "done" in err.splitlines()
 
 
@@ -390,7 +397,9 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, 
     run = tmp_path / "run"
     extra = ["parallel.shard=2"] if nproc == 2 else []
     long = ["schedule.steps=400", "run.log_every=1", "checkpoint.interval=2", *extra]
-    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV)
+    # one process: a fresh interpreter, whose teardown the second Ctrl-C may meet (a forked one has none)
+    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV,
+                  fresh=nproc == 1)  # fmt: skip
     wait_for_step(proc, 3)
     processes = [proc.pid, *all_descendants(proc.pid)]  # the launcher, torchrun and its workers
     out, err = ctrl_c(proc, 2)
@@ -429,10 +438,7 @@ def test_one_ctrl_c_saves_and_exits_0(dataset, tmp_path, light, nproc):
     so does not end with its SignalException traceback and exit 1)."""
     run = tmp_path / "run"
     long = ["schedule.steps=400", "run.log_every=1", *(["parallel.shard=2"] if nproc == 2 else [])]
-    if nproc == 1:  # the trainer itself, forked
-        proc = ForkedLaunch(sets(dataset, run, *long), start_new_session=True)
-    else:
-        proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light)
+    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV)
     wait_for_step(proc, 2)
     out, err = ctrl_c(proc, 1)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
