@@ -578,8 +578,7 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
 # the loader reads by range through a cache of its working set, every document checked when read
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
+def use_small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Groups of one block (a sample of the build: here a shard's 30 documents) and held-out blocks of 4
     documents: the synthetic dataset's 10 shards make 10 groups (the real size, 4,096 blocks, needs a
     dataset of ~300k documents for two)."""
@@ -587,6 +586,26 @@ def small_blocks(monkeypatch):
 
     monkeypatch.setattr(epoch_order, "BLOCK_DOCS", 4)
     monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 1)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Small blocks (use_small_blocks) for the test."""
+    use_small_blocks(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def small_blocks_run(synthetic, tmp_path_factory) -> Path:
+    """The uninterrupted one-process run of `overrides(LOCAL, RUN, "checkpoint.interval=0")` on the local
+    copy with small blocks, in this process: the losses a one-process run stopped by a stall or a
+    SIGTERM and resumed is compared with (no checkpoint: the one it resumes from can only be the
+    stop's). Trained once for the module (read-only)."""
+    local, _ = synthetic
+    run_dir = tmp_path_factory.mktemp("small-blocks") / "reference"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        use_small_blocks(monkeypatch)
+        train(load_train_config(TINY, overrides(local, run_dir, "checkpoint.interval=0")))
+    return run_dir
 
 
 def unit_of_range(table, path: str, rng: str) -> int:
@@ -3562,7 +3581,7 @@ def test_a_job_is_torchrun_s_rendezvous_or_the_process_its_workers_fork_from(mon
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_data_stall_saves_the_last_trained_step_then_stops(
-    s3, synthetic, small_blocks, tmp_path, capsys, ranks
+    s3, synthetic, small_blocks, small_blocks_run, tmp_path, capsys, ranks
 ):
     """The store goes away mid-run for longer than data.fetch_timeout_s: the run saves the step it
     trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses.
@@ -3577,6 +3596,8 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
     9 s bound (review E27b)."""
     local, url = synthetic
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    if ranks == 1:
+        reference = small_blocks_run
     timeout = 6
     cache_sets = [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", f"data.fetch_timeout_s={timeout}"]
     # no checkpoint but the stop's: the reference gives losses only (three saves cost two ranks ~1.6
@@ -3591,7 +3612,8 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
         proc = forked.run([*SMALL_BLOCKS_TWO_RANKS, *sets], cwd=ROOT, env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    train_run(overrides(local, reference, *extra))  # small blocks: its own reference
+    if ranks == 2:  # small blocks: its own reference (one process: the module's, small_blocks_run)
+        train_run(overrides(local, reference, *extra))
     sets = overrides(url, run_dir, *cache_sets, *extra)
     stop = threading.Event()
 
@@ -3664,7 +3686,7 @@ def _children() -> set[int]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_once(
-    s3, synthetic, small_blocks, tmp_path, capsys, monkeypatch, workers
+    s3, synthetic, small_blocks, small_blocks_run, tmp_path, capsys, monkeypatch, workers
 ):
     """The store goes away mid-run and the loop waits for a step's data, its fetches retrying for
     data.fetch_timeout_s (300 s here, the default): a SIGTERM then waited out the whole window before
@@ -3675,10 +3697,9 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     here reaches the trainer alone (`gristmill train` relays it to its trainers only, Kubernetes to a
     container's first process): the trainer's handler ends its workers' waits too, as a scheduler's
     signal to every process of the job does (it saved only after their window: 310 s)."""
-    local, url = synthetic
-    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    _, url = synthetic
+    run_dir = tmp_path / "run"
     extra = ["checkpoint.interval=0", f"data.num_workers={workers}"]
-    train(load_train_config(TINY, overrides(local, reference, *extra)))
     sets = overrides(url, run_dir, f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", *extra)
     before = _children()
     monkeypatch.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # the loop runs into the outage
@@ -3714,7 +3735,8 @@ def test_sigterm_while_a_step_s_data_is_awaited_saves_the_last_trained_step_at_o
     assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
     assert not STOP_FETCHING.is_set()  # the next run in this process fetches
     train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
-    assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+    # nothing lost, nothing repeated: the uninterrupted run's losses (with its workers or without)
+    assert losses(run_dir) == losses(small_blocks_run)
 
 
 def _two_ranks_with_workers(s3, url: str, run_dir: Path, env: dict[str, str]) -> forked.Forked:
