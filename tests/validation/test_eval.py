@@ -146,11 +146,20 @@ def test_export_via_hf_and_in_process_model_give_the_same_loglikelihoods(eval_ru
 
 
 def evaluate_lm_by_name(plan: TaskPlan, model_args: str) -> dict:
+    """lm-eval's own simple_evaluate of `--model hf`; its environment record (torch's collect_env: ~1
+    CPU s of subprocesses, nothing compared here) taken once per process, as evaluate_lm takes it."""
     from lm_eval import simple_evaluate
 
-    return simple_evaluate(
-        model="hf", model_args=model_args, tasks=plan.specs, task_manager=plan.task_manager, bootstrap_iters=0
-    )
+    from validation.eval import _env_info_once
+
+    with _env_info_once():
+        return simple_evaluate(
+            model="hf",
+            model_args=model_args,
+            tasks=plan.specs,
+            task_manager=plan.task_manager,
+            bootstrap_iters=0,
+        )
 
 
 class RecordingLM(GristmillHFLM):
