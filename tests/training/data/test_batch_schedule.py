@@ -153,9 +153,11 @@ def test_the_lr_rule_is_explicit_and_refused_without_evidence(sources, tmp_path,
 
 @pytest.fixture(scope="module")
 def reference(sources, shared):
-    """The schedule trained in this process with the sqrt rule, a checkpoint after every step;
-    trained once per test run (read-only: copy it to write into it). (run dir, its recipe)"""
-    extra = "[checkpoint]\ninterval = 1\nkeep_last = 0\n"
+    """The schedule trained in this process with the sqrt rule, a checkpoint after every step, no
+    plots (the resumes below train its config.toml: each drew plan.png and loss.png again; the
+    trainer's plan.png of the schedule is checked on the last test's one-step run); trained once per
+    test run (read-only: copy it to write into it). (run dir, its recipe)"""
+    extra = "plot = false\n[checkpoint]\ninterval = 1\nkeep_last = 0\n"  # [metrics] plot
     run_dir = shared.run("1-process", lambda run: schedule_toml(sources, run, extra=extra), train_recipe)
     return run_dir, run_dir.with_name("recipe.toml")
 
@@ -183,7 +185,6 @@ def test_everything_follows_the_batch(reference, capsys):
     # data inspect reads the step's own batch back
     assert gristmill(["data", "inspect", str(run_dir), "--step", "6", "--max-rows", "0"]) == 0
     assert "step 6 = phase 'big' step 2 of 3 (32 sequences × 32 = 1,024 tokens)" in capsys.readouterr().out
-    assert (run_dir / "plan.png").stat().st_size > 0
     # what each step was fed, across both batch changes: the batches inspect prints (issue 47)
     planned = assert_batches_as_inspected(run_dir)
     assert recorded_batches(run_dir) == [(s, 1, planned[s]) for s in range(1, LAST + 1)]
@@ -445,7 +446,8 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
 def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refused(sources, tmp_path, capsys):
     """Validation reads run.val_batches global batches of the current phase's batch from the start
     of each held-out split: a split whose epoch holds fewer would repeat held-out windows. Refused
-    before step 1, naming the source, the phase and the figures (issue 47: it trained on)."""
+    before step 1, naming the source, the phase and the figures (issue 47: it trained on). The run
+    that starts draws the schedule's plan.png (the trainer's plots: metrics.plot's default)."""
     from training.data.order import epoch_steps
     from training.data.reader import DocumentTable
 
@@ -465,6 +467,7 @@ def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refuse
     assert f"has {tokens:,} tokens, fewer than {fits + 1} global batches of 32 × (seq_len 32 + 1)" in line
     assert [p.name for p in run_dir.iterdir()] == [".gristmill.lock"]  # no step, no record
     # val_batches the split holds: the run starts (one step, validated at its end)
-    sets = [f"run.val_batches={fits}", "run.max_steps=1", "metrics.plot=false"]
+    sets = [f"run.val_batches={fits}", "run.max_steps=1"]
     assert gristmill(["train", "--config", str(path), "--set", *sets]) == 0
     assert "val_loss" in read_metrics(run_dir)[-1]
+    assert (run_dir / "plan.png").stat().st_size > 0

@@ -438,6 +438,11 @@ def test_a_wrong_recorded_sum_on_a_read_only_dataset_names_the_way_out(sources, 
 # -- the trainer --
 
 
+# The reference draws plan.png and loss.png (checked once); the runs that train its recipe again
+# check losses, weights and rows, not pictures: drawing both costs ~1 CPU s a run.
+NO_PLOT = "metrics.plot=false"
+
+
 @pytest.fixture(scope="module")
 def reference(sources, shared):
     """An uninterrupted phased run in this process, a checkpoint after every step (all kept); trained
@@ -479,7 +484,7 @@ def test_the_run_config_holds_what_applies_and_trains_the_run_again(reference, t
     assert "schedule" not in saved and "resume" not in saved["checkpoint"]
     assert "seq_len" not in saved["data"] and [ph["seq_len"] for ph in saved["phase"]] == [32, 64]
     again = tmp_path / "again"
-    sets = [f"run.output_dir={json.dumps(str(again))}", "run.max_steps=3", "checkpoint.interval=0"]
+    sets = [f"run.output_dir={json.dumps(str(again))}", "run.max_steps=3", "checkpoint.interval=0", NO_PLOT]
     assert gristmill(["train", "--config", str(run_dir / "config.toml"), "--set", *sets]) == 0
     assert _losses(again) == {s: v for s, v in _losses(run_dir).items() if s <= 3}
 
@@ -489,7 +494,7 @@ def test_resume_before_at_and_after_the_boundary_is_bit_identical(reference, tmp
     run_dir, config = reference
     copy = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / f"step-{at:06d}"
-    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{copy}"',
+    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{copy}"', NO_PLOT,
                       "--resume", str(ckpt)]) == 0  # fmt: skip
     ref = _losses(run_dir)
     assert _losses(copy) == {s: v for s, v in ref.items() if s > at}
@@ -529,7 +534,7 @@ def test_a_resume_may_not_change_a_phase_a_discarded_attempt_trained_in(sources,
 def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     run_dir, config = reference
     killed = tmp_path / "killed"
-    sets = [f'run.output_dir="{killed}"', "checkpoint.keep_last=2"]
+    sets = [f'run.output_dir="{killed}"', "checkpoint.keep_last=2", NO_PLOT]
     cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *sets]
     proc = forked.popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -537,7 +542,7 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{killed}"',
+    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{killed}"', NO_PLOT,
                       "--resume", "auto"]) == 0  # fmt: skip
     assert _losses(killed) == _losses(run_dir)
     assert_same_weights(run_dir, killed, 11)
@@ -632,7 +637,7 @@ def test_two_ranks_under_torchrun_train_the_same_plan(reference, tmp_path):
     step, so the losses (and the per-source validation) match the one-process run."""
     run_dir, config = reference
     two = tmp_path / "two"
-    sets = [f'run.output_dir="{two}"', "parallel.shard=2", "checkpoint.interval=0"]
+    sets = [f'run.output_dir="{two}"', "parallel.shard=2", "checkpoint.interval=0", NO_PLOT]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
     proc = forked.run(cmd, cwd=ROOT, env=ENV, timeout=300)
