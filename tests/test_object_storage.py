@@ -96,7 +96,7 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, local_root, node_lock, tmp_name
-from training.run.faults import AWAITED, DATA, SIGTERM
+from training.run.faults import AWAITED, DATA, HOLD_DATA, SIGTERM
 from training.train import load_train_config, train
 from validation.validate import VALIDATION_JSON
 
@@ -3756,6 +3756,20 @@ def _two_ranks_with_workers(s3, url: str, run_dir: Path, env: dict[str, str]) ->
     )
 
 
+def _until_exit(proc: forked.Forked, run_dir: Path, each_poll) -> tuple[str, str, float]:
+    """Watch job `proc`, training into `run_dir`, until it exits: `each_poll(rows)` every 20 ms with
+    metrics.jsonl's rows so far. Its stdout, stderr and when it exited; killed if the watch fails."""
+    try:
+        while proc.poll() is None:
+            each_poll(metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else [])
+            time.sleep(0.02)
+        exited_at = time.monotonic()
+        out, err = proc.communicate()
+    finally:
+        proc.kill()
+    return out, err, exited_at
+
+
 def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s3, synthetic, tmp_path):
     """Two ranks, two loader workers each, train on what they fetched ahead while the store hangs (it
     takes requests and never answers); a SIGTERM reaches rank 1's trainer alone (a `kill` of its pid)
@@ -3774,19 +3788,18 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
     env = {"GRISTMILL_TEST_AHEAD_STEPS": "4", SIGTERM: f"{AWAITED}9@1"}
     proc = _two_ranks_with_workers(s3, synthetic[1], run_dir, env)
     saved_at, asked = None, None
+
+    def each_poll(rows: list[dict]) -> None:
+        nonlocal saved_at, asked
+        if asked is None and rows and rows[-1]["step"] >= 6:
+            # steps 7-8 train, and rank 0 reads step 9, from what was fetched ahead; later fetches hang
+            asked, s3.proxy.hung = len(s3.proxy.counts.ranges), True
+        if saved_at is None and "stopping after step" in proc.output()[0]:
+            saved_at = time.monotonic()
+
     try:
-        while proc.poll() is None:
-            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
-            if asked is None and rows and rows[-1]["step"] >= 6:
-                # steps 7-8 train, and rank 0 reads step 9, from what was fetched ahead; later fetches hang
-                asked, s3.proxy.hung = len(s3.proxy.counts.ranges), True
-            if saved_at is None and "stopping after step" in proc.output()[0]:
-                saved_at = time.monotonic()
-            time.sleep(0.02)
-        exited_at = time.monotonic()
-        out, err = proc.communicate()
+        out, err, exited_at = _until_exit(proc, run_dir, each_poll)
     finally:
-        proc.kill()
         hung, s3.proxy.hung = len(s3.proxy.counts.ranges) - (asked or 0), False
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     line = "stopping after step 8 on SIGTERM: checkpoint saved; resume with --resume auto"
@@ -3797,7 +3810,7 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
     assert exited_at - saved_at < 5, f"exited {exited_at - saved_at:.1f} s after the stop's save"
 
 
-def _rank_pid(launcher: int, rank: int) -> int | None:
+def _rank_pid(launcher: int, rank: int) -> int:
     """The pid of torchrun `launcher`'s worker of rank `rank` (its child whose environment says so)."""
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -3805,7 +3818,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
                 continue
             if f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
                 return int(entry.name)
-    return None
+    raise AssertionError(f"no rank-{rank} worker under torchrun {launcher}")
 
 
 def test_a_sigterm_to_one_rank_while_every_rank_waits_on_the_store_stops_the_job_at_once(
@@ -3821,24 +3834,21 @@ def test_a_sigterm_to_one_rank_while_every_rank_waits_on_the_store_stops_the_job
     run_dir = tmp_path / "run"
     proc = _two_ranks_with_workers(s3, synthetic[1], run_dir, {})
     last, still_since, signalled_at = 0, time.monotonic(), None
+
+    def each_poll(rows: list[dict]) -> None:
+        nonlocal last, still_since, signalled_at
+        step = rows[-1]["step"] if rows else 0
+        if step >= 6 and not s3.proxy.hung:
+            s3.proxy.hung = True  # what was fetched ahead trains on; then every rank waits
+        if step != last:
+            last, still_since = step, time.monotonic()
+        if s3.proxy.hung and signalled_at is None and time.monotonic() - still_since > 2:
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+            signalled_at = time.monotonic()
+
     try:
-        while proc.poll() is None:
-            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
-            step = rows[-1]["step"] if rows else 0
-            if step >= 6 and not s3.proxy.hung:
-                s3.proxy.hung = True  # what was fetched ahead trains on; then every rank waits
-            if step != last:
-                last, still_since = step, time.monotonic()
-            if s3.proxy.hung and signalled_at is None and time.monotonic() - still_since > 2:
-                pid = _rank_pid(proc.pid, 1)
-                assert pid is not None, "no rank-1 worker under torchrun"
-                os.kill(pid, signal.SIGTERM)
-                signalled_at = time.monotonic()
-            time.sleep(0.02)
-        exited_at = time.monotonic()
-        out, err = proc.communicate()
+        out, err, exited_at = _until_exit(proc, run_dir, each_poll)
     finally:
-        proc.kill()
         s3.proxy.hung = False
     assert signalled_at is not None, out[-2000:] + err[-3000:]
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
@@ -3846,6 +3856,35 @@ def test_a_sigterm_to_one_rank_while_every_rank_waits_on_the_store_stops_the_job
     assert saving in out, out[-2000:]
     assert f"stopping after step {last} on SIGTERM: checkpoint saved; resume with --resume auto" in out
     assert (run_dir / "checkpoints" / f"step-{last:06d}" / ".metadata").is_file()
+    assert exited_at - signalled_at < 10, f"exited {exited_at - signalled_at:.1f} s after the signal"
+
+
+def test_a_sigterm_to_a_rank_inside_the_step_s_agreement_reaches_a_rank_waiting_for_data(
+    s3, synthetic, tmp_path
+):
+    """Rank 0 waits for step 9's data (held: a hung store's wait that only a stop ends) while rank 1,
+    which has its batch, waits for rank 0 in the step's agreement, a gloo collective; a SIGTERM reaches
+    rank 1's trainer alone. Python runs a signal's handler on the main thread between bytecodes, so
+    rank 1's handler waited for the collective, which waited for rank 0's data: the stop was never
+    posted, and the job ended when the wait gave up, with the data's error (RV46a F1: 285 s and exit 2
+    through the CLI). The signal module's wakeup fd tells the watcher at once: every rank saves step 8
+    and the job exits 0 within seconds of the signal."""
+    run_dir = tmp_path / "run"
+    proc = _two_ranks_with_workers(s3, synthetic[1], run_dir, {HOLD_DATA: "9@0"})
+    signalled_at = None
+
+    def each_poll(rows: list[dict]) -> None:
+        nonlocal signalled_at
+        if signalled_at is None and rows and rows[-1]["step"] == 8:
+            time.sleep(1.5)  # rank 1 in the agreement of step 9, rank 0 held
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+            signalled_at = time.monotonic()
+
+    out, err, exited_at = _until_exit(proc, run_dir, each_poll)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "asked to stop while the data of step 9 was awaited: saving step 8" in out, out[-2000:]
+    assert "stopping after step 8 on SIGTERM: checkpoint saved; resume with --resume auto" in out
+    assert (run_dir / "checkpoints" / "step-000008" / ".metadata").is_file()
     assert exited_at - signalled_at < 10, f"exited {exited_at - signalled_at:.1f} s after the signal"
 
 

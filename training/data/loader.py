@@ -518,10 +518,18 @@ def _live(items: Any) -> None:
     if os.getpid() not in _ENDING_LIVE:
         _ENDING_LIVE.add(os.getpid())
         # before the queues' own finalizers (priority 10), which the loader's shutdown uses
-        end = lambda: [_end_workers(i) for i in list(_LIVE)]  # noqa: E731
+        end = lambda: [_end_workers(i) for i in _live_now()]  # noqa: E731
         multiprocessing.util.Finalize(None, end, exitpriority=100)
         atexit.register(end)  # a fresh interpreter: before torch's exit flag makes its shutdown a no-op
     _LIVE.add(items)
+
+
+def _live_now() -> list[Any]:
+    """_LIVE's iterators now. From another thread (the stop's watcher: training/run/shutdown.py) a
+    loader registered meanwhile changes the set during the copy (RuntimeError): copied again."""
+    while True:
+        with contextlib.suppress(RuntimeError):
+            return list(_LIVE)
 
 
 def stop_workers_waiting() -> None:
@@ -532,8 +540,10 @@ def stop_workers_waiting() -> None:
     outage for data.fetch_timeout_s, and the save waited with them past a grace period. A worker is
     signalled only while the trainer has not reaped it (its pid cannot be another process's yet);
     one that the signal of a whole job reached already gets it twice, which changes nothing. Called
-    from the trainer's signal handler (training/run/shutdown.py): no syscall but the kills."""
-    for items in list(_LIVE):
+    from the trainer's signal handler (training/run/shutdown.py): no syscall but the kills; and from
+    its stop's watcher thread, where the main thread may reap a worker between the look and the kill
+    (a pid given again within that moment: not guarded)."""
+    for items in _live_now():
         for worker in getattr(items, "_workers", ()):
             popen = getattr(worker, "_popen", None)
             if popen is not None and popen.returncode is None:

@@ -29,6 +29,10 @@ GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
 gives, at a known step (on one rank: the others have taken that step's batch).
 
+GRISTMILL_FAULT_HOLD_DATA="STEP[@RANK]": the data of step STEP is awaited for 60 s, then cannot be
+read, unless the run is asked to stop meanwhile (a hung store's wait, on one rank: the others wait in
+the step's agreement).
+
 GRISTMILL_FAULT_REPLACE_DATASET="OLD=NEW": rank 0, having opened its sources (OLD among them),
 moves the dataset directory NEW to OLD's place (OLD to OLD.replaced), and the other ranks open theirs
 only then: a dataset replaced at its location while the ranks of one run start (`replace_dataset`).
@@ -54,6 +58,8 @@ SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
 KILL = "GRISTMILL_FAULT_KILL"
 SIGTERM = "GRISTMILL_FAULT_SIGTERM"
 DATA = "GRISTMILL_FAULT_DATA"
+HOLD_DATA = "GRISTMILL_FAULT_HOLD_DATA"
+HOLD_S = 60  # how long GRISTMILL_FAULT_HOLD_DATA holds a step's data unless the run is asked to stop
 REPLACE_DATASET = "GRISTMILL_FAULT_REPLACE_DATASET"
 
 # What each does, for the warning a run gives when one is set.
@@ -101,6 +107,12 @@ def data_fault(step: int, rank: int) -> None:
     process, whose handler ends the wait (object_store.FetchStopped)."""
     if _step_named(os.environ.get(DATA, ""), rank) == step:
         raise GristmillError(f"the data of step {step} cannot be read ({DATA}={os.environ[DATA]})")
+    if _step_named(os.environ.get(HOLD_DATA, ""), rank) == step:
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline:  # only a stop ends it, as a hung store's wait
+            stop_if_asked()
+            time.sleep(0.05)
+        raise GristmillError(f"the data of step {step} cannot be read ({HOLD_DATA} held it for {HOLD_S} s)")
     spec = os.environ.get(SIGTERM, "")
     if spec.startswith(AWAITED) and _step_named(spec.removeprefix(AWAITED), rank) == step:
         os.kill(os.getpid(), signal.SIGTERM)  # handled before the call returns: STOP_FETCHING is set

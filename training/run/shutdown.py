@@ -10,7 +10,10 @@ one flag on a CPU (gloo) group of its own, which never waits for the GPU. A rank
 data never reaches that collective, so a signalled rank also posts its stop in the job's c10d store,
 which a thread of every rank watches (`_watch`): there a stop ends the data waits as the handler does
 (RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at the end of
-data.fetch_timeout_s, 337 s later, with the data's error). A second Ctrl-C (SIGINT
+data.fetch_timeout_s, 337 s later, with the data's error). The watcher learns of its own rank's
+signal from the signal module's wakeup fd, not from the handler, which cannot run while the main
+thread is blocked in the agreement's collective (RV46a F1: one rank in it, another waiting for data).
+A second Ctrl-C (SIGINT
 after the first signal) stops the process at once, without saving: one line on rank 0 and exit
 status 130 (128 + SIGINT, what a shell reports for a Ctrl-C), no traceback. It exits from the
 handler (os._exit) rather than raising KeyboardInterrupt, which would unwind through whatever the
@@ -32,7 +35,9 @@ child (torchrun), started from its main thread, gets that signal (lifetime.signa
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import select
 import signal
 import sys
 import threading
@@ -49,6 +54,26 @@ from training.data.loader import stop_workers_waiting
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_KEY = "gristmill/stop"  # in the default group's store: the signal's number, set by a signalled rank
 _WATCH_S = 0.25  # how often each rank's watcher looks (a check per rank: cheap for the store's server)
+# GracefulStops made in this process, the same count on every rank (each run makes one): with torchrun's
+# restart count, a stop's key names its run and attempt. The store outlives torchrun's restarts, and an
+# earlier attempt's stop must not stop the next (review RV46a F2).
+_MADE = itertools.count()
+_WAKEUP: list[tuple[int, int]] = []  # the pipe a GracefulStop of this process has as the wakeup fd
+
+
+def _no_wakeup_in_a_child() -> None:
+    """A child forked from a trainer (its DataLoader workers) inherits the wakeup fd: its own signals
+    (torch's terminate() of a slow worker at a loader's end) would post a stop for the whole job. After
+    a fork the forking thread is the child's main thread, which may set it."""
+    if _WAKEUP:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for fd in _WAKEUP.pop():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+os.register_at_fork(after_in_child=_no_wakeup_in_a_child)
 
 
 class GracefulStop:
@@ -56,12 +81,11 @@ class GracefulStop:
         self.received: int = 0  # the signal number, 0 while none arrived
         distributed = world_size > 1 and dist.is_initialized()
         self._store = distributed_c10d._get_default_store() if distributed else None
-        if self._store is not None and rank == 0:
-            # an earlier attempt's stop (torchrun's restarts keep the store): gone before any rank can
-            # post one, as no rank leaves the group's creation below before rank 0 enters it
-            self._store.delete_key(_STOP_KEY)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._stop_key = f"{_STOP_KEY}/{attempt}/{next(_MADE)}"
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._watching: tuple[threading.Thread, threading.Event] | None = None
+        self._wakeup: tuple[int, int, int] | None = None  # (read end, write end, the previous wakeup fd)
         self.rank = rank
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
@@ -79,6 +103,15 @@ class GracefulStop:
             # A closed terminal (SIGHUP) only stops the printing (training/console.py): the run
             # trains on to its last step. Its default action ended the process, nothing saved.
             self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if self._store is not None and threading.current_thread() is threading.main_thread():
+            # The signal's number, written by Python's C-level handler even while the main thread is
+            # blocked in C (the agreement's gloo collective), where the Python handler runs only once
+            # the collective returns: the watcher posts it from there (review RV46a F1)
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            os.set_blocking(write, False)
+            self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+            _WAKEUP.append((read, write))
         if self._store is not None:
             done = threading.Event()
             watcher = threading.Thread(target=self._watch, args=(done,), name="gristmill-stop", daemon=True)
@@ -92,6 +125,14 @@ class GracefulStop:
             done.set()
             watcher.join(timeout=2 * _WATCH_S)  # a store that stopped answering: left, a daemon thread
             self._watching = None
+            if self._wakeup is not None:
+                read, write, previous = self._wakeup
+                signal.set_wakeup_fd(previous)
+                _WAKEUP.clear()
+                if not watcher.is_alive():  # else left open: a number given again would be watched
+                    os.close(read)
+                    os.close(write)
+                self._wakeup = None
         STOP_FETCHING.clear()
         if self._stderr is not None:
             with contextlib.suppress(OSError):
@@ -140,22 +181,40 @@ class GracefulStop:
         stop_workers_waiting()  # and the data loader's workers' waits, where the signal was ours alone
 
     def _watch(self, done: threading.Event) -> None:
-        """Every _WATCH_S until the loop ends: post this rank's signal in the store (not from the handler:
-        the store may hang, and the handler runs on the main thread), or end this rank's data waits once
-        another rank posted one, as should_stop does for a stop it learns of. The agreement after the step
-        or at the step's read then stops every rank together. Its own client of the store where the
-        store can make one, so its checks never queue behind the main thread's use of the store."""
-        store, posted = self._store, False
-        with contextlib.suppress(Exception):  # a store gone: the job is ending, and its collectives say so
-            store = store.clone()
+        """Until the loop ends: post this rank's signal in the store (as it arrives, from the wakeup fd;
+        not from the handler: the store may hang, and the handler runs on the main thread), or, every
+        _WATCH_S, end this rank's data waits once another rank posted one, as should_stop does for a
+        stop it learns of. The agreement after the step or at the step's read then stops every rank
+        together. Its own client of the store where the store can make one, so its requests never
+        queue behind the main thread's. A store that fails a request is said once and asked again."""
+        store, wakeup = self._store, self._wakeup
         with contextlib.suppress(Exception):
-            while not done.wait(_WATCH_S):
-                if self.received and not posted:
-                    store.set(_STOP_KEY, str(self.received))
+            store = store.clone()
+        pending, posted, failing = 0, False, False
+        while not done.is_set():
+            if wakeup is None:
+                done.wait(_WATCH_S)
+            elif select.select([wakeup[0]], [], [], _WATCH_S)[0]:
+                with contextlib.suppress(OSError):  # BlockingIOError: another read took them
+                    pending = pending or next((b for b in os.read(wakeup[0], 64) if b in _SIGNALS), 0)
+            pending = pending or self.received
+            if done.is_set():
+                break
+            try:
+                if pending and not posted:
+                    store.set(self._stop_key, str(pending))
                     posted = True
-                elif not STOP_FETCHING.is_set() and store.check([_STOP_KEY]) and not done.is_set():
-                    STOP_FETCHING.set()
-                    stop_workers_waiting()
+                elif not posted and not STOP_FETCHING.is_set() and store.check([self._stop_key]):
+                    if not done.is_set():
+                        STOP_FETCHING.set()
+                        stop_workers_waiting()
+            except Exception as e:  # the store's timeout, a reset connection: asked again next time
+                if not failing:
+                    failing = True
+                    line = f"warning: rank {self.rank}: the job's store did not answer the stop's "
+                    line += f"watcher ({e}); a stop that reaches one rank alone may wait for the next step\n"
+                    with contextlib.suppress(OSError):
+                        os.write(2, line.encode())
 
     def _stop_now(self, complete: bool = False) -> None:
         """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
