@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -21,7 +22,6 @@ import pytest
 
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
-from tests.helpers import forked
 from tests.helpers.build_runs import assert_same_dataset, assert_task_failure_is_one_error
 from tests.helpers.dup_corpus import write_dup_config
 from tests.helpers.s3_server import BUCKET, s3_bucket
@@ -97,12 +97,12 @@ def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fix
     pytest.importorskip("ray")
     _, _, config = build_fixture
     out = tmp_path / "ds"
-    # Forked (tests/helpers/forked.py): the build's own process without a fresh interpreter's
-    # imports; the Ray instance it starts (GCS, raylet, workers) is fresh processes all the same.
-    proc = forked.popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"]
         + ["--set", "build.executor=ray"],
         cwd=tmp_path,  # the Ray workers import gristmill as installed, not from the cwd
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     # Every socket the build's processes listen on, sampled while it runs.
