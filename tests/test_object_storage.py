@@ -96,6 +96,7 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, local_root, node_lock, tmp_name
+from training.launch import child_pids
 from training.run.faults import AWAITED, DATA, HOLD_DATA, SIGTERM
 from training.train import load_train_config, train
 from validation.validate import VALIDATION_JSON
@@ -3812,12 +3813,10 @@ def test_a_sigterm_to_one_rank_while_the_store_hangs_ends_every_rank_s_fetches(s
 
 def _rank_pid(launcher: int, rank: int) -> int:
     """The pid of torchrun `launcher`'s worker of rank `rank` (its child whose environment says so)."""
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
-                continue
-            if f"RANK={rank}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                return int(entry.name)
+    for pid in child_pids(launcher):
+        with contextlib.suppress(OSError):
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
     raise AssertionError(f"no rank-{rank} worker under torchrun {launcher}")
 
 

@@ -69,6 +69,7 @@ EFFECTS = {
     KILL: "the process kills itself (SIGKILL) at that point",
     SIGTERM: "the process sends itself SIGTERM at that step (as it starts, or while its data is awaited)",
     DATA: "the data of that step cannot be read",
+    HOLD_DATA: "the data of that step is awaited until the run is asked to stop (60 s at most)",
     REPLACE_DATASET: "rank 0 replaces that dataset directory with another while the run starts",
 }
 
@@ -103,8 +104,9 @@ def _step_named(spec: str, rank: int) -> int:
 
 def data_fault(step: int, rank: int) -> None:
     """Raise the error of data that cannot be had if GRISTMILL_FAULT_DATA names step `step` (and, when
-    it names a rank, `rank`); or, where GRISTMILL_FAULT_SIGTERM names it `awaited:`, SIGTERM this
-    process, whose handler ends the wait (object_store.FetchStopped)."""
+    it names a rank, `rank`); wait for it until the run is asked to stop where GRISTMILL_FAULT_HOLD_DATA
+    names it (FetchStopped; HOLD_S at most, then that error); or, where GRISTMILL_FAULT_SIGTERM names
+    it `awaited:`, SIGTERM this process, whose handler ends the wait (object_store.FetchStopped)."""
     if _step_named(os.environ.get(DATA, ""), rank) == step:
         raise GristmillError(f"the data of step {step} cannot be read ({DATA}={os.environ[DATA]})")
     if _step_named(os.environ.get(HOLD_DATA, ""), rank) == step:
