@@ -730,6 +730,10 @@ def test_a_runs_base_folder_deleted_or_replaced_is_refused_by_export_and_resume(
 
 
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
+    # This test edits its base's config.json for a while, so it trains from a copy: the same base (one
+    # identity, the same losses as `straight`). An edit of the shared one, even undone, was copied by a
+    # test on another xdist worker in that window, which then trained another model (a CI failure).
+    base = Path(shutil.copytree(base, tmp_path / "base"))
     other = tmp_path / "other"
     make_base(other, max_position_embeddings=64, tie_word_embeddings=True, rms_norm_eps=1e-5)
     run = tmp_path / "run"
