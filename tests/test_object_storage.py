@@ -1611,7 +1611,7 @@ def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, loca
     gets = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert gets and len(gets) == len(set(gets)), "a range was fetched twice"
     ref = {r[0]: r for r in losses(local_run)}
-    for step, loss, _, lr, tokens in losses(run_dir):  # the same batches, summed in another order
+    for step, loss, _, lr, tokens, _ in losses(run_dir):  # the same batches, summed in another order
         assert loss == pytest.approx(ref[step][1], abs=1e-5) and (lr, tokens) == (ref[step][3], ref[step][4])
 
 

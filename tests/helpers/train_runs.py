@@ -98,8 +98,14 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def losses(run_dir: Path) -> list[tuple[int, float, float, float, int]]:
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r["tokens_seen"]) for r in metrics(run_dir)]
+def losses(run_dir: Path) -> list[tuple[int, float, float, float, int, float | None]]:
+    """Each step's (step, loss, grad norm, lr, tokens seen, update ratio). The update ratio is the one
+    figure of the last step that the optimizer's state decides (a loss is taken before its step's
+    update): a run resumed for its last step alone, with the moments lost, logged the same losses."""
+    return [
+        (r["step"], r["loss"], r["grad_norm"], r["lr"], r["tokens_seen"], r["update_ratio"])
+        for r in metrics(run_dir)
+    ]
 
 
 def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
