@@ -8,14 +8,14 @@ After each step `should_stop()` lets every rank agree, since the scheduler may s
 them and all ranks must take the same last step and write the same checkpoint: a MAX all-reduce of
 one flag on a CPU (gloo) group of its own, which never waits for the GPU. A rank that is waiting for
 data never reaches that collective, so a signalled rank also posts its stop in the job's c10d store,
-which a thread of every rank watches (`_watch`): there a stop ends the data waits as the handler
-does (RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at the end of
-data.fetch_timeout_s, 337 s later, with the data's error). The watcher learns of its own rank's
-signal from the signal module's wakeup fd, not from the handler, which cannot run while the main
-thread is blocked in the agreement's collective (RV46a F1: one rank in it, another waiting for
-data). A second Ctrl-C (SIGINT after the first signal) stops the process at once, without saving:
-one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for a Ctrl-C), no
-traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt, which would
+for which a thread of every rank waits (`_await_stop`): there a stop ends the data waits as the
+handler does (RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at the
+end of data.fetch_timeout_s, 337 s later, with the data's error). Another thread (`_post`) learns of
+its own rank's signal from the signal module's wakeup fd, not from the handler, which cannot run
+while the main thread is blocked in the agreement's collective (RV46a F1: one rank in it, another
+waiting for data). A second Ctrl-C (SIGINT after the first signal) stops the process at once,
+without saving: one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for a
+Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt, which would
 unwind through whatever the step was doing (a checkpoint write reports it as a failed save, exit 2)
 and end in a traceback with exit status 1; what is cut short is safe to cut: a checkpoint counts
 only once complete, the run lock is an flock the kernel releases, metrics.jsonl is written a line at
@@ -40,6 +40,8 @@ import select
 import signal
 import sys
 import threading
+import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -52,7 +54,14 @@ from training.data.loader import stop_workers_waiting
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_KEY = "gristmill/stop"  # in the default group's store: the signal's number, set by a signalled rank
-_WATCH_S = 0.25  # how often each rank's watcher looks (a check per rank: cheap for the store's server)
+_DONE = "done"  # the stop key's value once a rank's loop has ended: no stop, only the waiters' release
+# One wait per rank for the stop key, which the store's server answers when a rank sets it: no polling.
+# A check four times a second per rank was ~40k requests a second at 10k ranks, about what one TCPStore
+# server answers (review RV46a F5). A wait that does run out (after a week) is made again.
+_AWAIT = timedelta(days=7)
+_LOOK_S = 0.25  # how often the poster looks for its rank's signal where no wakeup fd wakes it (no request)
+_RETRY_S = 1.0  # after a request to the store failed
+_RELEASE_TIMEOUT = timedelta(seconds=5)
 # GracefulStops made in this process, the same count on every rank (each run makes one): with torchrun's
 # restart count, a stop's key names its run and attempt. The store outlives torchrun's restarts, and an
 # earlier attempt's stop must not stop the next (review RV46a F2).
@@ -83,7 +92,8 @@ class GracefulStop:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._stop_key = f"{_STOP_KEY}/{attempt}/{next(_MADE)}"
         self.group = dist.new_group(backend="gloo") if distributed else None
-        self._watching: tuple[threading.Thread, threading.Event] | None = None
+        self._watching: tuple[threading.Thread, threading.Thread, threading.Event] | None = None
+        self._failing = False  # a request to the store failed: said once
         self._wakeup: tuple[int, int, int] | None = None  # (read end, write end, the previous wakeup fd)
         self.rank = rank
         self._previous: dict[int, object] = {}
@@ -113,22 +123,34 @@ class GracefulStop:
             _WAKEUP.append((read, write))
         if self._store is not None:
             done = threading.Event()
-            watcher = threading.Thread(target=self._watch, args=(done,), name="gristmill-stop", daemon=True)
-            watcher.start()
-            self._watching = (watcher, done)
+            poster, waiter = (
+                threading.Thread(target=run, args=(done,), name=f"gristmill-stop-{name}", daemon=True)
+                for run, name in ((self._post, "post"), (self._await_stop, "wait"))
+            )
+            poster.start()
+            waiter.start()
+            self._watching = (poster, waiter, done)
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         if self._watching is not None:
-            watcher, done = self._watching
+            poster, waiter, done = self._watching
             done.set()
-            watcher.join(timeout=2 * _WATCH_S)  # a store that stopped answering: left, a daemon thread
+            # Every rank's waiter released, this one's too: a thread still blocked in the store's C++ wait
+            # as the interpreter exits aborts the process (SIGABRT, exit 134) once the server goes. Only
+            # where no stop was posted: a stop is never overwritten.
+            with contextlib.suppress(Exception):
+                release = self._client()
+                release.set_timeout(_RELEASE_TIMEOUT)  # a store that stopped answering: the run ends anyway
+                release.compare_set(self._stop_key, "", _DONE)
+            poster.join(timeout=2 * _LOOK_S)  # a store that stopped answering: left, daemon threads
+            waiter.join(timeout=2 * _LOOK_S)
             self._watching = None
             if self._wakeup is not None:
                 read, write, previous = self._wakeup
                 signal.set_wakeup_fd(previous)
                 _WAKEUP.clear()
-                if not watcher.is_alive():  # else left open: a number given again would be watched
+                if not poster.is_alive():  # else left open: a number given again would be read
                     os.close(read)
                     os.close(write)
                 self._wakeup = None
@@ -179,41 +201,61 @@ class GracefulStop:
         STOP_FETCHING.set()  # a wait for a step's data ends: the step trained last is saved now
         stop_workers_waiting()  # and the data loader's workers' waits, where the signal was ours alone
 
-    def _watch(self, done: threading.Event) -> None:
-        """Until the loop ends: post this rank's signal in the store (as it arrives, from the wakeup fd;
-        not from the handler: the store may hang, and the handler runs on the main thread), or, every
-        _WATCH_S, end this rank's data waits once another rank posted one, as should_stop does for a
-        stop it learns of. The agreement after the step or at the step's read then stops every rank
-        together. Its own client of the store where the store can make one, so its requests never
-        queue behind the main thread's. A store that fails a request is said once and asked again."""
-        store, wakeup = self._store, self._wakeup
-        with contextlib.suppress(Exception):
-            store = store.clone()
-        pending, posted, failing = 0, False, False
+    def _client(self):
+        """A client of the job's store for the calling thread alone: a TCPStore client makes one request at
+        a time, and the waiter's lasts the run (the main thread's requests must not queue behind it)."""
+        return self._store.clone()
+
+    def _store_failed(self, e: Exception) -> None:
+        if not self._failing:
+            self._failing = True
+            line = f"warning: rank {self.rank}: the job's store did not answer the stop's watcher ({e}); a "
+            line += "stop that reaches one rank alone may wait for the next step\n"
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode())
+
+    def _post(self, done: threading.Event) -> None:
+        """Until the loop ends: post this rank's signal in the store as it arrives, from the wakeup fd; not
+        from the handler: the store may hang, and the handler runs on the main thread. A failed request is
+        said once and made again."""
+        wakeup, pending, store = self._wakeup, 0, None
         while not done.is_set():
             if wakeup is None:
-                done.wait(_WATCH_S)
-            elif select.select([wakeup[0]], [], [], _WATCH_S)[0]:
+                done.wait(_LOOK_S)
+            elif select.select([wakeup[0]], [], [], _LOOK_S)[0]:
                 with contextlib.suppress(OSError):  # BlockingIOError: another read took them
                     pending = pending or next((b for b in os.read(wakeup[0], 64) if b in _SIGNALS), 0)
             pending = pending or self.received
-            if done.is_set():
-                break
+            if not pending or done.is_set():
+                continue
             try:
-                if pending and not posted:
-                    store.set(self._stop_key, str(pending))
-                    posted = True
-                elif not posted and not STOP_FETCHING.is_set() and store.check([self._stop_key]):
-                    if not done.is_set():
-                        STOP_FETCHING.set()
-                        stop_workers_waiting()
-            except Exception as e:  # the store's timeout, a reset connection: asked again next time
-                if not failing:
-                    failing = True
-                    line = f"warning: rank {self.rank}: the job's store did not answer the stop's "
-                    line += f"watcher ({e}); a stop that reaches one rank alone may wait for the next step\n"
-                    with contextlib.suppress(OSError):
-                        os.write(2, line.encode())
+                store = store or self._client()
+                store.set(self._stop_key, str(pending))
+                return
+            except Exception as e:  # the store's timeout, a reset connection: made again
+                self._store_failed(e)
+
+    def _await_stop(self, done: threading.Event) -> None:
+        """Until the loop ends: wait in the store for a rank's stop, then end this rank's data waits, as
+        should_stop does for a stop it learns of. The agreement after the step or at the step's read then
+        stops every rank together. The end of a rank's loop releases the wait (`_DONE`), a stop
+        otherwise."""
+        store = None
+        while not done.is_set():
+            asked = time.monotonic()
+            try:
+                store = store or self._client()
+                store.wait([self._stop_key], _AWAIT)
+                posted = store.get(self._stop_key).decode()
+            except Exception as e:  # a week's wait run out: made again; else said once, made again
+                if time.monotonic() - asked < _AWAIT.total_seconds() and not done.is_set():
+                    self._store_failed(e)
+                    done.wait(_RETRY_S)
+                continue
+            if posted != _DONE and not done.is_set() and not STOP_FETCHING.is_set():
+                STOP_FETCHING.set()
+                stop_workers_waiting()
+            return
 
     def _stop_now(self, complete: bool = False) -> None:
         """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
