@@ -25,7 +25,7 @@ s3_server               moto's S3 server on loopback with a boto3 client, and th
 shared                  artifacts built once per run under a file lock (datasets, reference runs), unchanged
 small_blocks_cli        the CLI with small epoch groups, for a command in a process of its own (a namespace)
 small_blocks_train      torchrun workers of training.train with small epoch groups, planning a step ahead
-stop_release            a rank of a two-rank job with the c10d store in rank 0: a GracefulStop entered, left
+stop_release            a rank of a two-rank job with the c10d store in rank 0: a stop posted, heard, released
 tiers                   the two tiers (pytest.mark.process); modules kept on one worker (xdist_group)
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights

@@ -484,19 +484,23 @@ def test_a_signal_before_the_workers_start_stops_the_agent(tmp_path, sig):
     assert not (tmp_path / "ran").exists()
 
 
-def test_a_run_s_stop_watchers_end_with_its_loop(tmp_path):
+@pytest.mark.parametrize("server", ["libuv", "legacy"])
+def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(tmp_path, server):
     """Each rank of a distributed run waits in the job's c10d store for another's stop: one request for
-    the run (a check four times a second was ~40k requests a second at 10k ranks: review RV46a F5). The
-    loop's end releases every rank's wait: a thread left blocked in it as the interpreter exits aborts
+    the run (a check four times a second was ~40k requests a second at 10k ranks: review RV46a F5). A
+    signalled rank posts its stop, which wakes the others; the loop's end releases every rank's wait
+    without touching a posted stop. A thread left blocked in the wait as the interpreter exits aborts
     the process (SIGABRT, exit 134, after a complete run) if the store's server goes meanwhile (5 of 5
-    times with the server in the same process). Here rank 0 hosts the store (a tcp:// init, not
-    torchrun's agent); both ranks are forked probes that enter and leave a GracefulStop."""
+    times with the server in the same process); compare_set released none on TCPStore's older server
+    (USE_LIBUV=0: review RV47a F2). Rank 0 hosts the store (a tcp:// init, not torchrun's agent); both
+    ranks are forked probes (tests/helpers/stop_release.py)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     module = [sys.executable, "-m", "tests.helpers.stop_release"]
-    host = forked.popen([*module, "0", port], cwd=ROOT, env=ENV)
-    other = forked.run([*module, "1", port], cwd=ROOT, env=ENV, capture_output=True, timeout=120)
+    env = {**ENV, "USE_LIBUV": "1" if server == "libuv" else "0"}
+    host = forked.popen([*module, "0", port], cwd=ROOT, env=env)
+    other = forked.run([*module, "1", port], cwd=ROOT, env=env, capture_output=True, timeout=120)
     _, err = host.communicate(timeout=120)
     assert (host.returncode, other.returncode) == (0, 0), err[-2000:] + other.stderr[-2000:]
     assert "stop's watcher" not in err + other.stderr, err + other.stderr  # no failed request said

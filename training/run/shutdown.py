@@ -54,14 +54,17 @@ from training.data.loader import stop_workers_waiting
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_KEY = "gristmill/stop"  # in the default group's store: the signal's number, set by a signalled rank
-_DONE = "done"  # the stop key's value once a rank's loop has ended: no stop, only the waiters' release
-# One wait per rank for the stop key, which the store's server answers when a rank sets it: no polling.
-# A check four times a second per rank was ~40k requests a second at 10k ranks, about what one TCPStore
+# Set after a stop is posted, and by each rank as its loop ends: every rank's waiter waits for this key
+# alone, so a loop's end wakes them without touching a posted stop (`set` wakes a waiter on both of
+# TCPStore's servers; compare_set, on the older one, wakes none: review RV47a F2).
+_WAKE = "wake"
+# One wait per rank for the run, which the store's server answers when the key is set: no polling. A
+# check four times a second per rank was ~40k requests a second at 10k ranks, about what one TCPStore
 # server answers (review RV46a F5). A wait that does run out (after a week) is made again.
 _AWAIT = timedelta(days=7)
 _LOOK_S = 0.25  # how often the poster looks for its rank's signal where no wakeup fd wakes it (no request)
 _RETRY_S = 1.0  # after a request to the store failed
-_RELEASE_TIMEOUT = timedelta(seconds=5)
+_JOIN_S = 2.0  # how long the loop's end waits for each thread: a store that stopped answering leaves them
 # GracefulStops made in this process, the same count on every rank (each run makes one): with torchrun's
 # restart count, a stop's key names its run and attempt. The store outlives torchrun's restarts, and an
 # earlier attempt's stop must not stop the next (review RV46a F2).
@@ -91,6 +94,7 @@ class GracefulStop:
         self._store = distributed_c10d._get_default_store() if distributed else None
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._stop_key = f"{_STOP_KEY}/{attempt}/{next(_MADE)}"
+        self._wake_key = f"{self._stop_key}/{_WAKE}"
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._watching: tuple[threading.Thread, threading.Thread, threading.Event] | None = None
         self._failing = False  # a request to the store failed: said once
@@ -136,15 +140,13 @@ class GracefulStop:
         if self._watching is not None:
             poster, waiter, done = self._watching
             done.set()
-            # Every rank's waiter released, this one's too: a thread still blocked in the store's C++ wait
-            # as the interpreter exits aborts the process (SIGABRT, exit 134) once the server goes. Only
-            # where no stop was posted: a stop is never overwritten.
-            with contextlib.suppress(Exception):
-                release = self._client()
-                release.set_timeout(_RELEASE_TIMEOUT)  # a store that stopped answering: the run ends anyway
-                release.compare_set(self._stop_key, "", _DONE)
-            poster.join(timeout=2 * _LOOK_S)  # a store that stopped answering: left, daemon threads
-            waiter.join(timeout=2 * _LOOK_S)
+            if self._wakeup is not None:  # the poster, in its select, releases the waiters now
+                with contextlib.suppress(OSError):
+                    os.write(self._wakeup[1], b"\0")
+            # Not a request of the main thread's: a store that stopped answering would hold the run's
+            # end (a clone's handshake and compare_set ignore set_timeout: RV47a F1). Left, daemon threads.
+            poster.join(timeout=_JOIN_S)
+            waiter.join(timeout=_JOIN_S)
             self._watching = None
             if self._wakeup is not None:
                 read, write, previous = self._wakeup
@@ -216,9 +218,13 @@ class GracefulStop:
 
     def _post(self, done: threading.Event) -> None:
         """Until the loop ends: post this rank's signal in the store as it arrives, from the wakeup fd; not
-        from the handler: the store may hang, and the handler runs on the main thread. A failed request is
-        said once and made again."""
-        wakeup, pending, store = self._wakeup, 0, None
+        from the handler: the store may hang, and the handler runs on the main thread. Then, the loop
+        ended, release every rank's waiter: a thread still blocked in the store's C++ wait as the
+        interpreter exits aborts the process (SIGABRT, exit 134) if the server goes meanwhile. A failed
+        request is said once and made again on a new client."""
+        wakeup, pending, posted, store = self._wakeup, 0, False, None
+        with contextlib.suppress(Exception):  # made at the start: no burst of connections at a stop
+            store = self._client()
         while not done.is_set():
             if wakeup is None:
                 done.wait(_LOOK_S)
@@ -226,33 +232,39 @@ class GracefulStop:
                 with contextlib.suppress(OSError):  # BlockingIOError: another read took them
                     pending = pending or next((b for b in os.read(wakeup[0], 64) if b in _SIGNALS), 0)
             pending = pending or self.received
-            if not pending or done.is_set():
+            if not pending or posted or done.is_set():
                 continue
             try:
                 store = store or self._client()
                 store.set(self._stop_key, str(pending))
-                return
+                store.set(self._wake_key, _WAKE)
+                posted = True
             except Exception as e:  # the store's timeout, a reset connection: made again
+                store = None
                 self._store_failed(e)
+        with contextlib.suppress(Exception):
+            (store or self._client()).set(self._wake_key, _WAKE)
 
     def _await_stop(self, done: threading.Event) -> None:
         """Until the loop ends: wait in the store for a rank's stop, then end this rank's data waits, as
         should_stop does for a stop it learns of. The agreement after the step or at the step's read then
-        stops every rank together. The end of a rank's loop releases the wait (`_DONE`), a stop
-        otherwise."""
+        stops every rank together. A wake with no stop posted is a rank's loop ending."""
         store = None
+        with contextlib.suppress(Exception):
+            store = self._client()
         while not done.is_set():
             asked = time.monotonic()
             try:
                 store = store or self._client()
-                store.wait([self._stop_key], _AWAIT)
-                posted = store.get(self._stop_key).decode()
+                store.wait([self._wake_key], _AWAIT)
+                stopped = store.check([self._stop_key])
             except Exception as e:  # a week's wait run out: made again; else said once, made again
+                store = None
                 if time.monotonic() - asked < _AWAIT.total_seconds() and not done.is_set():
                     self._store_failed(e)
                     done.wait(_RETRY_S)
                 continue
-            if posted != _DONE and not done.is_set() and not STOP_FETCHING.is_set():
+            if stopped and not done.is_set() and not STOP_FETCHING.is_set():
                 STOP_FETCHING.set()
                 stop_workers_waiting()
             return
