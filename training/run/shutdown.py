@@ -9,19 +9,19 @@ them and all ranks must take the same last step and write the same checkpoint: a
 one flag on a CPU (gloo) group of its own, which never waits for the GPU. A rank that is waiting for
 data never reaches that collective, so a signalled rank also posts its stop in the job's c10d store,
 for which a thread of every rank waits (`_await_stop`): there a stop ends the data waits as the
-handler does (RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at the
-end of data.fetch_timeout_s, 337 s later, with the data's error). Another thread (`_post`) learns of
-its own rank's signal from the signal module's wakeup fd, not from the handler, which cannot run
-while the main thread is blocked in the agreement's collective (RV46a F1: one rank in it, another
-waiting for data). A second Ctrl-C (SIGINT after the first signal) stops the process at once,
-without saving: one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for a
-Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt, which would
-unwind through whatever the step was doing (a checkpoint write reports it as a failed save, exit 2)
-and end in a traceback with exit status 1; what is cut short is safe to cut: a checkpoint counts
-only once complete, the run lock is an flock the kernel releases, metrics.jsonl is written a line at
-a time. Only in the interpreter's last teardown, after every atexit callback, has Python given
-SIGINT its default action back: a second Ctrl-C there ends the process by the signal (a shell says
-130) with nothing left to save, and no line.
+handler does (RV45a F2: every rank waiting on a hung store, a `kill` of one trainer saved only at
+the end of data.fetch_timeout_s, 337 s later, with the data's error). Another thread (`_post`)
+learns of its own rank's signal from the signal module's wakeup fd, not from the handler, which
+cannot run while the main thread is blocked in the agreement's collective (RV46a F1: one rank in it,
+another waiting for data). A second Ctrl-C (SIGINT after the first signal) stops the process at
+once, without saving: one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for
+a Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt,
+which would unwind through whatever the step was doing (a checkpoint write reports it as a failed
+save, exit 2) and end in a traceback with exit status 1; what is cut short is safe to cut: a
+checkpoint counts only once complete, the run lock is an flock the kernel releases, metrics.jsonl is
+written a line at a time. Only in the interpreter's last teardown, after every atexit callback, has
+Python given SIGINT its default action back: a second Ctrl-C there ends the process by the signal (a
+shell says 130) with nothing left to save, and no line.
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
