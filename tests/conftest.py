@@ -102,6 +102,14 @@ def shared(tmp_path_factory) -> Iterator[Shared]:
     store.check_unchanged()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shared_untouched() -> Iterator[None]:
+    """After each module: no shared artifact this worker used was written, even for a while."""
+    yield
+    for store in Shared.made:
+        store.check_untouched()
+
+
 @pytest.fixture(scope="session")
 def build_fixture(shared) -> tuple[Path, Path, Path]:
     """(corpus dir, tokenizer.json, config.toml) of the shared small build; its output is `built_dataset`."""

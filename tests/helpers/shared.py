@@ -13,6 +13,10 @@ xdist worker.
 Shared artifacts are read-only. Each is fingerprinted (every file's path, size and sha256) when
 built, and `Shared.check_unchanged` compares the fingerprints at the end of the session: a test that
 wrote into one fails the run there, naming the artifact and the files (copy one before damaging it).
+An edit undone before the end leaves the bytes as built, but a test on another xdist worker may have
+copied the artifact meanwhile and trained on the edit (a CI failure: test_init_from's base).
+`Shared.check_untouched`, after each test module, compares every file's size and modification time
+with what they were when this worker first used the artifact: a write, even one undone, fails there.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from filelock import FileLock
 
@@ -42,10 +46,14 @@ def fingerprint(folder: Path) -> dict[str, str]:
 
 
 class Shared:
+    made: ClassVar[list[Shared]] = []  # this process's stores, checked after each test module
+
     def __init__(self, root: Path):
         self.root = root
         self.used: dict[str, Path] = {}
+        self._stats: dict[str, dict[str, tuple[int, int]]] = {}  # key: {file: (size, mtime_ns)} at first use
         root.mkdir(parents=True, exist_ok=True)
+        Shared.made.append(self)
 
     def get(self, key: str, build: Callable[[Path], object]) -> Path:
         """The folder of artifact `key`, built by `build(folder)` if no worker has built it yet (in
@@ -57,6 +65,8 @@ class Shared:
                 build(path)
                 done.write_text(json.dumps(fingerprint(path)))
         self.used[key] = path
+        if key not in self._stats:
+            self._stats[key] = _stats(path)
         return path
 
     def run(self, label: str, define: Callable[[Path], D], train: Callable[[D, Path], object]) -> Path:
@@ -77,6 +87,20 @@ class Shared:
 
         return self.get(f"run-{label}-{digest[:16]}", build) / "run"
 
+    def check_untouched(self) -> None:
+        """No file of an artifact this worker used was written since its first use, even with its bytes
+        put back (its size and modification time); a test of another worker may be the writer."""
+        touched = []
+        for key, path in self.used.items():
+            now = _stats(path)
+            if now != self._stats[key]:
+                touched.append(_differing(path, self._stats[key], now))
+                self._stats[key] = now  # said once
+        assert not touched, (
+            "a test wrote into a shared artifact, if only for a while (copy it first: a test on another "
+            "worker may copy it meanwhile):\n" + "\n".join(touched)
+        )
+
     def check_unchanged(self) -> None:
         """Every artifact this worker used is still what it was built as."""
         changed = []
@@ -85,9 +109,24 @@ class Shared:
                 want = json.loads((self.root / f"{key}.fingerprint.json").read_text())
                 got = fingerprint(path)
             if got != want:
-                files = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
-                changed.append(f"{path}: {', '.join(files[:5])}{' …' if len(files) > 5 else ''}")
+                changed.append(_differing(path, want, got))
         assert not changed, "a test wrote into a shared artifact (copy it first):\n" + "\n".join(changed)
+
+
+def _differing(folder: Path, before: dict, now: dict) -> str:
+    """`folder: file, file, …`: the files (up to five) whose record differs between the two listings."""
+    files = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    return f"{folder}: {', '.join(files[:5])}{' …' if len(files) > 5 else ''}"
+
+
+def _stats(folder: Path) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime_ns)} of every file under `folder`."""
+    out = {}
+    for path in folder.rglob("*"):
+        if path.is_file():
+            st = path.stat()
+            out[str(path.relative_to(folder))] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def run_output(run_dir: Path) -> str:
