@@ -120,10 +120,12 @@ def _differing(folder: Path, before: dict, now: dict) -> str:
 
 
 def _stats(folder: Path) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime_ns)} of every file under `folder`."""
+    """{relative path: (size, mtime_ns)} of every file under `folder` but its lock files: whoever takes
+    a dataset's lock opens .build.lock for writing (a build run again on a complete output, which
+    writes nothing else), and no one reads a lock's bytes."""
     out = {}
     for path in folder.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path.suffix != ".lock":
             st = path.stat()
             out[str(path.relative_to(folder))] = (st.st_size, st.st_mtime_ns)
     return out
