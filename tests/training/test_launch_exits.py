@@ -492,8 +492,11 @@ def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(
     without touching a posted stop. A thread left blocked in the wait as the interpreter exits aborts
     the process (SIGABRT, exit 134, after a complete run) if the store's server goes meanwhile (5 of 5
     times with the server in the same process); compare_set released none on TCPStore's older server
-    (USE_LIBUV=0: review RV47a F2). Rank 0 hosts the store (a tcp:// init, not torchrun's agent); both
-    ranks are forked probes (tests/helpers/stop_release.py)."""
+    (USE_LIBUV=0: review RV47a F2). One rank's loop ending while another's goes on is no stop; a signal
+    that comes while the rank's main thread is blocked in a collective is heard through the wakeup fd;
+    a second one left its byte in the pipe, and the poster spun a core to the loop's end (RV47b F1).
+    Rank 0 hosts the store (a tcp:// init, not torchrun's agent); both ranks are forked probes
+    (tests/helpers/stop_release.py)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])

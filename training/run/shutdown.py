@@ -229,8 +229,11 @@ class GracefulStop:
             if wakeup is None:
                 done.wait(_LOOK_S)
             elif select.select([wakeup[0]], [], [], _LOOK_S)[0]:
+                # Read whatever is there, a signal after the first too: bytes left in the pipe made the
+                # select return at once, a core spun until the loop's end (review RV47b F1)
                 with contextlib.suppress(OSError):  # BlockingIOError: another read took them
-                    pending = pending or next((b for b in os.read(wakeup[0], 64) if b in _SIGNALS), 0)
+                    got = os.read(wakeup[0], 64)
+                    pending = pending or next((b for b in got if b in _SIGNALS), 0)
             pending = pending or self.received
             if not pending or posted or done.is_set():
                 continue
