@@ -200,8 +200,7 @@ class GracefulStop:
         if self.received and signum == signal.SIGINT:
             self._stop_now()
         self.received = signum
-        STOP_FETCHING.set()  # a wait for a step's data ends: the step trained last is saved now
-        stop_workers_waiting()  # and the data loader's workers' waits, where the signal was ours alone
+        _end_data_waits()
 
     def _client(self):
         """A client of the job's store for the calling thread alone: a TCPStore client makes one request at
@@ -253,8 +252,6 @@ class GracefulStop:
         should_stop does for a stop it learns of. The agreement after the step or at the step's read then
         stops every rank together. A wake with no stop posted is a rank's loop ending."""
         store = None
-        with contextlib.suppress(Exception):
-            store = self._client()
         while not done.is_set():
             asked = time.monotonic()
             try:
@@ -268,8 +265,7 @@ class GracefulStop:
                     done.wait(_RETRY_S)
                 continue
             if stopped and not done.is_set() and not STOP_FETCHING.is_set():
-                STOP_FETCHING.set()
-                stop_workers_waiting()
+                _end_data_waits()
             return
 
     def _stop_now(self, complete: bool = False) -> None:
@@ -315,9 +311,15 @@ class GracefulStop:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             signum = int(t.item())
         if signum and not self.received and not STOP_FETCHING.is_set():
-            STOP_FETCHING.set()
-            stop_workers_waiting()
+            _end_data_waits()
         return signal.Signals(signum).name if signum else None
+
+
+def _end_data_waits() -> None:
+    """A stop asked of this rank or learned of: a wait for a step's data ends (the step trained last is
+    saved now), and so do its data loader's workers' waits, where the signal was the trainer's alone."""
+    STOP_FETCHING.set()
+    stop_workers_waiting()
 
 
 def any_rank(flag: bool, group=None, device: torch.device | None = None) -> bool:
