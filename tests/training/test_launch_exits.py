@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from pipelines.local_s3 import free_port
 from tests.helpers import forked, light_trainer
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
@@ -497,9 +497,7 @@ def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(
     a second one left its byte in the pipe, and the poster spun a core to the loop's end (RV47b F1).
     Rank 0 hosts the store (a tcp:// init, not torchrun's agent); both ranks are forked probes
     (tests/helpers/stop_release.py)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     module = [sys.executable, "-m", "tests.helpers.stop_release"]
     env = {**ENV, "USE_LIBUV": "1" if server == "libuv" else "0"}
     host = forked.popen([*module, "0", port], cwd=ROOT, env=env)
