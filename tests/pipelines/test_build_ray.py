@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -101,6 +102,7 @@ def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fix
         [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"]
         + ["--set", "build.executor=ray"],
         cwd=tmp_path,  # the Ray workers import gristmill as installed, not from the cwd
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a SIGABRT prints every thread's stack
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -117,6 +119,13 @@ def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fix
     sampler.start()
     try:
         stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        # Once in six CI paths (2026-12-04) the build printed its tasks done, then did not end: where
+        # it waits, from every thread's stack
+        proc.send_signal(signal.SIGABRT)
+        stdout, stderr = proc.communicate(timeout=30)
+        said = f"{stdout[-2000:]}\n{stderr[-8000:]}"
+        pytest.fail(f"the build did not end within 180 s; its output, then its stacks:\n{said}")
     finally:
         done.set()
         sampler.join()
