@@ -26,6 +26,7 @@ shared                  artifacts built once per run under a file lock (datasets
 small_blocks_cli        the CLI with small epoch groups, for a command in a process of its own (a namespace)
 small_blocks_train      torchrun workers of training.train with small epoch groups, planning a step ahead
 stop_release            a rank of a two-rank job with the c10d store in rank 0: a stop posted, heard, released
+stop_stall              a rank whose c10d store (a server of its own) stops answering across its loop's end
 tiers                   the two tiers (pytest.mark.process); modules kept on one worker (xdist_group)
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights

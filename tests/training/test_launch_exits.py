@@ -505,3 +505,29 @@ def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(
     _, err = host.communicate(timeout=120)
     assert (host.returncode, other.returncode) == (0, 0), err[-2000:] + other.stderr[-2000:]
     assert "stop's watcher" not in err + other.stderr, err + other.stderr  # no failed request said
+
+
+def test_a_store_silent_across_the_loop_s_end_is_waited_for_before_the_interpreter_finalizes():
+    """A store that stops answering as the loop ends (a stall over the loop's 2 s join) leaves the
+    stop's waiter in its C++ wait; its answer, or its server's end, reaching that thread while the
+    interpreter finalizes aborted the process (SIGABRT, exit 134) after a complete run (review RV47b F2:
+    6 of 6 trials). The exit now waits for it a while more, with one line. The rank is a fresh
+    interpreter (a forked child skips atexit and finalization: tests/helpers/stop_stall.py)."""
+    port = str(free_port())
+    module = [sys.executable, "-m", "tests.helpers.stop_stall"]
+    server = forked.popen([*module, "serve", port], cwd=ROOT, env=ENV)
+    try:
+        rank = subprocess.Popen(
+            [*module, "rank", port, str(server.pid)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        lines = [rank.stdout.readline() for _ in range(2)]
+        assert lines[1] == "loop ended\n", lines + list(rank.communicate(timeout=60))
+        time.sleep(0.5)  # the rank is in its exit
+        os.kill(server.pid, signal.SIGCONT)
+        out, err = rank.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert "gristmill-stop-wait" in lines[0], lines + [err]  # the stall left it, as this test needs
+    assert rank.returncode == 0, err[-3000:]
+    assert "the job's store has not answered since the loop ended; this process waits up to 30 s" in err, err

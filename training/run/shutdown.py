@@ -33,6 +33,7 @@ child (torchrun), started from its main thread, gets that signal (lifetime.signa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -65,6 +66,7 @@ _AWAIT = timedelta(days=7)
 _LOOK_S = 0.25  # how often the poster looks for its rank's signal where no wakeup fd wakes it (no request)
 _RETRY_S = 1.0  # after a request to the store failed
 _JOIN_S = 2.0  # how long the loop's end waits for each thread: a store that stopped answering leaves them
+_EXIT_JOIN_S = 30.0  # how long the process's exit waits more for the threads the loop's end left
 # GracefulStops made in this process, the same count on every rank (each run makes one): with torchrun's
 # restart count, a stop's key names its run and attempt. The store outlives torchrun's restarts, and an
 # earlier attempt's stop must not stop the next (review RV46a F2).
@@ -85,6 +87,29 @@ def _no_wakeup_in_a_child() -> None:
 
 
 os.register_at_fork(after_in_child=_no_wakeup_in_a_child)
+
+# (rank, thread) of the stop's threads a loop's end left waiting on a store that stopped answering
+_LEFT: list[tuple[int, threading.Thread]] = []
+
+
+@atexit.register
+def _join_left() -> None:
+    """Wait a while more for the threads a loop's end left in the store's C++ wait: the store's answer,
+    or its server's end, reaching one while the interpreter finalizes aborts the process ("terminate
+    called without an active exception", SIGABRT, exit 134) after a run that completed (review RV47b
+    F2: a store stalled across the loop's end, 6 of 6 trials). Here, before finalization, the answer
+    ends the thread as any does. A store silent past _EXIT_JOIN_S is left as before."""
+    left = [(rank, t) for rank, t in _LEFT if t.is_alive()]
+    _LEFT.clear()
+    if not left:
+        return
+    line = f"warning: rank {left[0][0]}: the job's store has not answered since the loop ended; this process "
+    with contextlib.suppress(OSError):
+        os.write(2, f"{line}waits up to {_EXIT_JOIN_S:.0f} s for it before it exits\n".encode())
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C ends the wait, with no traceback
+        for _, thread in left:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class GracefulStop:
@@ -144,9 +169,11 @@ class GracefulStop:
                 with contextlib.suppress(OSError):
                     os.write(self._wakeup[1], b"\0")
             # Not a request of the main thread's: a store that stopped answering would hold the run's
-            # end (a clone's handshake and compare_set ignore set_timeout: RV47a F1). Left, daemon threads.
+            # end (a clone's handshake and compare_set ignore set_timeout: RV47a F1). Left, daemon threads
+            # that the process's exit waits for a while more (_join_left).
             poster.join(timeout=_JOIN_S)
             waiter.join(timeout=_JOIN_S)
+            _LEFT.extend((self.rank, t) for t in (poster, waiter) if t.is_alive())
             self._watching = None
             if self._wakeup is not None:
                 read, write, previous = self._wakeup
