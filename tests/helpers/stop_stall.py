@@ -3,8 +3,9 @@ store's C++ wait (review RV47b F2):
 - `python -m tests.helpers.stop_stall serve PORT`: the store's server, in a process of its own (forked);
 - `python -m tests.helpers.stop_stall rank PORT SERVER_PID`: one rank of a two-rank job's stop, in a
   fresh interpreter (a forked child leaves by os._exit: no atexit callback, no finalization). It stops
-  the server (SIGSTOP) inside its GracefulStop, prints "left: THREADS" and "loop ended" after it, and
-  returns; the test then lets the server go on.
+  the server (SIGSTOP) inside its GracefulStop, is sent a SIGTERM during the GracefulStop's exit,
+  prints "left: THREADS", its signal handlers and "loop ended" after it, and returns; the test then
+  lets the server go on.
 The rank exits 1, with a line, where a stop's thread is still alive when the interpreter is about to
 finalize: the store's answer reaching it then aborts the process (SIGABRT, exit 134)."""
 
@@ -52,11 +53,17 @@ def rank(port: int, server: int) -> None:
 
     store = dist.TCPStore("127.0.0.1", port, 1, False, timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    with GracefulStop(0, 2):  # two ranks: the stop's threads watch the store
+    with GracefulStop(0, 2) as stop:  # two ranks: the stop's threads watch the store
         time.sleep(0.5)  # the waiter is in its wait
         os.kill(server, signal.SIGSTOP)
         _until_stopped(server)
+        # during the exit's 2 s join of the waiter, after a loop that completed
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     print("left:", ", ".join(t.name for t in threading.enumerate() if t.name.startswith("gristmill-stop")))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    named = ", ".join(f"{sig.name} {getattr(h, '__name__', h)}" for sig, h in handlers.items())
+    print(f"handlers after the loop: {named}")
+    stop.release()
     print("loop ended", flush=True)
 
 

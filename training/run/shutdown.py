@@ -162,6 +162,10 @@ class GracefulStop:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        # A signal during this exit (its joins take up to 4 s on a store that stopped answering) comes
+        # after the loop: taken for one during it, the loop's SIGINT handler stayed on for the trackers'
+        # finish, and SIGTERM's default action, for a complete run (review RV47b F4)
+        received = self.received
         if self._watching is not None:
             poster, waiter, done = self._watching
             done.set()
@@ -192,17 +196,20 @@ class GracefulStop:
             # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
             # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
             # (a traceback, exit 0) when the first one's save was quick.
-            if sig == signal.SIGINT and self.received:
+            if sig == signal.SIGINT and received:
                 continue
             # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the
             # trackers' finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for
             # a complete run (reviews R18f 4, R18g 1, R18i B3), until release().
-            if sig in _SIGNALS and exc_type is None and not self.received:
+            if sig in _SIGNALS and exc_type is None and not received:
                 self._after[sig] = handler
                 signal.signal(sig, self._after_loop)
                 continue
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._after and self.received and not received:  # one that came during this exit: its note
+            signum, self.received = self.received, 0
+            self._after_loop(signum, None)
 
     def release(self) -> None:
         """The run's records written (or failed): SIGINT and SIGTERM as they were before the run, so an
