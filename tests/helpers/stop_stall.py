@@ -4,10 +4,10 @@ store's C++ wait (review RV47b F2):
 - `python -m tests.helpers.stop_stall rank PORT SERVER_PID`: one rank of a two-rank job's stop, in a
   fresh interpreter (a forked child leaves by os._exit: no atexit callback, no finalization). It stops
   the server (SIGSTOP) inside its GracefulStop, is sent a SIGTERM during the GracefulStop's exit,
-  prints "left: THREADS", its signal handlers and "loop ended" after it, and returns; the test then
-  lets the server go on.
+  prints "left: THREADS", its signal handlers and "loop ended" after it, and returns with the server
+  still stopped.
 The rank exits 1, with a line, where a stop's thread is still alive when the interpreter is about to
-finalize: the store's answer reaching it then aborts the process (SIGABRT, exit 134)."""
+finalize: the store's answer, or its server's end, reaching it then aborts the process (SIGABRT, 134)."""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ import itertools
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -66,7 +67,6 @@ _AWAIT = timedelta(days=7)
 _LOOK_S = 0.25  # how often the poster looks for its rank's signal where no wakeup fd wakes it (no request)
 _RETRY_S = 1.0  # after a request to the store failed
 _JOIN_S = 2.0  # how long the loop's end waits for each thread: a store that stopped answering leaves them
-_EXIT_JOIN_S = 30.0  # how long the process's exit waits more for the threads the loop's end left
 # GracefulStops made in this process, the same count on every rank (each run makes one): with torchrun's
 # restart count, a stop's key names its run and attempt. The store outlives torchrun's restarts, and an
 # earlier attempt's stop must not stop the next (review RV46a F2).
@@ -88,28 +88,67 @@ def _no_wakeup_in_a_child() -> None:
 
 os.register_at_fork(after_in_child=_no_wakeup_in_a_child)
 
-# (rank, thread) of the stop's threads a loop's end left waiting on a store that stopped answering
-_LEFT: list[tuple[int, threading.Thread]] = []
+# The stop's threads a loop's end left in a request to a store that stopped answering, with the store's
+# port and the sockets the process had as their GracefulStop began (the default group's client among them)
+_LEFT: list[tuple[list[threading.Thread], int | None, set[str]]] = []
+
+
+def _sockets() -> dict[int, str]:
+    """{fd: "socket:[inode]"} of this process's open sockets ({} where /proc is not Linux's)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if (link := os.readlink(f"/proc/self/fd/{name}")).startswith("socket:"):
+                    found[int(name)] = link
+    return found
+
+
+def _store_port(store) -> int | None:
+    """The TCP port of the TCPStore under `store` (the default group's is a PrefixStore), None for
+    another kind (a FileStore, a HashStore)."""
+    while store is not None and not hasattr(store, "port"):
+        store = getattr(store, "underlying_store", None)
+    return None if store is None else store.port
 
 
 @atexit.register
-def _join_left() -> None:
-    """Wait a while more for the threads a loop's end left in the store's C++ wait: the store's answer,
-    or its server's end, reaching one while the interpreter finalizes aborts the process ("terminate
-    called without an active exception", SIGABRT, exit 134) after a run that completed (review RV47b
-    F2: a store stalled across the loop's end, 6 of 6 trials). Here, before finalization, the answer
-    ends the thread as any does. A store silent past _EXIT_JOIN_S is left as before."""
-    left = [(rank, t) for rank, t in _LEFT if t.is_alive()]
+def _end_left() -> None:
+    """End the threads a loop's end left in a request to the store, before the interpreter finalizes: the
+    store's answer, or its server's end, reaching one then aborts the process ("terminate called without
+    an active exception", SIGABRT, exit 134) after a run that completed (review RV47b F2: a store
+    stalled across the loop's end, 6 of 6 trials). Their sockets to the store, those made since their
+    GracefulStop began, are shut down: their C++ requests fail at once and the threads return. (Waiting
+    for the store instead kept each such rank up to 30 s, and a Ctrl-C in that wait, or an answer just
+    after it, still aborted: review RV48a M1.) torch's C++ warning of each failed request, a 17-line
+    stack after a complete run, goes to /dev/null meanwhile."""
+    left = [(threads, port, before) for threads, port, before in _LEFT if any(t.is_alive() for t in threads)]
     _LEFT.clear()
     if not left:
         return
-    line = f"warning: rank {left[0][0]}: the job's store has not answered since the loop ended; this process "
-    with contextlib.suppress(OSError):
-        os.write(2, f"{line}waits up to {_EXIT_JOIN_S:.0f} s for it before it exits\n".encode())
-    deadline = time.monotonic() + _EXIT_JOIN_S
-    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C ends the wait, with no traceback
-        for _, thread in left:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    # A Ctrl-C here (SIGINT's default handler, after release()) raised in this callback and left them
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.signal(signal.SIGINT, lambda *_: None) if main else None
+    stderr = os.dup(2)
+    with contextlib.suppress(OSError), open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        for _, port, before in left:
+            for fd, link in _sockets().items():
+                if port is None or link in before:
+                    continue
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                    if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port:
+                        sock.shutdown(socket.SHUT_RDWR)  # the dup is the same socket: its request fails
+        deadline = time.monotonic() + _JOIN_S
+        for threads, _, _ in left:
+            for thread in threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        if main:
+            signal.signal(signal.SIGINT, sigint)
 
 
 class GracefulStop:
@@ -128,6 +167,7 @@ class GracefulStop:
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
         self._after: dict[int, object] = {}  # the handlers the note's replaced after the loop (release)
+        self._sockets_before: set[str] = set()  # the process's sockets as the stop's threads started
 
     def __enter__(self) -> GracefulStop:
         STOP_FETCHING.clear()  # a run before this one in the process may have been stopped
@@ -151,6 +191,7 @@ class GracefulStop:
             self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
             _WAKEUP.append((read, write))
         if self._store is not None:
+            self._sockets_before = set(_sockets().values())
             done = threading.Event()
             poster, waiter = (
                 threading.Thread(target=run, args=(done,), name=f"gristmill-stop-{name}", daemon=True)
@@ -162,10 +203,25 @@ class GracefulStop:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        # A signal during this exit (its joins take up to 4 s on a store that stopped answering) comes
-        # after the loop: taken for one during it, the loop's SIGINT handler stayed on for the trackers'
-        # finish, and SIGTERM's default action, for a complete run (review RV47b F4)
-        received = self.received
+        # The handlers for what is left first: a signal during the threads' joins (up to 4 s on a store
+        # that stopped answering) comes after the loop. Taken for one during it, the loop's SIGINT
+        # handler stayed on for the trackers' finish, SIGTERM got its default action, and a second
+        # Ctrl-C there said "stopping now without saving" of a complete run (reviews RV47b F4, RV48a M3).
+        for sig, handler in self._previous.items():
+            # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
+            # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
+            # (a traceback, exit 0) when the first one's save was quick.
+            if sig == signal.SIGINT and self.received:
+                continue
+            # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the
+            # trackers' finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for
+            # a complete run (reviews R18f 4, R18g 1, R18i B3), until release().
+            if sig in _SIGNALS and exc_type is None and not self.received:
+                self._after[sig] = handler
+                signal.signal(sig, self._after_loop)
+                continue
+            signal.signal(sig, handler)
+        self._previous.clear()
         if self._watching is not None:
             poster, waiter, done = self._watching
             done.set()
@@ -174,10 +230,11 @@ class GracefulStop:
                     os.write(self._wakeup[1], b"\0")
             # Not a request of the main thread's: a store that stopped answering would hold the run's
             # end (a clone's handshake and compare_set ignore set_timeout: RV47a F1). Left, daemon threads
-            # that the process's exit waits for a while more (_join_left).
+            # that the process's exit ends (_end_left).
             poster.join(timeout=_JOIN_S)
             waiter.join(timeout=_JOIN_S)
-            _LEFT.extend((self.rank, t) for t in (poster, waiter) if t.is_alive())
+            if left := [t for t in (poster, waiter) if t.is_alive()]:
+                _LEFT.append((left, _store_port(self._store), self._sockets_before))
             self._watching = None
             if self._wakeup is not None:
                 read, write, previous = self._wakeup
@@ -192,24 +249,6 @@ class GracefulStop:
             with contextlib.suppress(OSError):
                 os.close(self._stderr)
             self._stderr = None
-        for sig, handler in self._previous.items():
-            # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
-            # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
-            # (a traceback, exit 0) when the first one's save was quick.
-            if sig == signal.SIGINT and received:
-                continue
-            # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the
-            # trackers' finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for
-            # a complete run (reviews R18f 4, R18g 1, R18i B3), until release().
-            if sig in _SIGNALS and exc_type is None and not received:
-                self._after[sig] = handler
-                signal.signal(sig, self._after_loop)
-                continue
-            signal.signal(sig, handler)
-        self._previous.clear()
-        if self._after and self.received and not received:  # one that came during this exit: its note
-            signum, self.received = self.received, 0
-            self._after_loop(signum, None)
 
     def release(self) -> None:
         """The run's records written (or failed): SIGINT and SIGTERM as they were before the run, so an
