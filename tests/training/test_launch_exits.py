@@ -507,31 +507,42 @@ def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(
     assert "stop's watcher" not in err + other.stderr, err + other.stderr  # no failed request said
 
 
-def test_a_store_silent_across_the_loop_s_end_leaves_no_thread_in_it_as_the_interpreter_finalizes():
+@pytest.mark.parametrize("ending", ["complete", "error"])
+def test_a_store_silent_across_the_loop_s_end_leaves_no_thread_in_it_as_the_interpreter_finalizes(ending):
     """A store that stops answering as the loop ends (a stall over the loop's 2 s join) leaves the
     stop's waiter in its C++ wait; its answer, or its server's end, reaching that thread while the
     interpreter finalizes aborted the process (SIGABRT, exit 134) after a complete run (review RV47b F2:
-    6 of 6 trials). The process's exit now shuts that request's socket down first, so the thread
-    returns, quietly (torch's C++ stack of the failed request is not shown), with the store still
-    silent. A SIGTERM during the stop's own exit, which such a store makes seconds long, is one after
-    the loop: one note, and the after-loop handlers (RV47b F4, RV48a M3). The rank is a fresh
-    interpreter (a forked child skips atexit and finalization: tests/helpers/stop_stall.py)."""
+    6 of 6 trials). The process's exit now shuts down that request's connection (not the default
+    group's client's), so the thread returns, quietly (torch's C++ stack of the failed request is not
+    shown), with the store still silent, and stderr and SIGINT are as they were after. A SIGTERM during
+    the stop's own exit, which such a store makes seconds long, is one after a complete loop: one
+    note, the after-loop handlers (RV47b F4, RV48a M3); after a loop that failed, the loop's handler's
+    still, not SIGTERM's default action, which killed the rank with its error unsaid (RV48b M1). The
+    rank is a fresh interpreter (a forked child skips atexit and finalization:
+    tests/helpers/stop_stall.py)."""
     port = str(free_port())
     module = [sys.executable, "-m", "tests.helpers.stop_stall"]
     server = forked.popen([*module, "serve", port], cwd=ROOT, env=ENV)
     try:
         rank = subprocess.run(
-            [*module, "rank", port, str(server.pid)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-            timeout=120,
+            [*module, "rank", port, str(server.pid), ending], cwd=ROOT, env=ENV, capture_output=True,
+            text=True, timeout=120,
         )  # fmt: skip
     finally:
         server.kill()
-    left, handlers, ended = (rank.stdout.splitlines() + ["", "", ""])[:3]
-    assert ended == "loop ended", rank.stdout + rank.stderr[-3000:]
-    assert "gristmill-stop-wait" in left, rank.stdout  # the stall left it, as this test needs
-    assert rank.returncode == 0, rank.stderr[-3000:]
-    for noise in ("terminate called", "Exception raised from", "recvValueWithTimeout", "Traceback"):
-        assert noise not in rank.stderr, rank.stderr[-3000:]
-    assert handlers == "handlers after the loop: SIGINT _after_loop, SIGTERM _after_loop", rank.stdout
+    out, err = rank.stdout, rank.stderr
+    assert out.endswith("loop ended\n"), out + err[-3000:]
+    assert "left: gristmill-stop-wait" in out, out  # the stall left it, as this test needs
+    assert rank.returncode == 0, err[-3000:]
+    noises = ("terminate called", "Exception raised from", "recvValueWithTimeout", "Traceback", "shut down")
+    for noise in noises:
+        assert noise not in err, err[-3000:]
+    assert "at finalization: SIGINT default_int_handler" in err, err  # and the line came out: fd 2 back
     note = "note: SIGTERM after the last step: the run finishes its records"
-    assert rank.stderr.count(note) == 1, rank.stderr
+    if ending == "complete":
+        assert "handlers after the loop: SIGINT _after_loop, SIGTERM _after_loop" in out, out
+        assert err.count(note) == 1, err
+    else:
+        assert "loop error: the loop's error" in out, out
+        assert "handlers after the loop: SIGINT default_int_handler, SIGTERM 0" in out, out
+        assert note not in err, err

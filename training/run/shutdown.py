@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import os
 import select
@@ -89,8 +90,37 @@ def _no_wakeup_in_a_child() -> None:
 os.register_at_fork(after_in_child=_no_wakeup_in_a_child)
 
 # The stop's threads a loop's end left in a request to a store that stopped answering, with the store's
-# port and the sockets the process had as their GracefulStop began (the default group's client among them)
-_LEFT: list[tuple[list[threading.Thread], int | None, set[str]]] = []
+# peers as the default group's client sees it and the sockets the process had as their GracefulStop began
+_LEFT: list[tuple[list[threading.Thread], _StorePeers | None]] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class _StorePeers:
+    port: int  # the TCPStore's
+    addresses: frozenset  # (host, port) of the process's connections to it as the GracefulStop began
+    before: frozenset  # "socket:[inode]" of the process's sockets then (the default client's among them)
+
+    @classmethod
+    def now(cls, store) -> _StorePeers | None:
+        """The peers of the TCPStore under `store` (the default group's is a PrefixStore); None for
+        another kind (a FileStore, a HashStore)."""
+        while store is not None and not hasattr(store, "port"):
+            store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+        sockets = _sockets()
+        peers = {peer for fd in sockets if (peer := _peer(fd)) is not None and peer[1] == store.port}
+        return cls(store.port, frozenset(peers), frozenset(sockets.values()))
+
+    def made_since(self) -> list[int]:
+        """The fds of the process's connections to the store made since `now`: by address where the
+        default client's was seen then, else by port."""
+        found = []
+        for fd, link in _sockets().items():
+            if link not in self.before and (peer := _peer(fd)) is not None:
+                if peer in self.addresses if self.addresses else peer[1] == self.port:
+                    found.append(fd)
+        return found
 
 
 def _sockets() -> dict[int, str]:
@@ -104,12 +134,12 @@ def _sockets() -> dict[int, str]:
     return found
 
 
-def _store_port(store) -> int | None:
-    """The TCP port of the TCPStore under `store` (the default group's is a PrefixStore), None for
-    another kind (a FileStore, a HashStore)."""
-    while store is not None and not hasattr(store, "port"):
-        store = getattr(store, "underlying_store", None)
-    return None if store is None else store.port
+def _peer(fd: int) -> tuple[str, int] | None:
+    """(host, port) that TCP socket `fd` is connected to; None for another kind, or one not connected."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            return tuple(sock.getpeername()[:2])
+    return None
 
 
 @atexit.register
@@ -117,36 +147,34 @@ def _end_left() -> None:
     """End the threads a loop's end left in a request to the store, before the interpreter finalizes: the
     store's answer, or its server's end, reaching one then aborts the process ("terminate called without
     an active exception", SIGABRT, exit 134) after a run that completed (review RV47b F2: a store
-    stalled across the loop's end, 6 of 6 trials). Their sockets to the store, those made since their
-    GracefulStop began, are shut down: their C++ requests fail at once and the threads return. (Waiting
-    for the store instead kept each such rank up to 30 s, and a Ctrl-C in that wait, or an answer just
-    after it, still aborted: review RV48a M1.) torch's C++ warning of each failed request, a 17-line
-    stack after a complete run, goes to /dev/null meanwhile."""
-    left = [(threads, port, before) for threads, port, before in _LEFT if any(t.is_alive() for t in threads)]
+    stalled across the loop's end, 6 of 6 trials). Their connections to the store, those made since
+    their GracefulStop began, are shut down: their C++ requests fail at once and the threads return.
+    (Waiting for the store instead kept each such rank up to 30 s, and a Ctrl-C in that wait, or an
+    answer just after it, still aborted: review RV48a M1.) torch's C++ warning of each failed request,
+    a 17-line stack after a complete run, goes to /dev/null meanwhile (milliseconds)."""
+    left = [(threads, peers) for threads, peers in _LEFT if any(t.is_alive() for t in threads)]
     _LEFT.clear()
     if not left:
         return
     # A Ctrl-C here (SIGINT's default handler, after release()) raised in this callback and left them
     main = threading.current_thread() is threading.main_thread()
     sigint = signal.signal(signal.SIGINT, lambda *_: None) if main else None
-    stderr = os.dup(2)
-    with contextlib.suppress(OSError), open(os.devnull, "wb") as null:
-        os.dup2(null.fileno(), 2)
+    stderr = None
     try:
-        for _, port, before in left:
-            for fd, link in _sockets().items():
-                if port is None or link in before:
-                    continue
-                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-                    if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] == port:
-                        sock.shutdown(socket.SHUT_RDWR)  # the dup is the same socket: its request fails
+        with contextlib.suppress(OSError), open(os.devnull, "wb") as null:
+            stderr = os.dup(2)
+            os.dup2(null.fileno(), 2)
+        for fd in {fd for _, peers in left if peers is not None for fd in peers.made_since()}:
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)  # the dup is the same socket: its request fails
         deadline = time.monotonic() + _JOIN_S
-        for threads, _, _ in left:
+        for threads, _ in left:
             for thread in threads:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
     finally:
-        os.dup2(stderr, 2)
-        os.close(stderr)
+        if stderr is not None:
+            os.dup2(stderr, 2)
+            os.close(stderr)
         if main:
             signal.signal(signal.SIGINT, sigint)
 
@@ -167,7 +195,7 @@ class GracefulStop:
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
         self._after: dict[int, object] = {}  # the handlers the note's replaced after the loop (release)
-        self._sockets_before: set[str] = set()  # the process's sockets as the stop's threads started
+        self._store_peers: _StorePeers | None = None  # the store's connections as the threads started
 
     def __enter__(self) -> GracefulStop:
         STOP_FETCHING.clear()  # a run before this one in the process may have been stopped
@@ -191,7 +219,7 @@ class GracefulStop:
             self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
             _WAKEUP.append((read, write))
         if self._store is not None:
-            self._sockets_before = set(_sockets().values())
+            self._store_peers = _StorePeers.now(self._store)
             done = threading.Event()
             poster, waiter = (
                 threading.Thread(target=run, args=(done,), name=f"gristmill-stop-{name}", daemon=True)
@@ -203,39 +231,54 @@ class GracefulStop:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        # The handlers for what is left first: a signal during the threads' joins (up to 4 s on a store
-        # that stopped answering) comes after the loop. Taken for one during it, the loop's SIGINT
-        # handler stayed on for the trackers' finish, SIGTERM got its default action, and a second
-        # Ctrl-C there said "stopping now without saving" of a complete run (reviews RV47b F4, RV48a M3).
-        for sig, handler in self._previous.items():
-            # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
-            # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
-            # (a traceback, exit 0) when the first one's save was quick.
-            if sig == signal.SIGINT and self.received:
-                continue
-            # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the
-            # trackers' finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for
-            # a complete run (reviews R18f 4, R18g 1, R18i B3), until release().
-            if sig in _SIGNALS and exc_type is None and not self.received:
-                self._after[sig] = handler
+        # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the trackers'
+        # finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for a complete run
+        # (reviews R18f 4, R18g 1, R18i B3), until release(). Set before the threads' joins (up to 4 s
+        # on a store that stopped answering), where the loop's handlers took a signal for one during it
+        # (reviews RV47b F4, RV48a M3); the other handlers are restored after them, so that a signal
+        # there is still the loop's handler's (the default one killed a rank whose loop failed, its
+        # error unsaid: RV48b M1).
+        stopping = self.received  # a signal during the joins below is none of the loop's
+        complete = exc_type is None and not stopping
+        for sig in _SIGNALS if complete else ():
+            if sig in self._previous:
+                self._after[sig] = self._previous.pop(sig)
                 signal.signal(sig, self._after_loop)
-                continue
-            signal.signal(sig, handler)
-        self._previous.clear()
-        if self._watching is not None:
-            poster, waiter, done = self._watching
-            done.set()
-            if self._wakeup is not None:  # the poster, in its select, releases the waiters now
+        try:
+            self._end_watching()
+        finally:
+            for sig, handler in self._previous.items():
+                # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
+                # atexit work) still stops at once, 130 and one line; restored, it met an atexit
+                # callback (a traceback, exit 0) when the first one's save was quick.
+                if not (sig == signal.SIGINT and stopping):
+                    signal.signal(sig, handler)
+            self._previous.clear()
+            STOP_FETCHING.clear()
+            if self._stderr is not None:
                 with contextlib.suppress(OSError):
-                    os.write(self._wakeup[1], b"\0")
-            # Not a request of the main thread's: a store that stopped answering would hold the run's
-            # end (a clone's handshake and compare_set ignore set_timeout: RV47a F1). Left, daemon threads
-            # that the process's exit ends (_end_left).
+                    os.close(self._stderr)
+                self._stderr = None
+
+    def _end_watching(self) -> None:
+        """End the stop's threads and give the wakeup fd back. Not by a request of the main thread's: a
+        store that stopped answering would hold the run's end (a clone's handshake and compare_set
+        ignore set_timeout: RV47a F1). Threads still in a request after their joins are left, daemon
+        threads that the process's exit ends (_end_left)."""
+        if self._watching is None:
+            return
+        poster, waiter, done = self._watching
+        self._watching = None
+        done.set()
+        if self._wakeup is not None:  # the poster, in its select, releases the waiters now
+            with contextlib.suppress(OSError):
+                os.write(self._wakeup[1], b"\0")
+        try:
             poster.join(timeout=_JOIN_S)
             waiter.join(timeout=_JOIN_S)
+        finally:
             if left := [t for t in (poster, waiter) if t.is_alive()]:
-                _LEFT.append((left, _store_port(self._store), self._sockets_before))
-            self._watching = None
+                _LEFT.append((left, self._store_peers))
             if self._wakeup is not None:
                 read, write, previous = self._wakeup
                 signal.set_wakeup_fd(previous)
@@ -244,11 +287,6 @@ class GracefulStop:
                     os.close(read)
                     os.close(write)
                 self._wakeup = None
-        STOP_FETCHING.clear()
-        if self._stderr is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._stderr)
-            self._stderr = None
 
     def release(self) -> None:
         """The run's records written (or failed): SIGINT and SIGTERM as they were before the run, so an
