@@ -50,6 +50,14 @@ def _until_stopped(pid: int) -> None:
         time.sleep(0.01)
 
 
+def _sigterm_in_the_joins(stop) -> None:
+    """A SIGTERM once the GracefulStop's exit has begun its threads' joins (2 s for the waiter the
+    stalled store holds): not a timer's, which a loaded machine can fire before the exit or after it."""
+    while stop._watching is not None:  # set to None as the joins begin
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def serve(port: int) -> None:
     import torch.distributed as dist
 
@@ -74,8 +82,7 @@ def rank(port: int, server: int, ending: str) -> None:
             time.sleep(0.5)  # the waiter is in its wait
             os.kill(server, signal.SIGSTOP)
             _until_stopped(server)
-            # during the exit's 2 s join of the waiter
-            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            threading.Thread(target=_sigterm_in_the_joins, args=(stop,)).start()
             if ending == "error":
                 raise RuntimeError("the loop's error")
         error = None
