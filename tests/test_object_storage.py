@@ -2834,6 +2834,39 @@ def test_a_cache_emptied_at_a_write_of_an_open_is_made_again(s3, synthetic, tmp_
     assert not list(settings.dir.rglob("*.tmp"))
 
 
+def test_a_folder_emptied_between_mkdir_s_two_looks_is_made_again(tmp_path, monkeypatch):
+    """Path.mkdir(parents=True, exist_ok=True) meets an existing folder (EEXIST), then asks whether it
+    is a folder. An emptying of the cache between the two (`rm -rf` beside a run) made it raise
+    FileExistsError, which was taken for a folder that became a file: the run stopped with "cannot
+    write the cache … (File exists: …/blocks)" (test_a_cache_emptied_mid_run_keeps_its_bound, once in
+    the CI path). It is the emptying: the folders are made again and the write done. The interleaving
+    is made here by removing the cache as mkdir looks again; a file in the folder's place is still
+    the cache's one line."""
+    from training.data.remote import CacheError, cache_write
+
+    root = tmp_path / "cache"
+    folder = root / "copy" / "blocks"
+    folder.mkdir(parents=True)
+    real, removed = Path.is_dir, []
+
+    def emptied_first(self, *args, **kwargs):
+        if self == folder and not removed:
+            removed.append(shutil.rmtree(root))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "is_dir", emptied_first)
+    make, write = (
+        lambda: folder.mkdir(parents=True, exist_ok=True),
+        lambda: (folder / "unit").write_bytes(b"ids"),
+    )
+    cache_write(root, make, write)
+    assert removed and (folder / "unit").read_bytes() == b"ids"
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+    with pytest.raises(CacheError, match=rf"^cannot write the cache {re.escape(str(root))} \(File exists: "):
+        cache_write(root, make, write)
+
+
 def test_a_cache_emptied_at_every_try_of_a_write_says_so(s3, synthetic, tmp_path, monkeypatch):
     """A write whose temporary file is removed at every try (a cleaner clearing the cache in a loop)
     stopped with "give it a writable directory with room", which the directory is and has (review

@@ -321,11 +321,22 @@ T = TypeVar("T")
 EMPTIED_RETRIES = 4
 
 
+def _emptied_under_mkdir(e: OSError) -> bool:
+    """`Path.mkdir(exist_ok=True)`'s EEXIST for a folder that is a folder again, or gone: it met the folder,
+    then asked whether it is one, and an emptying in between made it raise. Taken for a folder that
+    became a file, it stopped a run with "cannot write the cache … (File exists: …/blocks)" (the CI path
+    at 21ec204). A file there is still that."""
+    if not isinstance(e, FileExistsError) or e.filename is None:
+        return False
+    return os.path.isdir(e.filename) or not os.path.lexists(e.filename)
+
+
 def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[], T]) -> T:
     """`folders()` (make the folders of the cache `cache_dir` that `write` writes into), then `write()`:
     every write into the cache while it is read goes through here. The cache may be emptied at any time
     (`rm -rf` to free the disk, docs/object-storage.md, Training from a bucket), and nothing makes that
-    wait for a write: when the write's file or a folder above it went meanwhile (ENOENT), the folders are made
+    wait for a write: when the write's file or a folder above it went meanwhile (ENOENT, or mkdir's EEXIST
+    for a folder gone between its two looks), the folders are made
     again and the write done again, whole (a copy's temporary file is written anew, and only a
     finished one is renamed into place), up to EMPTIED_RETRIES times; ENOENT once more is a line
     saying so. Any other failure (a full or read-only disk, a folder that became a file) is the cache's
@@ -338,7 +349,7 @@ def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[],
             making = False
             return write()
         except OSError as e:
-            if not isinstance(e, FileNotFoundError):
+            if not isinstance(e, FileNotFoundError) and not _emptied_under_mkdir(e):
                 raise unwritable_cache(cache_dir, e) from None
             if not retries:  # a folder that cannot be made at all (data.cache_dir under /proc) was
                 # told as one something kept clearing (trial T38 L8)
