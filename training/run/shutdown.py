@@ -112,15 +112,15 @@ class _StorePeers:
         peers = {peer for fd in sockets if (peer := _peer(fd)) is not None and peer[1] == store.port}
         return cls(store.port, frozenset(peers), frozenset(sockets.values()))
 
-    def made_since(self) -> list[int]:
-        """The fds of the process's connections to the store made since `now`: by address where the
-        default client's was seen then, else by port."""
-        found = []
+    def shut_down_made_since(self) -> None:
+        """Shut down the process's connections to the store made since `now` (by address where the
+        default client's was seen then, else by port): a request in one fails at once."""
         for fd, link in _sockets().items():
-            if link not in self.before and (peer := _peer(fd)) is not None:
-                if peer in self.addresses if self.addresses else peer[1] == self.port:
-                    found.append(fd)
-        return found
+            if link in self.before or (peer := _peer(fd)) is None:
+                continue
+            if peer in self.addresses if self.addresses else peer[1] == self.port:
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)  # the dup is the same socket
 
 
 def _sockets() -> dict[int, str]:
@@ -164,9 +164,9 @@ def _end_left() -> None:
         with contextlib.suppress(OSError), open(os.devnull, "wb") as null:
             stderr = os.dup(2)
             os.dup2(null.fileno(), 2)
-        for fd in {fd for _, peers in left if peers is not None for fd in peers.made_since()}:
-            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)  # the dup is the same socket: its request fails
+        for _, peers in left:
+            if peers is not None:
+                peers.shut_down_made_since()
         deadline = time.monotonic() + _JOIN_S
         for threads, _ in left:
             for thread in threads:
@@ -239,11 +239,11 @@ class GracefulStop:
         # there is still the loop's handler's (the default one killed a rank whose loop failed, its
         # error unsaid: RV48b M1).
         stopping = self.received  # a signal during the joins below is none of the loop's
-        complete = exc_type is None and not stopping
-        for sig in _SIGNALS if complete else ():
-            if sig in self._previous:
-                self._after[sig] = self._previous.pop(sig)
-                signal.signal(sig, self._after_loop)
+        if exc_type is None and not stopping:  # complete
+            for sig in _SIGNALS:
+                if sig in self._previous:
+                    self._after[sig] = self._previous.pop(sig)
+                    signal.signal(sig, self._after_loop)
         try:
             self._end_watching()
         finally:
