@@ -2279,6 +2279,26 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     assert printed.count("  index/doc_tokens.bin: ") == 1 and "gristmill data index" not in printed, printed
 
 
+def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synthetic, capsys):
+    """A shard damaged in the bucket after `data validate` said ok: the audit printed "ok" from the
+    bucket's record, though training refused the shard (review RV49a 2). The record holds the ETags
+    the validation listed; the audit lists them again (one request) and says the record is stale."""
+    local, _ = synthetic
+    url = s3.url("stale-record")
+    upload_dataset(local, url, log=lambda *a: None)
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    report = ["data", "audit", url, "--report", "validation"]
+    capsys.readouterr()
+    assert gristmill(report) == 0
+    assert " ok " in capsys.readouterr().out
+    key = "stale-record/" + next(k for k in s3.keys("stale-record") if k.startswith("shards/"))
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=good[:700] + bytes([good[700] ^ 1]) + good[701:])
+    assert gristmill(report) == 0
+    out = capsys.readouterr().out
+    assert "stale (shards changed since): validate again" in out and " ok " not in out, out
+
+
 @pytest.mark.parametrize(
     "field, value, expect",
     [

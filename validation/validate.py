@@ -176,6 +176,8 @@ class ValidationReport:
     fingerprint: str | None = None
     # what a reader of this version needs done that is no fault of the data (an older index format)
     notes: list[str] = field(default_factory=list)
+    # {shard file: its version as the check began (shard_versions)}: the audit's "ok" is of these
+    shard_versions: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -723,9 +725,12 @@ def validate_dataset(
 
     shards_dir = root / SHARDS_DIR
     if listing is not None:  # the bucket's objects
-        sizes = {rel.split("/", 1)[1]: n for rel, n in listing.items() if rel.startswith(SHARDS_DIR + "/")}
+        shard_objects = (rel for rel in listing if rel.startswith(SHARDS_DIR + "/"))
+        sizes = {rel.split("/", 1)[1]: listing[rel][0] for rel in shard_objects}
+        versions = _versions_listed(listing)
         leftovers = sorted(rel for rel in listing if rel.endswith(".tmp"))
     else:
+        versions = shard_versions(root)
         sizes = {p.name: p.stat().st_size for p in shards_dir.iterdir()} if shards_dir.is_dir() else {}
         # Our own leftover, from a validation killed between writing and renaming its report: it is
         # rewritten below, so it is no problem of the dataset.
@@ -819,6 +824,7 @@ def validate_dataset(
         n_problems=n_problems,
         fingerprint=info.get("fingerprint") if info else None,
         notes=notes,
+        shard_versions=versions,
     )
     unread = [r for r in results if r.unread]
     # Only what was not read here failed: no verdict, here or in the bucket (its record, if any, still
@@ -913,14 +919,35 @@ def _not_the_bucket(e: Exception) -> bool:
     return not isinstance(e, (ObjectMissing, ObjectCutShort, DatasetError))
 
 
+def shard_versions(location: str | Path) -> dict[str, str]:
+    """{shard file: its version} as the dataset's store tells it now: a bucket's size and ETag (the
+    store's digest of the content), a directory's size and mtime. A validation records them and the
+    audit compares: a shard replaced or damaged after its check made the audit say "ok" of bytes no
+    one had checked (review RV49a 2). A version is no proof of content, only of a change."""
+    if is_url(location):
+        return _versions_listed(ObjectStore(str(location)).list_etags(SHARDS_DIR + "/"))
+    versions = {}
+    with contextlib.suppress(OSError):
+        for p in (Path(location) / SHARDS_DIR).iterdir():
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                versions[p.name] = f"{st.st_size} {st.st_mtime_ns}"
+    return versions
+
+
+def _versions_listed(listing: dict[str, tuple[int, str]]) -> dict[str, str]:
+    prefix = SHARDS_DIR + "/"
+    return {rel[len(prefix) :]: f"{n} {etag}" for rel, (n, etag) in listing.items() if rel.startswith(prefix)}
+
+
 def _bucket_copy(
     url: str, cache: CacheSettings | None, problems: list[Problem]
-) -> tuple[Path, dict[str, int]]:
+) -> tuple[Path, dict[str, tuple[int, str]]]:
     """(the cache's copy of the bucket's dataset with every recorded file but the shards in it, each
-    fetched from the bucket now, the bucket's objects {path: bytes}); a recorded file whose object
-    does not hash as recorded is a problem (the cache's earlier copy is not the bucket)."""
+    fetched from the bucket now, the bucket's objects {path: (bytes, ETag)}); a recorded file whose
+    object does not hash as recorded is a problem (the cache's earlier copy is not the bucket)."""
     root = local_root(url, cache)
-    listing = ObjectStore(url).list()
+    listing = ObjectStore(url).list_etags()
     for rel in sorted(dataset_files(read_dataset_info(root))):
         if rel.split("/", 1)[0] == SHARDS_DIR:
             continue

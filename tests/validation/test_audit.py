@@ -516,6 +516,27 @@ def test_validation_status_stale_and_failed(built_dataset, tmp_path):
         )
 
 
+def test_a_shard_changed_after_its_validation_is_stale_not_ok(built_dataset, tmp_path):
+    """A shard replaced or damaged after `data validate` said ok: the audit went on saying "ok" of
+    bytes no validation had checked (review RV49a 2); the shards' versions the record holds (sizes and
+    mtimes here, a bucket's ETags in test_object_storage) tell it."""
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    con, _ = connect([root])
+    assert run_preset(con, "validation").records()[0]["status"] == "ok"
+    shard = sorted((root / "shards").iterdir())[0]
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 1
+    shard.write_bytes(bytes(data))
+    con, _ = connect([root])
+    assert (
+        run_preset(con, "validation").records()[0]["status"] == "stale (shards changed since): validate again"
+    )
+    assert main(["data", "validate", str(root)]) == 1
+    con, _ = connect([root])
+    assert run_preset(con, "validation").records()[0]["status"] == "FAILED"
+
+
 def test_print_summary(built_dataset, capsys):
     print_summary([built_dataset])
     out = capsys.readouterr().out
