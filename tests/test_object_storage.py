@@ -95,7 +95,15 @@ from training.data.block_cache import (
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
-from training.data.remote import CacheSettings, copy_dir, local_root, node_lock, tmp_name
+from training.data.remote import (
+    CacheError,
+    CacheSettings,
+    copy_dir,
+    local_root,
+    node_lock,
+    tmp_name,
+    tokenizer_dir,
+)
 from training.launch import child_pids
 from training.run.faults import AWAITED, DATA, HOLD_DATA, SIGTERM
 from training.train import load_train_config, train
@@ -1509,6 +1517,31 @@ def test_a_cache_an_older_version_wrote_is_fetched_again_each_copy_once(
     assert (blocks.row_lengths(rows) == here.lengths[rows]).all()  # fetched again, and read
 
 
+def test_a_directory_in_a_cached_sample_s_place_is_one_line(s3, synthetic, small_blocks, tmp_path):
+    """A directory where the cache keeps a sample: a traceback (IsADirectoryError) from the loader; a
+    fetch could not be moved over it either (review RV49a 3). One line naming it and the fix."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    want = hashes(local, 30)
+    assert hashes(url, 30, cache=settings) == want
+    first = sorted(settings.dir.glob("*/blocks/*.blk"), key=lambda p: int(p.stem))[0]
+    first.unlink()
+    first.mkdir()
+    said = (
+        f"{first} is a directory, where the cache keeps a file: remove it (the cache is gristmill's own: "
+        "put nothing in it) and run again"
+    )
+    with pytest.raises(CacheError) as e:  # its fetch cannot be moved into place
+        hashes(url, 30, cache=settings)
+    assert str(e.value) == said
+    blocks = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+    with pytest.raises(CacheError) as e:  # a read of it (the prefetcher's plan, the loop)
+        blocks.builder.tables[0].cache._open(int(first.stem))
+    assert str(e.value) == said
+    first.rmdir()
+    assert hashes(url, 30, cache=settings) == want
+
+
 def test_held_out_documents_cached_at_another_val_fraction_are_never_read_as_others(s3, tmp_path):
     """A held-out document's cache file is named by its manifest row: its number in the held-out split
     depends on val_fraction, so a cache shared by readers of two val_fractions (a run's validation,
@@ -2074,6 +2107,30 @@ def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, s
     assert "the dataset at this URL was replaced since" in str(e.value) and "retry" not in str(e.value)
 
 
+def test_a_shard_missing_or_cut_short_in_the_bucket_names_the_repair(s3, synthetic, tmp_path):
+    """A shard deleted from the bucket, or replaced by a shorter one: the loader's line said "… does not
+    exist" with no fix, or pointed at a resume (review RV49a 4). Now the sample and the repair."""
+    local, _ = synthetic
+    url = s3.url("gone-shard")
+    upload_dataset(local, url, log=lambda *a: None)
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    key = f"gone-shard/shards/{name}"
+    body = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    fix = f"; upload the dataset again (`gristmill data upload DIR {url}`) or rebuild it"
+    for how, said in (
+        ("delete", "does not exist (sample 0)"),
+        ("cut", "is shorter than the dataset.json"),
+    ):
+        if how == "delete":
+            s3.client.delete_object(Bucket=BUCKET, Key=key)
+        else:
+            s3.client.put_object(Bucket=BUCKET, Key=key, Body=body[:1024])
+        with pytest.raises(DatasetError) as e:
+            hashes(url, 30, cache=cache(tmp_path / how))
+        assert said in str(e.value) and str(e.value).endswith(fix), str(e.value)
+        assert "resume" not in str(e.value)
+
+
 def test_a_bucket_encrypting_with_kms_keys_uploads_and_compares_by_content(s3, synthetic, tmp_path):
     """SSE-KMS objects have ETags of 32 hex digits that are not the MD5 of their bytes: a build task's
     upload refused the first object it put ("the store's ETag is not the MD5"), and `data upload` took
@@ -2297,6 +2354,21 @@ def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synth
     assert gristmill(report) == 0
     out = capsys.readouterr().out
     assert "stale (shards changed since): validate again" in out and " ok " not in out, out
+
+
+def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path):
+    """The cache's copy of a bucket's tokenizer.json (fetched for an export, init_from or a recipe's
+    check) damaged: every open of the dataset said "restore it or rebuild the dataset", at every rerun,
+    of a good bucket (review RV49a 1). It is hashed again where it is read, and fetched again."""
+    url = s3.url("cached-tokenizer")
+    upload_dataset(built_dataset, url, log=lambda *a: None)
+    settings = cache(tmp_path)
+    good = (built_dataset / "tokenizer.json").read_bytes()
+    for opened in (lambda: DocumentTable(url, cache=settings), lambda: tokenizer_dir(url, settings)):
+        copy = tokenizer_dir(url, settings) / "tokenizer.json"
+        copy.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+        opened()
+        assert copy.read_bytes() == good
 
 
 @pytest.mark.parametrize(
@@ -3221,8 +3293,9 @@ def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):
     cache.dir.mkdir()
     make_room(cache, 100)
     (cache.dir / USAGE).unlink()
-    (cache.dir / USAGE).mkdir()  # the count cannot be replaced, as on a full disk
-    with pytest.raises(DatasetError, match=rf"^cannot write the cache {re.escape(str(cache.dir))} \("):
+    (cache.dir / USAGE).mkdir()  # the count cannot be replaced, as on a full disk: named as it is
+    in_the_way = rf"^{re.escape(str(cache.dir / USAGE))} is a directory, where the cache keeps a file: "
+    with pytest.raises(DatasetError, match=in_the_way):
         make_room(cache, 100)
 
 

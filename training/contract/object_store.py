@@ -520,7 +520,7 @@ class ObjectStore:
                 return ObjectCutShort(
                     f"{where} is shorter than the dataset.json read when it was opened records ({what}: "
                     f"{code or status}): the dataset at this URL was replaced since, or the object cut "
-                    "short; nothing was read from it (a resume checks which dataset the URL holds now)"
+                    "short; nothing was read from it"
                 )
             return ObjectStoreError(
                 f"{where}: {what} failed {tries} time(s), last with {code or status}: "

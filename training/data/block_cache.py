@@ -57,6 +57,7 @@ import numpy as np
 
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
+    DATASET_JSON,
     DOC_RECORD,
     DOC_RECORDS,
     FORMAT,
@@ -78,6 +79,8 @@ from training.contract.lifetime import host, pid_alive
 from training.contract.object_store import (
     COUNTS,
     STOP_FETCHING,
+    ObjectCutShort,
+    ObjectMissing,
     ObjectStore,
     ObjectStoreError,
     Window,
@@ -92,6 +95,7 @@ from training.data.remote import (
     CacheSettings,
     cache_lock,
     cache_write,
+    in_the_way,
     mark_origin,
     node_lock,
     origin,
@@ -606,9 +610,7 @@ class CachedBlocks:
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
         for attempt in (1, 2):
-            data = self.store.get_range(
-                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD, window
-            )
+            data = self._get_range(s, name, lo, hi if not self.per_doc else lo + n * DOC_RECORD, window)
             rec = np.frombuffer(data, DOC_RECORDS, n)
             lengths = rec["n_tokens"].astype(np.int64)
             sha = rec["sha256"].tobytes()
@@ -636,7 +638,7 @@ class CachedBlocks:
             else:
                 if self.per_doc:
                     a = ids_at + int(starts[k])
-                    ids = self.store.get_range(f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize, window)
+                    ids = self._get_range(s, name, a, a + tokens * self.itemsize, window)
                     spans = [(0, len(ids))]
                 else:
                     ids = data[ids_at - lo :]
@@ -661,6 +663,20 @@ class CachedBlocks:
             "object in the bucket is damaged or was replaced, and nothing was trained on it; "
             + repair_advice(self.store)
         )
+
+    def _get_range(self, s: int, name: str, lo: int, hi: int, window) -> bytes:
+        """Bytes `lo`–`hi` of shard `name` (sample `s`'s); an object missing or shorter than the index
+        says is the bucket's dataset damaged or replaced: said with its repair (the store's line named
+        none, or a resume: review RV49a 4)."""
+        try:
+            return self.store.get_range(f"{SHARDS_DIR}/{name}", lo, hi, window)
+        except (ObjectMissing, ObjectCutShort) as e:
+            if (changed := self._index_changed()) is not None:
+                raise changed from None
+            raise DatasetError(
+                f"{e} (sample {s}): the bucket lacks what its {DATASET_JSON} records, and nothing was "
+                f"trained on it; {repair_advice(self.store)}"
+            ) from None
 
     def _index_changed(self) -> DatasetError | None:
         """The checks of every fetch and read hold the bytes to the index's sample totals and digests,
@@ -764,7 +780,10 @@ class CachedBlocks:
         """Unit `u`'s cache file, open, and its identity. A _BadCopy raised inside keeps it open
         (`held`) until _failed has compared it with the cache's file: while it is open, its inode's
         number cannot be given to a copy fetched again meanwhile (which _failed would take for it)."""
-        f = open(self._file(u), "rb", buffering=0)
+        try:
+            f = open(self._file(u), "rb", buffering=0)
+        except IsADirectoryError:
+            raise in_the_way(Path(self._file(u))) from None
         try:
             yield f, _identity(os.fstat(f.fileno()))
         except _BadCopy as bad:

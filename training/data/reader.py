@@ -113,6 +113,11 @@ class DocumentTable:
                 f"tokenizer ({self.root / TOKENIZER_JSON}) or rebuild the dataset with yours"
             )
         tok = self.root / TOKENIZER_JSON
+        if origin(self.root) is not None and tok.is_file():
+            # the cache's copy (fetched for an export, init_from, a recipe's check) hashed again: a
+            # damaged one is fetched again, not blamed on the dataset (it said "rebuild the dataset" at
+            # every rerun of a good bucket: review RV49a 1)
+            ensure_checked(self.root, [TOKENIZER_JSON])
         if problem := tokenizer_problem(self.root, info, where, absent_ok=origin(self.root) is not None):
             raise DatasetError(problem)
         # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped

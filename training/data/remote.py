@@ -50,6 +50,7 @@ from training.contract.file_lock import LockHeld, file_lock
 from training.contract.lifetime import host
 from training.contract.object_store import (
     COUNTS,
+    ObjectCutShort,
     ObjectMissing,
     ObjectStore,
     ObjectURL,
@@ -299,6 +300,8 @@ def unwritable_cache(cache_dir: Path, e: OSError, emptied: int = 0) -> CacheErro
     both ways to name the cache: a train config's, the data commands' flag. `emptied`: the times the
     write found what it had made removed (cache_write), when that is why it failed: the directory is
     writable and has room, something clears it (review RV27b F4)."""
+    if isinstance(e, IsADirectoryError):  # a rename's target is its second name
+        return in_the_way(Path(e.filename2 or e.filename or cache_dir))
     what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else e.strerror or e
     if emptied:
         return CacheError(
@@ -309,6 +312,15 @@ def unwritable_cache(cache_dir: Path, e: OSError, emptied: int = 0) -> CacheErro
     return CacheError(
         f"cannot write the cache {cache_dir} ({what}); give it a writable directory with room "
         "(data.cache_dir and data.cache_gb in a train config, --cache-dir in the data commands)"
+    )
+
+
+def in_the_way(path: Path) -> CacheError:
+    """A directory where the cache keeps a file (nothing gristmill makes: a fetch cannot be moved over
+    it, and a read of it was a traceback: review RV49a 3)."""
+    return CacheError(
+        f"{path} is a directory, where the cache keeps a file: remove it (the cache is gristmill's own: "
+        "put nothing in it) and run again"
     )
 
 
@@ -420,11 +432,11 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
 
 
 def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> Path:
-    """The dataset's directory with its tokenizer.json (a bucket's: the copy, the file fetched and
-    checked; a dataset written without one has none either way)."""
+    """The dataset's directory with its tokenizer.json (a bucket's: the copy, hashed again and fetched
+    again where it differs; a dataset written without one has none either way)."""
     root = local_root(location, cache)
     if read_dataset_info(root).get("tokenizer_sha256") not in (None, "none"):
-        ensure(root, [TOKENIZER_JSON])
+        ensure_checked(root, [TOKENIZER_JSON])
     return root
 
 
@@ -583,7 +595,12 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
     tmp = dest.with_name(tmp_name(dest.name))
     for attempt in (1, 2):
         try:
-            got = store.download(rel, tmp, size if size is not None else 0)
+            try:
+                got = store.download(rel, tmp, size if size is not None else 0)
+            except (ObjectMissing, ObjectCutShort) as e:  # the bucket's, with its repair (RV49a 4)
+                raise DatasetError(
+                    f"{e}: the bucket lacks what its {DATASET_JSON} records; {repair_advice(store)}"
+                ) from None
             got_size = tmp.stat().st_size
             if got == sha256 and (size is None or got_size == size):
                 move_into_place(tmp, dest)
