@@ -125,3 +125,24 @@ def test_the_summary_quotes_only_logged_steps(tmp_path):
     assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in summary_line(rows, 0, 27, 3.0)
     # metrics.plot = false: no loss.png, so none named
     assert RunRecord(tmp_path, None, TrainState(), rank=0, plot=False).draw_loss() is None
+
+
+def test_the_summary_counts_the_validations_and_evals_that_failed():
+    """A damaged held-out document skips every validation after it, each with a warning as it happens;
+    the run's last line, rc 0, said nothing of it (review RV49a 5). Counted over this invocation."""
+    from training.metrics import summary_line
+
+    rows = [{"step": 1, "loss": 9.0, "val_loss": 8.9}, {"step": 2, "loss": 8.0, "val_error": "x"}]
+    rows += [
+        {"step": 3, "loss": 7.0, "val_error": "x", "eval_s": 1.0},
+        {"step": 4, "loss": 6.0, "eval_error": "y"},
+    ]
+    line = summary_line(rows, 0, 4, 3.0)
+    assert line.endswith(
+        "; validation failed at 2 of 3 steps (the rows' val_error says why); eval failed at 1 of 2 steps "
+        "(the rows' eval_error says why)"
+    ), line
+    assert summary_line(rows, 3, 4, 3.0).endswith(
+        "; eval failed at 1 of 1 steps (the rows' eval_error says why)"
+    )
+    assert summary_line(rows[:1], 0, 1, 3.0).endswith(", 3 s")  # nothing failed: nothing said
