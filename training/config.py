@@ -114,12 +114,12 @@ class DataSection:
     cache_gb: float = 100.0
     """The bound on the cached blocks' size in GB (1e9 bytes); blocks in flight are held in memory.
     It must hold the loaders' working set: per bucket source, its n·4,096 largest samples with
-    n = 2 + ceil(4 steps' bytes / its 4,096 smallest samples' bytes), so 3 while four steps fit in
-    its smallest epoch group (about 2.8 GB per source at FineWeb-Edu's lengths, whatever the
-    dataset's size), plus the held-out documents validation reads: a smaller value is refused before
-    any work with the figure (docs/object-storage.md; block_cache.CachedBlocks.group_need). Blocks
-    the plan reads next are fetched ahead as far as it allows; blocks of epoch groups no loader on
-    the node reads any more are evicted."""
+    n = 2 + ceil((4 + 2 × num_workers) steps' bytes / its 4,096 smallest samples' bytes), so 3 while
+    those steps fit in its smallest epoch group (about 2.8 GB per source at FineWeb-Edu's lengths,
+    whatever the dataset's size), plus the held-out documents validation reads: a smaller value is
+    refused before any work with the figure (docs/object-storage.md;
+    block_cache.CachedBlocks.group_need). Blocks the plan reads next are fetched ahead as far as it
+    allows; blocks of epoch groups no loader on the node reads any more are evicted."""
     fetch_requests: int = 8
     """Range requests in flight per loader while fetching a bucket's blocks ahead."""
     fetch_timeout_s: float = 300.0

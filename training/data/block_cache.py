@@ -268,7 +268,7 @@ class CachedBlocks:
         self._val_tokens = np.asarray(blocks._val_lengths, np.int64) if self.per_doc else None
         self.nunits = blocks.n if self.per_doc else len(self.totals)
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
-        self._needs: dict[tuple[int, int], int] = {}  # group_need by (step tokens, GROUP_BLOCKS)
+        self._needs: dict[tuple[int, int, int], int] = {}  # group_need by (step tokens, GROUP_BLOCKS, ahead)
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._owner = OPEN_MAPS.register(self, descriptors=False)  # its copies (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
@@ -363,21 +363,23 @@ class CachedBlocks:
         samples at FineWeb-Edu's size)."""
         return self._file_bytes(int(self._unit_tokens.sum()), self.nunits)
 
-    def group_need(self, step_tokens: int) -> int:
+    def group_need(self, step_tokens: int, ahead: int = 0) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
         `step_tokens` of it per step: the units of the epoch groups its last LAG_STEPS steps, the
-        current one and the next read (a sample is read until its group ends), each at most the
-        GROUP_BLOCKS largest blocks' bytes, plus one group for an epoch's short last group; all of them
-        when the split has no more blocks.
+        current one, the next and the `ahead` steps after it read (DataLoader workers build steps
+        ahead of the loop: their samples evicted before they were read were fetched again, trial
+        RV49b 1) (a sample is read until its group ends), each at most the GROUP_BLOCKS largest
+        blocks' bytes, plus one group for an epoch's short last group; all of them when the split has
+        no more blocks.
         Computed once per step size (a sort of every sample: the setup's check and each loader's
         prefetcher ask)."""
         group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
-        key = (step_tokens, group)
+        key = (step_tokens, group, ahead)
         if key not in self._needs:
-            self._needs[key] = self._group_need(step_tokens, group)
+            self._needs[key] = self._group_need(step_tokens, group, ahead)
         return self._needs[key]
 
-    def _group_need(self, step_tokens: int, group: int) -> int:
+    def _group_need(self, step_tokens: int, group: int, ahead: int) -> int:
         if self.per_doc:
             bd = self.blocks.block_docs
             per_block = np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize
@@ -385,7 +387,7 @@ class CachedBlocks:
         else:
             sizes = np.sort(self.totals * self.itemsize + self._overhead(1))[::-1]
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
-        span = (LAG_STEPS + 2) * step_tokens * self.itemsize
+        span = (LAG_STEPS + 2 + ahead) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
         return int(sizes[: groups * group].sum())
 

@@ -407,6 +407,9 @@ def _worker_start(trainer: int, _: int) -> None:
 # worker (pid(s) …) exited unexpectedly", rc 1). Not Linux: spawned, the trainer's children too (a
 # caller's set_start_method("forkserver") on macOS would put them back under one: review RV27a F3).
 WORKER_START = "fork" if sys.platform.startswith("linux") else "spawn"
+# Steps each DataLoader worker has requested ahead of the loop (torch's default): num_workers × it
+# steps are built before the loop takes them, and the cache keeps their samples (cache_need).
+PREFETCH_FACTOR = 2
 
 
 def _workers_started(loader: DataLoader) -> Any:
@@ -733,7 +736,7 @@ class TokenLoader:
             _StepStream(self._builder, self._step),
             batch_size=None,
             num_workers=self.num_workers,
-            prefetch_factor=2 if self.num_workers else None,
+            prefetch_factor=PREFETCH_FACTOR if self.num_workers else None,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             # An explicit generator: worker seeding must not draw from (and so shift) the global RNG.
             generator=torch.Generator(),
@@ -800,6 +803,7 @@ class TokenLoader:
         out = []
         view = self._node_view()
         total = self.plan.total_steps
+        ahead = PREFETCH_FACTOR * self.num_workers  # the steps its workers build ahead of the loop
         short = total is not None and total - self._step <= MAX_AHEAD_STEPS
         for i, t in enumerate(self._builder.tables):
             if t.cache is None:
@@ -811,11 +815,11 @@ class TokenLoader:
                 # a training split's: never more than the groups' figure, what the room was checked for
                 # at step 0 (the last steps' groups, many where a step reads much of one, went past it)
                 if not t.cache.per_doc:
-                    need = min(need, t.cache.group_need(self.plan.step_tokens(i)))
+                    need = min(need, t.cache.group_need(self.plan.step_tokens(i), ahead))
                 out.append((t.cache, need))
             else:  # a source no phase weighs is only validation's: the training keeps none of it (R19g 2)
                 tokens = self.plan.step_tokens(i)
-                out.append((t.cache, t.cache.group_need(tokens) if tokens else 0))
+                out.append((t.cache, t.cache.group_need(tokens, ahead) if tokens else 0))
         return out
 
 
