@@ -2387,7 +2387,7 @@ def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synth
     assert "stale (shards changed since): validate again" in out and " ok " not in out, out
 
 
-def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path):
+def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path, capsys):
     """The cache's copy of a bucket's tokenizer.json (fetched for an export, init_from or a recipe's
     check) damaged: every open of the dataset said "restore it or rebuild the dataset", at every rerun,
     of a good bucket (review RV49a 1). It is hashed again where it is read, and fetched again."""
@@ -2400,6 +2400,14 @@ def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path
         copy.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
         opened()
         assert copy.read_bytes() == good
+    # damaged in the bucket: `data validate` names it once (a second line said its copy was "missing")
+    s3.client.put_object(
+        Bucket=BUCKET, Key="cached-tokenizer/tokenizer.json", Body=good[:100] + b"x" + good[101:]
+    )
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress", "--cache-dir", str(tmp_path / "v")]) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("  tokenizer.json: ") == 1 and "fetched twice" in printed, printed
 
 
 @pytest.mark.parametrize(
