@@ -130,6 +130,15 @@ def session_processes(sid: int) -> list[int]:
     return pids
 
 
+def _parked(staging: Path) -> bool:
+    """Whether task 1 has a shard half-written under `staging`. A task that finishes removes its own
+    work folder, which an rglob walking it then meets gone (FileNotFoundError: the CI path, once)."""
+    try:
+        return bool(list(staging.rglob("00001_*.tar.tmp")))
+    except FileNotFoundError:
+        return False
+
+
 def assert_kill_9_leaves_no_process(config: Path, staging: Path, env: dict[str, str], *sets: str) -> None:
     """`python -m pipelines.build` (in a session of its own) is killed with SIGKILL, itself alone,
     while task 1 is parked mid-shard in `staging` (the output, or a bucket build's workdir): every
@@ -146,7 +155,7 @@ def assert_kill_9_leaves_no_process(config: Path, staging: Path, env: dict[str, 
     started: list[int] = []
     try:
         deadline = time.monotonic() + 90
-        while not list(staging.rglob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
+        while not _parked(staging):  # task 1 is parked mid-shard
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         started = [pid for pid in session_processes(proc.pid) if pid != proc.pid]
