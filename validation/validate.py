@@ -730,8 +730,9 @@ def validate_dataset(
         versions = _versions_listed(listing)
         leftovers = sorted(rel for rel in listing if rel.endswith(".tmp"))
     else:
-        versions = shard_versions(root)
-        sizes = {p.name: p.stat().st_size for p in shards_dir.iterdir()} if shards_dir.is_dir() else {}
+        stats = _shard_stats(root)
+        versions = _versions_stated(stats)
+        sizes = {name: st.st_size for name, st in stats.items()}
         # Our own leftover, from a validation killed between writing and renaming its report: it is
         # rewritten below, so it is no problem of the dataset.
         own_tmp = root / (VALIDATION_JSON + ".tmp")
@@ -926,13 +927,24 @@ def shard_versions(location: str | Path) -> dict[str, str]:
     one had checked (review RV49a 2). A version is no proof of content, only of a change."""
     if is_url(location):
         return _versions_listed(ObjectStore(str(location)).list_etags(SHARDS_DIR + "/"))
-    versions = {}
-    with contextlib.suppress(OSError):
-        for p in (Path(location) / SHARDS_DIR).iterdir():
-            with contextlib.suppress(OSError):
-                st = p.stat()
-                versions[p.name] = f"{st.st_size} {st.st_mtime_ns}"
-    return versions
+    try:
+        return _versions_stated(_shard_stats(Path(location)))
+    except OSError:  # unreadable: no version matches a record (the audit says stale)
+        return {}
+
+
+def _shard_stats(root: Path) -> dict[str, os.stat_result]:
+    """{file in shards/: its stat} ({} without the folder; a file gone meanwhile is left out)."""
+    stats = {}
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for p in (root / SHARDS_DIR).iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                stats[p.name] = p.stat()
+    return stats
+
+
+def _versions_stated(stats: dict[str, os.stat_result]) -> dict[str, str]:
+    return {name: f"{st.st_size} {st.st_mtime_ns}" for name, st in stats.items()}
 
 
 def _versions_listed(listing: dict[str, tuple[int, str]]) -> dict[str, str]:

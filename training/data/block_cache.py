@@ -57,7 +57,6 @@ import numpy as np
 
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
-    DATASET_JSON,
     DOC_RECORD,
     DOC_RECORDS,
     FORMAT,
@@ -93,6 +92,7 @@ from training.data.order import DocBlocks
 from training.data.remote import (
     ORIGIN,
     CacheSettings,
+    bucket_lacks,
     cache_lock,
     cache_write,
     in_the_way,
@@ -668,17 +668,13 @@ class CachedBlocks:
 
     def _get_range(self, s: int, name: str, lo: int, hi: int, window) -> bytes:
         """Bytes `lo`–`hi` of shard `name` (sample `s`'s); an object missing or shorter than the index
-        says is the bucket's dataset damaged or replaced: said with its repair (the store's line named
-        none, or a resume: review RV49a 4)."""
+        says is the bucket's dataset damaged or replaced (bucket_lacks)."""
         try:
             return self.store.get_range(f"{SHARDS_DIR}/{name}", lo, hi, window)
         except (ObjectMissing, ObjectCutShort) as e:
             if (changed := self._index_changed()) is not None:
                 raise changed from None
-            raise DatasetError(
-                f"{e} (sample {s}): the bucket lacks what its {DATASET_JSON} records, and nothing was "
-                f"trained on it; {repair_advice(self.store)}"
-            ) from None
+            raise bucket_lacks(self.store, e, s) from None
 
     def _index_changed(self) -> DatasetError | None:
         """The checks of every fetch and read hold the bytes to the index's sample totals and digests,

@@ -597,10 +597,8 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
         try:
             try:
                 got = store.download(rel, tmp, size if size is not None else 0)
-            except (ObjectMissing, ObjectCutShort) as e:  # the bucket's, with its repair (RV49a 4)
-                raise DatasetError(
-                    f"{e}: the bucket lacks what its {DATASET_JSON} records; {repair_advice(store)}"
-                ) from None
+            except (ObjectMissing, ObjectCutShort) as e:
+                raise bucket_lacks(store, e) from None
             got_size = tmp.stat().st_size
             if got == sha256 and (size is None or got_size == size):
                 move_into_place(tmp, dest)
@@ -614,6 +612,19 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
         f"{DATASET_JSON} records {'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…: "
         "the object in "
         f"the bucket is damaged or was replaced, and nothing was trained on it; {repair_advice(store)}"
+    )
+
+
+def bucket_lacks(
+    store: ObjectStore, e: ObjectMissing | ObjectCutShort, sample: int | None = None
+) -> DatasetError:
+    """An object of the bucket's dataset missing or shorter than dataset.json records, with the bucket's
+    repair (the store's own line named none, or a resume: RV49a 4); `sample`: the one a loader's fetch
+    read it for, which nothing trained on."""
+    read = "" if sample is None else f" (sample {sample})"
+    trained = "" if sample is None else ", and nothing was trained on it"
+    return DatasetError(
+        f"{e}{read}: the bucket lacks what its {DATASET_JSON} records{trained}; {repair_advice(store)}"
     )
 
 
