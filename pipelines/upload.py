@@ -326,7 +326,8 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
         raise DatasetError(
             f"{store.url} holds another dataset (fingerprint {str(theirs.get('fingerprint'))[:12]}…, "
             "this one "
-            f"{info['fingerprint'][:12]}…): upload to another prefix, or delete that one first"
+            f"{info['fingerprint'][:12]}…): upload to another prefix, or, if the prefix is this one's (that "
+            f"dataset.json put over its own), delete {where} and upload again"
         )
     return raw
 

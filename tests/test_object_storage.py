@@ -513,8 +513,9 @@ def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_p
 def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, capsys):
     local, url = synthetic
     other = make_dataset(tmp_path / "other", n_docs=50, seed=1)
-    with pytest.raises(DatasetError, match="holds another dataset"):
+    with pytest.raises(DatasetError, match="holds another dataset") as e:
         upload_dataset(other, url, log=lambda *a: None)
+    assert f"delete {url}/dataset.json and upload again" in str(e.value)  # the object, named (RV49a 4)
     # inside its prefix: accepted, and its objects were the outer dataset's strays (review R22b F7)
     for inner in (f"{url}/sub", f"{url}/a/b"):
         with pytest.raises(DatasetError) as e:
@@ -1707,11 +1708,14 @@ def test_a_rank_that_alone_cannot_read_its_data_is_named_with_its_error(s3, synt
 # item 7: bad input is one line, before any work
 
 
-@pytest.mark.parametrize("problem", ["unknown bucket", "no credentials", "unreachable endpoint"])
+@pytest.mark.parametrize(
+    "problem", ["unknown bucket", "unnamable bucket", "no credentials", "unreachable endpoint"]
+)
 def test_bad_bucket_input_is_one_line_before_any_work(
     s3, build_fixture, synthetic, problem, tmp_path, capsys, monkeypatch
 ):
-    url = f"s3://{'no-such-bucket' if problem == 'unknown bucket' else BUCKET}/data"
+    bucket = {"unknown bucket": "no-such-bucket", "unnamable bucket": "No_Such_Bucket"}.get(problem, BUCKET)
+    url = f"s3://{bucket}/data"
     if problem == "no credentials":
         monkeypatch.delenv("AWS_ACCESS_KEY_ID")
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
@@ -1719,6 +1723,7 @@ def test_bad_bucket_input_is_one_line_before_any_work(
         monkeypatch.setenv("AWS_ENDPOINT_URL", closed_port_url())
     want = {  # a missing bucket: one line saying to create it (issue 47)
         "unknown bucket": f"error: bucket 'no-such-bucket' does not exist at {s3.proxy.url} ({url}",
+        "unnamable bucket": f"error: bucket 'No_Such_Bucket' does not exist at {s3.proxy.url} ({url}",
         "no credentials": "error: no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
         "unreachable endpoint": "error: cannot reach http://127.0.0.1:",
     }[problem]
@@ -1752,6 +1757,8 @@ def test_bad_bucket_input_is_one_line_before_any_work(
         assert len(err) == 1 and err[0].startswith(want), (argv, err)
         assert url in err[0] or problem == "no credentials", err
         assert ": create it, or fix the URL" in err[0] or problem != "unknown bucket", err
+        # a name no bucket can be given today: not "create it" (RV49a 8)
+        assert "no bucket can be made with that name" in err[0] or problem != "unnamable bucket", err
     assert not work.exists() and not (tmp_path / "run").exists()
 
 
@@ -2408,6 +2415,12 @@ def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path
     assert gristmill(["data", "validate", url, "--no-progress", "--cache-dir", str(tmp_path / "v")]) == 1
     printed = capsys.readouterr().out
     assert printed.count("  tokenizer.json: ") == 1 and "fetched twice" in printed, printed
+    # and the audit shows that FAILED record: it refused the whole bucket, over a file its views never
+    # read, saying "nothing was trained on it" (RV49a 4)
+    assert (
+        gristmill(["data", "audit", url, "--report", "validation", "--cache-dir", str(tmp_path / "a")]) == 0
+    )
+    assert " FAILED " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

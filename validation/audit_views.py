@@ -41,6 +41,7 @@ from training.contract.dataset_format import (
     MANIFEST_SCHEMA,
     RECORDED_FILES,
     SHARDS_DIR,
+    TOKENIZER_JSON,
     UPLOAD_WRITES,
     DatasetError,
     dataset_files,
@@ -259,12 +260,16 @@ def dataset_names(roots: list[Path]) -> list[str]:
 
 def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     """The cache's copy of a bucket's dataset with what the views read: every file dataset.json records
-    but the shards and the index (each checked against its sha256), and the last validation.json."""
+    but the shards, the index and tokenizer.json (each checked against its sha256), and the last
+    validation.json."""
     root = local_root(url, cache)
     recorded = dataset_files(read_dataset_info(root))
     # each copy hashed again (a copy is not a proof: one damaged in place after its first check
-    # answered the audit from its bytes, the cache's record of it still "verified": review R16b 1c)
-    ensure_checked(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
+    # answered the audit from its bytes, the cache's record of it still "verified": review R16b 1c).
+    # Not the tokenizer, which no view reads: damaged in the bucket, it refused the whole audit, which
+    # then could not show the validation record that says so (review RV49a 4)
+    read = [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR) and r != TOKENIZER_JSON]
+    ensure_checked(root, read)
     CHECKED_COPIES.add(root.resolve())
     prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR)  # what views read: its own
     try:

@@ -56,6 +56,8 @@ MAX_PARTS = 10_000
 # walks and DataLoader workers are other processes; more requests than this open and close their own.
 POOL_CONNECTIONS = 64
 T = TypeVar("T")
+# the names S3 gives buckets today (older us-east-1 buckets and other stores may hold others: not refused)
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class Window:
@@ -499,9 +501,12 @@ class ObjectStore:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if code == "NoSuchBucket" or (code in ("404", "NotFound") and rel is None):
+                fix = "create it, or fix the URL"
+                if not BUCKET_NAME.fullmatch(self.url.bucket):  # "create it" was advice no store takes
+                    fix = "no bucket can be made with that name (3–63 of a-z, 0-9, '.', '-'): fix the URL"
                 return ObjectStoreError(
-                    f"bucket {self.url.bucket!r} does not exist at {endpoint()} ({where}): create it, or fix "
-                    f"the URL (or {endpoint_setting()}, if the bucket is on another store)"
+                    f"bucket {self.url.bucket!r} does not exist at {endpoint()} ({where}): {fix} (or "
+                    f"{endpoint_setting()}, if the bucket is on another store)"
                 )
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectMissing(f"{where} does not exist")
