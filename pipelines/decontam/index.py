@@ -55,7 +55,14 @@ from pipelines.decontam.ngram import (
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
 from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import artifact_in
-from validation.eval_data import EvalError, checked_task_manager, task_documents_sha256
+from validation.eval_data import (
+    EvalError,
+    checked_task_manager,
+    files_sha256,
+    local_data_cache,
+    task_data_files,
+    task_documents_sha256,
+)
 from validation.eval_output import eval_output
 
 LOG = "lm-eval.log"
@@ -122,8 +129,16 @@ def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
     if not names:
         raise EvalError("no tasks given; e.g. --tasks hellaswag,arc_easy")
     tm = checked_task_manager(names, include_path, LOCAL_HINT)
+    tasks: dict[str, Any] = {}
     try:
-        return tm.load(names)["tasks"]
+        for name in names:
+            # a task read from local files alone, through datasets' cache of their content, as the eval
+            # reads it: its own cache keys a file on path and mtime, and a file replaced under its old
+            # mtime (cp -p, rsync -a) was indexed from the old rows (review RV50b F1)
+            data = task_data_files(tm, name)
+            with local_data_cache(files_sha256(data.files) if data.alone and data.files else None):
+                tasks.update(tm.load([name])["tasks"])
+        return tasks
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else ""
         raise EvalError(

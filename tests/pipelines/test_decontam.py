@@ -6,6 +6,7 @@ excluded/, dataset.json, the audit → `gristmill eval`'s marks on a tiny export
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -328,6 +329,30 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
     hashes, owner = many_ngram_hashes(texts, 3)
     assert np.array_equal(hashes, np.concatenate([text_ngram_hashes(t, 3) for t in texts]))
     assert owner.tolist() == [i for i, t in enumerate(texts) for _ in range(len(text_ngram_hashes(t, 3)))]
+
+
+def test_a_task_file_replaced_under_its_old_mtime_is_indexed_as_it_is_now(tmp_path, capsys):
+    """datasets keys a local file's cache on its path and mtime: a task file replaced by a new release
+    under its old mtime (cp -p, rsync -a, tar x) was indexed from the cached old rows, and a page quoting
+    the new item was kept (review RV50b F1). The index reads such a task per content, as the eval does."""
+    tasks = write_tasks(tmp_path / "tasks")
+    argv = ["data", "decontam-index", "--tasks", "gm_qa", "--include-path", str(tasks), "--out"]
+    assert main([*argv, str(tmp_path / "before")]) == 0
+    data = tasks / "gm_qa.jsonl"
+    st = data.stat()
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    new = (
+        "Which purple elephant danced across the frozen lake while seven orange penguins sang loudly at dawn?"
+    )
+    data.write_text(
+        "".join(json.dumps({**r, "question": new} if i == 0 else r) + "\n" for i, r in enumerate(rows))
+    )
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert main([*argv, str(tmp_path / "after")]) == 0
+    capsys.readouterr()
+    assert NgramIndex(tmp_path / "before").first_match(new) is None
+    assert NgramIndex(tmp_path / "after").first_match(f"Intro. {new} Outro.").doc == 0
+    assert read_manifest(tmp_path / "after")["sha256"] != read_manifest(tmp_path / "before")["sha256"]
 
 
 def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
