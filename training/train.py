@@ -416,6 +416,8 @@ def _go_on(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Ver
     if due.save or stop:  # first: a validation or eval that fails then costs no training
         _record_batches(run)  # a checkpoint's steps are recorded before it exists
         run.checkpointer.save(step, run.state.tokens_seen, blocking=stop is not None)
+        if due.validate or due.evaluate:  # an async write committed before them, or one that died cost
+            run.checkpointer.finish()  # the steps since the last checkpoint (review RV50a F1)
         kill_point(f"saved:{step}")
     _write_pending(run)
 

@@ -551,6 +551,17 @@ def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterr
     assert_same_weights(reference, run, LAST)
 
 
+def test_an_async_save_is_complete_before_the_validation_due_at_its_step(config, tmp_path):
+    """checkpoint.async = true, killed at "saved:4" (its validation and row not yet done): the write in
+    the background had not committed, and the resume went back to step 2, so a validation or an eval
+    that died cost the steps since the last checkpoint (review RV50a F1). The write is waited for first
+    at a step with a validation or an eval due."""
+    run = tmp_path / "run"
+    killed = run_child(config, run, "checkpoint.async=true", env={KILL: f"saved:{ALL_DUE}"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert complete_steps(run)[-1] == ALL_DUE
+
+
 def test_a_resume_that_turns_validation_off_writes_the_row_a_kill_cut_off(
     config, tmp_path, killed_before_the_busiest_row, capsys
 ):
