@@ -12,7 +12,8 @@ checks:
   every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON);
 - `.ids` lengths are a multiple of the dtype size and every id is below `vocab_size`;
 - exactly one separator per document, at the position dataset.json names ("after": last token,
-  "before": first token), and none anywhere else;
+  "before": first token), and none anywhere else, nor a document of the separator alone (two side
+  by side in the stream);
 - the manifest agrees with the tars: every row's document in its shard, `offset`/`nbytes` where the
   tar headers put it (/1: equal to its member's data offset and size, the rows of a shard in its
   members' tar order), `n_tokens` equal to its token count;
@@ -572,8 +573,13 @@ def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndar
     counts = np.bincount(doc_of_sep, minlength=len(keys))
     res.separators = int(counts.sum())
     misplaced = misplaced_separators(ids, spec.sep_id, spec.position, lengths)
-    # the documents holding a misplaced token, and the empty ones (no token to misplace)
-    bad = np.union1d(np.searchsorted(ends, misplaced, side="right"), np.flatnonzero(lengths == 0))
+    # the documents holding a misplaced token, the empty ones (no token to misplace), and those of the
+    # separator alone: in place, yet two separators side by side in the stream, as a doubled one puts
+    # them (the build excludes a text that encodes to no token: RV50b F2)
+    alone = np.flatnonzero((lengths == 1) & (counts == 1))
+    bad = np.union1d(
+        np.searchsorted(ends, misplaced, side="right"), np.union1d(np.flatnonzero(lengths == 0), alone)
+    )
     where = "last" if spec.position == "after" else "first"
     for d in bad.tolist():
         n, key = int(counts[d]), keys[d]
@@ -581,6 +587,12 @@ def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndar
             res.add(f"empty .{IDS_EXT} (0 tokens): missing separator", key)
         elif n == 0:
             res.add(f"missing separator: id {spec.sep_id} does not occur in {lengths[d]} tokens", key)
+        elif lengths[d] == 1:
+            res.add(
+                "the separator alone (1 token): no text token, so two separators lie side by side in the "
+                "stream (a doubled separator); the build excludes a text that encodes to no token",
+                key,
+            )
         else:
             local = (sep_pos[doc_of_sep == d] - starts[d]).tolist()
             shown = ", ".join(map(str, local[:5])) + (", …" if n > 5 else "")

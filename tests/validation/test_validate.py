@@ -175,8 +175,10 @@ def _one_bad_doc(tmp_path, bad_ids, position="after") -> tuple[list[str], str]:
         (lambda ids: ids[:-1], "missing separator"),
         (lambda ids: np.concatenate([[SEP], ids[:-1]]), "separator in the wrong position"),
         (lambda ids: np.append(ids[:-1], [VOCAB + 5, SEP]), "≥ vocab_size 1000"),
+        # one separator, in its place, and nothing else: two side by side in the stream (RV50b F2)
+        (lambda ids: ids[-1:], "the separator alone (1 token)"),
     ],
-    ids=["doubled", "missing", "wrong-position", "id-over-vocab"],
+    ids=["doubled", "missing", "wrong-position", "id-over-vocab", "separator-alone"],
 )
 def test_token_problems_name_shard_and_document(tmp_path, bad, expect):
     found, shard = _one_bad_doc(tmp_path, bad)
