@@ -760,6 +760,14 @@ def check_resume(
     ours_by_name = {s.name: s for s in plan.sources}
     old_order = [s.name for s in old.sources if s.name in used]
     new_order = [s.name for s in plan.sources if s.name in used]
+    if gone := [n for n in old_order if n not in ours_by_name]:  # renamed (or dropped): said by its key,
+        # not as the order it changed (review RV50a F4)
+        raise refuse(
+            "the names of the sources read so far",
+            old_order,
+            [s.name for s in plan.sources],
+            f"keep a [[data.sources]] entry named {gone[0]!r} (its name is how the plan knows the source)",
+        )
     if old_order != new_order:
         raise refuse("the sources read so far (in order)", old_order, new_order, "keep them, in that order")
     for s in old.sources:

@@ -274,6 +274,10 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
     swapped = loader_for(cfg_of({n: sources[n] for n in ("code", "web", "math")}, tmp_path / "x"))
     with pytest.raises(PlanError, match=r"the sources read so far \(in order\)"):
         swapped.load_state_dict(state)
+    # a source read so far renamed: named as a name, not as a change of order (review RV50a F4)
+    path.write_text(text.replace('name = "web"', 'name = "net"').replace("web = ", "net = "))
+    with pytest.raises(PlanError, match=r"keep a \[\[data.sources\]\] entry named 'web'"):
+        loader_for(load_config(TrainConfig, path)).load_state_dict(state)
 
     # The future may change: a longer phase "long" and a third phase appended.
     anneal = '[[phase]]\nname = "anneal"\nsteps = 3\nseq_len = 64\nmix = { math = 1.0 }\n'
