@@ -726,7 +726,8 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 removed = ""
                 if VALIDATION_JSON in listing:
                     store.delete(VALIDATION_JSON)
-                    removed = f" ({store.url.child(VALIDATION_JSON)}, its last validation's, was removed)"
+                    record = store.url.child(VALIDATION_JSON)
+                    removed = f" ({record}, the record of its last validation, was removed)"
                 raise BuildError(
                     f"{store.url.child(rel)} {what}{_more(damaged)}: the dataset in the bucket is damaged"
                     f"{removed}. To repair it, delete {store.url.child(DATASET_JSON)} and rerun the same "

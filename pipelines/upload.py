@@ -325,9 +325,8 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
                 return raw  # written again, as other edits are (review RV42a M4)
         raise DatasetError(
             f"{store.url} holds another dataset (fingerprint {str(theirs.get('fingerprint'))[:12]}…, "
-            "this one "
-            f"{info['fingerprint'][:12]}…): upload to another prefix, or, if the prefix is this one's (that "
-            f"dataset.json put over its own), delete {where} and upload again"
+            f"this one {info['fingerprint'][:12]}…): upload to another prefix; or, if this prefix is this "
+            f"dataset's and that dataset.json was put over its own, delete {where} and upload again"
         )
     return raw
 

@@ -429,7 +429,7 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
         build(cfg, log=lines.append)
     assert f"{url}/{damaged} is not the object its task uploaded" in str(e.value)
     assert f"delete {url}/{DATASET_JSON} and rerun the same command: the task(s) 0 are redone" in str(e.value)
-    assert f"({url}/{VALIDATION_JSON}, its last validation's, was removed)" in str(e.value)
+    assert f"({url}/{VALIDATION_JSON}, the record of its last validation, was removed)" in str(e.value)
     assert "PUT" not in s3.proxy.counts.requests and VALIDATION_JSON not in s3.keys("killed-build")
     capsys.readouterr()
     s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
