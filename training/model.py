@@ -489,6 +489,16 @@ class Transformer(nn.Module):
 # Counting
 
 
+def model_to_load(cfg: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
+    """A Transformer whose every weight is about to be loaded (a checkpoint, an export, a base): built
+    on meta and allocated, never initialised, so it draws nothing from torch's global RNG. A trainer's
+    in-loop export built one with init_weights, which moved the RNG state its next checkpoint saves:
+    a resumed run's checkpoints differed from the uninterrupted run's (review RV50a F2)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return model.to_empty(device=device)
+
+
 def num_params(model: nn.Module, exclude_embeddings: bool = False) -> int:
     """Unique parameters (a tied matrix counts once; DTensors count their global size).
 

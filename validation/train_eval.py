@@ -61,7 +61,7 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.eval_table import check_results, rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
-from training.model import Transformer
+from training.model import model_to_load
 from training.run.preflight import raise_rank0_problem
 from training.train import main as train_main
 from validation.eval import (
@@ -250,10 +250,8 @@ class TrainingEval:
         if note := plan.length_note(self.max_length, step, "eval.max_length"):
             self._say(note)
         if self.copy is None:
-            with torch.device("meta"):
-                self.copy = Transformer(model.cfg)
             # On the training device (a DTensor parameter's device is its local shard's).
-            self.copy.to_empty(device=next(model.parameters()).device)
+            self.copy = model_to_load(model.cfg, next(model.parameters()).device)
         self.copy.load_state_dict({k: v.to(torch.float32) for k, v in full.items()})
         del full
         # imported here, not at the top: without the eval extra (accelerate, which lm-eval's HF model

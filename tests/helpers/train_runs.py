@@ -22,6 +22,8 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.shared import Shared
 from training.checkpoint.hf_export import load_checkpoint_model
+from training.checkpoint.io import checkpoint_keys, load
+from training.checkpoint.state import rng_state
 from training.contract.batch_record import read_batches
 from training.contract.integrity import file_records
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir
@@ -108,11 +110,31 @@ def losses(run_dir: Path) -> list[tuple[int, float, float, float, int, float | N
     ]
 
 
-def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
+def assert_same_checkpoint(run_a: Path, run_b: Path, step: int) -> None:
+    """Checkpoint `step` of the two runs holds the same weights and, for each rank both saved, the same
+    torch CPU random state (what run.seed seeds and a resume restores: an in-loop export that drew from it
+    left a resumed run's differing, review RV50a F2). Python's and numpy's streams, also saved, are
+    the process's own: the run seeds neither, and nothing of it draws from them."""
     a, _, _ = load_checkpoint_model(run_a, step)
     b, _, _ = load_checkpoint_model(run_b, step)
     for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(ta, tb), name
+    ranks = _rng_keys(run_a, step) & _rng_keys(run_b, step)
+    assert ranks, f"no rank's random state in both runs' step {step}"
+    for key in sorted(ranks):
+        ra, rb = _saved_rng(run_a, step, key), _saved_rng(run_b, step, key)
+        assert torch.equal(ra["torch_cpu"], rb["torch_cpu"]), f"step {step}'s {key}.torch_cpu differs"
+
+
+def _rng_keys(run: Path, step: int) -> set[str]:
+    keys = checkpoint_keys(checkpoint_dir(run, step))
+    return {k.split(".")[1] for k in keys if k.startswith("train_state.rng_rank")}
+
+
+def _saved_rng(run: Path, step: int, key: str) -> dict:
+    box = {"train_state": {key: rng_state()}}  # this process's streams: the shapes the saved ones have
+    load(box, checkpoint_dir(run, step), no_dist=True)
+    return box["train_state"][key]
 
 
 def wait_for_step(proc: subprocess.Popen | forked.Forked, run_dir: Path, step: int) -> None:

@@ -33,7 +33,7 @@ from tests.helpers.train_runs import (
     ENV,
     ROOT,
     TINY,
-    assert_same_weights,
+    assert_same_checkpoint,
     losses,
     metrics,
     one_error_line,
@@ -782,7 +782,7 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     done = _run([*sets, _init(moved)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert losses(run) == losses(straight) and len(losses(run)) == 8
-    assert_same_weights(run, straight, 8)
+    assert_same_checkpoint(run, straight, 8)
 
 
 def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(tmp_path, data, straight):
@@ -1061,7 +1061,7 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     out = capsys.readouterr().out
     assert f"the base directory {copy} is not at hand" in out, out[-2000:]
     assert losses(run) == losses(straight)
-    assert_same_weights(run, straight, 8)
+    assert_same_checkpoint(run, straight, 8)
     assert (export_checkpoint(run, 8) / "model.safetensors").is_file()
     with pytest.raises(ExportError) as e:
         export_checkpoint(run, 0)
@@ -1077,7 +1077,7 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
             [*overrides(data, elsewhere, _init(copy), "schedule.steps=8", "checkpoint.interval=2"), resume],
         )
     )
-    assert_same_weights(elsewhere, straight, 8)
+    assert_same_checkpoint(elsewhere, straight, 8)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     got, want = (json.loads((export_checkpoint(r, 8) / "config.json").read_text()) for r in (elsewhere, run))
     assert [got.get(k) for k in ids] == [want.get(k) for k in ids]

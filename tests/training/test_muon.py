@@ -21,7 +21,7 @@ from tests.helpers.train_runs import (
     ENV,
     ROOT,
     TINY,
-    assert_same_weights,
+    assert_same_checkpoint,
     losses,
     metrics,
     one_error_line,
@@ -204,7 +204,7 @@ def test_sigterm_then_resume_auto_is_bit_identical(fsdp_reference, dataset, tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming from" in proc.stdout
     assert losses(run_dir) == losses(fsdp_reference), f"stopped at step {stopped}"
-    assert_same_weights(run_dir, fsdp_reference, 12)
+    assert_same_checkpoint(run_dir, fsdp_reference, 12)
 
 
 def test_switching_optimizer_on_resume_is_one_line(fsdp_reference, dataset, tmp_path, capsys):
@@ -252,4 +252,4 @@ def test_a_checkpoint_saved_before_any_step_was_applied_resumes_exactly(
     train(load_train_config(TINY, muon_sets(dataset, cut, *sets, "checkpoint.resume=auto")))
     assert [r["step"] for r in metrics(cut)] == [1, 2, 3, 4, 5, 6]
     assert repr(losses(cut)) == repr(losses(whole))  # nan at steps 1 and 2 in both
-    assert_same_weights(cut, whole, 6)
+    assert_same_checkpoint(cut, whole, 6)

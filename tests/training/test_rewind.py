@@ -23,7 +23,7 @@ from tests.helpers.train_runs import (
     ROOT,
     TINY,
     assert_batches_as_inspected,
-    assert_same_weights,
+    assert_same_checkpoint,
     command_output,
     metrics,
     one_error_line,
@@ -230,7 +230,7 @@ def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed at step 18" in done.stdout
     assert json.loads((run / "data_plan.json").read_text())["skips"][0]["last_step"] == 18
-    assert_same_weights(reference[0], run, STEPS)
+    assert_same_checkpoint(reference[0], run, STEPS)
     ours = [(r["step"], r["loss"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in metrics(run)]
     theirs = [
         (r["step"], r["loss"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in metrics(reference[0])
@@ -258,7 +258,7 @@ def test_a_run_stopped_off_the_checkpoint_grid_rewinds_later_as_the_uninterrupte
     done = forked.run(_train_cmd(sets) + ["--resume", "auto"], cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "back to step 10 (checkpoint verified)" in done.stdout, done.stdout[-3000:]
-    assert_same_weights(reference[0], run, STEPS)
+    assert_same_checkpoint(reference[0], run, STEPS)
     # the rows, but for the one a run.max_steps chunk logs at its last step (13)
     ours = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(run) if r["step"] != 13]
     assert ours == [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(reference[0])]

@@ -39,7 +39,7 @@ pytest.importorskip("lm_eval")
 
 from pipelines.cli import main as gristmill  # noqa: E402
 from tests.helpers import forked  # noqa: E402
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
+from tests.helpers.train_runs import ENV, ROOT, assert_same_checkpoint, one_error_line, read_metrics  # noqa: E402
 from training.checkpoint.checkpointer import complete_steps  # noqa: E402
 from training.checkpoint.hf_export import export_checkpoint  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
@@ -508,7 +508,7 @@ def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(
     run_here(config, run, "checkpoint.resume='auto'", "run.on_spike='rewind'")
     check_final(run, check_timeline(run))
     assert scores(run) == scores(reference)
-    assert_same_weights(reference, run, LAST)
+    assert_same_checkpoint(reference, run, LAST)
 
 
 def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_exactly(
@@ -526,7 +526,7 @@ def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_ex
     run_here(config, run, "run.on_spike='rewind'", "checkpoint.resume='auto'")
     check_final(run, check_timeline(run))
     assert scores(run) == scores(straight)
-    assert_same_weights(straight, run, LAST)
+    assert_same_checkpoint(straight, run, LAST)
 
 
 def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterrupted_run(
@@ -548,7 +548,7 @@ def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterr
     check_timeline(run)
     assert scores(run, ("loss", "val_loss")) == scores(reference, ("loss", "val_loss"))
     assert "val_loss" in next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
-    assert_same_weights(reference, run, LAST)
+    assert_same_checkpoint(reference, run, LAST)
 
 
 def test_an_async_save_is_complete_before_the_validation_due_at_its_step(config, tmp_path):

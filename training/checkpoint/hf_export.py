@@ -128,7 +128,7 @@ from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import tokenizer_dir
 from training.data.spec import RunSpec, resolve
 from training.merge import MergedWeights
-from training.model import ModelConfig, Transformer
+from training.model import ModelConfig, Transformer, model_to_load
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 GENERATION_CONFIG = "generation_config.json"
@@ -1327,7 +1327,7 @@ def load_checkpoint_model(
                 ) from None
         _, dataset, config_mcfg = run_model_config(run_dir)
         mcfg = checkpoint_model_config(run_dir, ckpt, config_mcfg, log)
-        model = Transformer(mcfg)
+        model = model_to_load(mcfg)
         # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
         load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)
     except (ExportError, CheckpointError):
@@ -1563,7 +1563,7 @@ def export_model(export: Path) -> tuple[Transformer, ModelConfig]:
         raise ExportError(
             f"{export / EXPORT_META} is unusable ({type(e).__name__}: {e}); re-export the step"
         ) from None
-    model = Transformer(mcfg)
+    model = model_to_load(mcfg)
     load_base_weights(model, export)
     return model, mcfg
 
@@ -1632,7 +1632,7 @@ def export_base(
             f"note: {run_dir} started before gristmill recorded its base's weights (RUN/base/): the weight "
             "bytes are not checked, only the base's config and weights index"
         )
-    model = Transformer(mcfg)
+    model = model_to_load(mcfg)
     load_base_weights(model, source.directory)
     if log is not None:
         log(f"exporting step 0: the base model {mcfg.init_from} (no update applied)")

@@ -31,7 +31,7 @@ from tests.helpers.train_runs import (
     ENV,
     ROOT,
     TINY,
-    assert_same_weights,
+    assert_same_checkpoint,
     fake_checkpoint,
     losses,
     metrics,
@@ -115,7 +115,7 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
     assert "resuming from" in proc.stdout and "the newest complete checkpoint" in proc.stdout
     # Losses, gradient norms, learning rates and token counts: bit-identical to the uninterrupted run.
     assert losses(run_dir) == losses(reference), f"killed at step {killed_at}"
-    assert_same_weights(run_dir, reference, STEPS)
+    assert_same_checkpoint(run_dir, reference, STEPS)
 
     # 2 ranks -> 1 rank from the reference's step-8 checkpoint: the same batches, so the same
     # losses up to summation order (1 process sums the 16 sequences differently from 2 ranks).
@@ -168,7 +168,7 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
 
     run_torchrun([*sets, 'checkpoint.resume="auto"'])
     assert losses(run_dir) == losses(reference), f"stopped at step {stopped}"
-    assert_same_weights(run_dir, reference, STEPS)
+    assert_same_checkpoint(run_dir, reference, STEPS)
 
 
 @pytest.mark.parametrize("to", ["the launcher", "every process"])
@@ -255,7 +255,7 @@ def test_sigterm_to_the_loader_workers_first_then_the_trainer_saves_and_resumes_
     assert main(["--config", TINY, "--set", *overrides(dataset, reference, *job), end]) == 0
     assert losses(run_dir) == losses(reference)
     assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
-    assert_same_weights(run_dir, reference, stopped + 2)
+    assert_same_checkpoint(run_dir, reference, stopped + 2)
 
 
 def test_a_loader_worker_killed_costs_no_training_its_last_step_saved_and_resumed_exactly(dataset, tmp_path):
@@ -285,7 +285,7 @@ def test_a_loader_worker_killed_costs_no_training_its_last_step_saved_and_resume
     assert main(["--config", TINY, "--set", *overrides(dataset, reference, *job), end]) == 0
     assert losses(run_dir) == losses(reference)
     assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
-    assert_same_weights(run_dir, reference, saved[0] + 2)
+    assert_same_checkpoint(run_dir, reference, saved[0] + 2)
 
 
 def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_path):
@@ -390,7 +390,7 @@ def test_async_saves_in_a_row_resume_bit_identically(dataset, tmp_path):
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(a, 4)))}"
     train(load_train_config(TINY, overrides(dataset, b, *sets, resume)))
     assert losses(b) == [r for r in losses(a) if r[0] > 4]
-    assert_same_weights(a, b, 8)
+    assert_same_checkpoint(a, b, 8)
 
 
 def test_async_staging_copies_and_refuses_changed_shapes(tmp_path):

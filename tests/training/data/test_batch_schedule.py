@@ -25,7 +25,7 @@ from tests.helpers.train_runs import (
     ENV,
     ROOT,
     assert_batches_as_inspected,
-    assert_same_weights,
+    assert_same_checkpoint,
     one_error_line,
     read_metrics,
     recorded_batches,
@@ -205,7 +205,7 @@ def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path):
         assert f"resumed at step {step - 3}" in proc.stdout or step == 3, (step, proc.stdout[-2000:])
     assert gristmill(["train", *base, "--resume", "auto"]) == 0
     assert losses(killed) == losses(run_dir)
-    assert_same_weights(run_dir, killed, LAST)
+    assert_same_checkpoint(run_dir, killed, LAST)
     # The record the killed and resumed run kept is the uninterrupted run's, byte for byte (issue 47).
     assert (killed / "batches.bin").read_bytes() == (run_dir / "batches.bin").read_bytes()
     assert [r["batch_sha256"] for r in read_metrics(killed)] == [
@@ -263,7 +263,7 @@ def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what
     assert rows(killed) == rows(reference)
     phases = [r["phase"] for r in read_metrics(killed) if "discarded_by_rewind" not in r]
     assert phases == ["small"] * 4 + ["big"] + ["long"] * 4
-    assert_same_weights(reference, killed, LAST)
+    assert_same_checkpoint(reference, killed, LAST)
 
 
 def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, sources, tmp_path, capsys):
