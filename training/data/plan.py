@@ -678,12 +678,13 @@ def check_resume(
     `same_fingerprint(saved, ours)` decides whether two dataset fingerprints are the same data; `rule`
     closes a refusal (what may change: a past that runs beyond the checkpoint says its own)."""
     old = from_description(saved)
+    # drawn, not "trained": a rewind's skipped steps drew their batches and trained none (RV50a F5)
+    drawn = f"the run drew {'step 1' if step == 1 else f'steps 1–{step}'} from it"
 
     def refuse(what: str, theirs: Any, ours: Any, fix: str = "") -> PlanError:
         return PlanError(
             f"the checkpoint's plan has {what} = {theirs!r} but this run has {ours!r}; the plan's past is "
-            f"immutable (step {step} was trained with it) — {fix or 'set it back'}, or start a new run "
-            + rule
+            f"immutable ({drawn}) — {fix or 'set it back'}, or start a new run " + rule
         )
 
     def lr_changes(upto: int) -> list[str]:
@@ -819,7 +820,7 @@ def check_resume(
         if mix_old != mix_new:
             raise PlanError(
                 f"the checkpoint's plan has {plan.key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
-                f"{_mix_shown(mix_new)}; the plan's past is immutable (step {step} was trained with it) — "
+                f"{_mix_shown(mix_new)}; the plan's past is immutable ({drawn}) — "
                 "set it back, or start a new run " + rule
             )
         if p < p_old and (a.steps != b.steps or a.lr != b.lr):

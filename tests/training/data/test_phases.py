@@ -29,7 +29,7 @@ from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
-    assert_same_weights,
+    assert_same_checkpoint,
     one_error_line,
     train_recipe,
     wait_for_step,
@@ -502,7 +502,7 @@ def test_resume_before_at_and_after_the_boundary_is_bit_identical(reference, tmp
                       "--resume", str(ckpt)]) == 0  # fmt: skip
     ref = _losses(run_dir)
     assert _losses(copy) == {s: v for s, v in ref.items() if s > at}
-    assert_same_weights(run_dir, copy, 11)
+    assert_same_checkpoint(run_dir, copy, 11)
 
 
 def test_a_resume_may_not_change_a_phase_a_discarded_attempt_trained_in(sources, tmp_path, capsys):
@@ -549,7 +549,7 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{killed}"', NO_PLOT,
                       "--resume", "auto"]) == 0  # fmt: skip
     assert _losses(killed) == _losses(run_dir)
-    assert_same_weights(run_dir, killed, 11)
+    assert_same_checkpoint(run_dir, killed, 11)
     # The summary counts this invocation's steps, and names the whole run's first loss too.
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert (
@@ -628,6 +628,7 @@ def test_a_one_dataset_run_resumes_by_the_plans_rules(sources, tmp_path, capsys)
     assert gristmill(["train", "--config", str(config), "--resume", "auto"]) == 2
     err = capsys.readouterr().err
     assert "the checkpoint's plan has" in err and "the plan's past is immutable" in err, err
+    assert "(the run drew steps 1–2 from it)" in err, err  # drawn: a rewind's skipped steps trained none
     loader = dataset_loader(sources["web"], seq_len=16, global_batch=4, micro_batch=4, seed=0)
     old_state = {"fingerprint": "f" * 64, "seed": 0, "seq_len": 16, "global_batch": 4, "split": "train",
                  "val_fraction": 0.0, "plan": "x", "epoch": 0, "batch": 3}  # fmt: skip
