@@ -691,8 +691,16 @@ def check_resume(
         """`key old → new` for the step budgets and LR pieces of phases 0..upto that differ: the LRs
         as written, and the batch rule's factor on them (optim.batch_lr_scaling) where that moved."""
         out = []
+        follows = False  # the previous phase's end moved with its shape alone: this start with it
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
+            # a constant phase ends at its peak: where its shape alone changed to or from constant, its
+            # end (and the next start) moved with it, and were listed as optim.min_lr, unchanged (RV50a F3)
+            shapes = {ph.lr.shape if ph.lr else None for ph in (a, b)}
+            derived = {"start"} if follows else set()
+            follows = len(shapes) == 2 and "constant" in shapes
+            if follows:
+                derived.add("end")
             # (listed also where the steps trained do not depend on it, a constant phase's: telling those
             # apart missed a warmup capped at the phase's steps, and hid the key that moved the LR: R25q 1)
             if a.steps != b.steps:
@@ -704,6 +712,8 @@ def check_resume(
                     f"× {scale[1]:.4g})"
                 )
             for name in ("peak", "end", "shape", "warmup_steps", "start"):
+                if name in derived:
+                    continue
                 x, y = (getattr(ph.lr, name) if ph.lr else None for ph in (a, b))
                 if name in ("peak", "end", "start") and None not in (x, y):
                     x, y = x / scale[0], y / scale[1]  # as written

@@ -250,6 +250,8 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
         ("web = 0.6, code = 0.3", "web = 0.5, code = 0.4", "phase[0].mix"),  # the current mix
         ("steps = 6\nseq_len = 32", "steps = 6\nseq_len = 16", "phase[0].seq_len"),  # the current seq_len
         ("warmup_steps = 2", "warmup_steps = 3", "phase[0].lr.warmup_steps 2 → 3"),  # the LR so far
+        # the shape alone: not also optim.min_lr, which the new shape's end reads (review RV50a F3)
+        ('shape = "constant"', 'shape = "cosine"', "trained: phase[0].lr.shape constant → cosine; the"),
         ("seed = 7", "seed = 8", "data.seed"),
         ("val_fraction = 0.1", "val_fraction = 0.2", "val_fraction of source 'web'"),
     ]:
