@@ -21,7 +21,15 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from training.console import answer_on_stdout
-from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    MANIFEST_DIR,
+    TOKENIZER_JSON,
+    DatasetError,
+    manifest_files,
+    read_dataset_info,
+    unlike_record,
+)
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
@@ -296,6 +304,19 @@ def piece_text(decoder, table, doc: int, first: int, count: int) -> str:
     return text
 
 
+def _manifest_as_built(root: Path, rel: str) -> None:
+    """Refuse a manifest part a batch's lines name documents from (their keys and ids) that is not the
+    one dataset.json records: the loader reads the index and the tokenizer, checked, but an edited
+    manifest named other documents than the batch's, exit 0 (review RV51b F2). A dataset from before
+    that record: nothing to check against."""
+    if unlike_record(root, read_dataset_info(root), lambda r: r == rel) is not None:
+        raise DatasetError(
+            f"{root / rel}: not the file {root / DATASET_JSON} records (its sha256 differs): changed after "
+            f"the build, it would name other documents than the batch's; restore it or rebuild "
+            f"(`gristmill data validate {root}` lists what differs)"
+        )
+
+
 def _tokenizer(root: Path):
     """(the dataset's tokenizer, None) or (None, why not). Decoding is optional: a GPU box may lack
     the `tokenizers` package, and the training package must not need it."""
@@ -317,6 +338,7 @@ def _manifest_keys(root: Path, rows: np.ndarray) -> dict[int, tuple[str, str]]:
         n = pq.ParquetFile(path).metadata.num_rows
         wanted = rows[(rows >= base) & (rows < base + n)]
         if len(wanted):
+            _manifest_as_built(root, f"{MANIFEST_DIR}/{path.name}")
             t = pq.read_table(path, columns=["key", "id"]).take(wanted - base)
             for row, key, source_id in zip(
                 wanted.tolist(), t.column("key").to_pylist(), t.column("id").to_pylist()

@@ -712,6 +712,28 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     assert rc == 2
 
 
+def test_inspect_refuses_a_manifest_changed_after_the_build(text_dataset, tmp_path, capsys):
+    """The batch is read from the index and decoded by the tokenizer, both checked; its lines name
+    documents from the manifest. A manifest edited after the build (two rows' ids swapped) named other
+    documents than the batch's, exit 0 (review RV51b F2): now one line naming the file. The hashes,
+    of the index alone, are as before."""
+    common = ("--seq-len", SEQ, "--global-batch", G, "--seed", 1, "--step", 2, "--max-rows", 0)
+    ds = shutil.copytree(text_dataset, tmp_path / "ds")
+    for part in sorted((ds / "manifest").glob("*.parquet")):
+        t = pq.read_table(part)
+        ids = t.column("id").to_pylist()
+        ids[0], ids[1] = ids[1], ids[0]
+        pq.write_table(t.set_column(t.schema.get_field_index("id"), "id", [ids]), part)
+    assert cli(["data", "inspect", str(ds), *map(str, common)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {ds}/manifest/00000.parquet: not the file {ds}/dataset.json records"), err
+    assert err.count("\n") == 1, err
+    hashes = [inspect(capsys, d, *common[:6], "--hash") for d in (ds, text_dataset)]
+    assert [(rc, [x for x in out.splitlines() if not x.startswith("#")]) for rc, out in hashes] == [
+        (0, [x for x in hashes[1][1].splitlines() if not x.startswith("#")])
+    ] * 2
+
+
 def test_real_build_output(built_dataset, capsys):
     """The dataset `gristmill data build` writes: a full epoch passes the separator check, and
     inspect decodes real text with the dataset's own tokenizer."""
