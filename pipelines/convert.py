@@ -58,6 +58,7 @@ from training.contract.dataset_format import (
     recorded_paths,
     shard_name,
     source_columns,
+    source_disagreement,
     tar_padded,
     task_of_file,
     tokenizer_problem,
@@ -518,18 +519,13 @@ def _legacy_meta(path: str, row: dict[str, Any], data: bytes) -> dict[str, Any]:
     value. A manifest from before the record of its files is covered by nothing else: ids or urls
     swapped between rows labelled NEW's documents with each other's (review R26c S1)."""
     member = source_columns(_member_json(data, row), MANIFEST_FIELDS)
-    for name, value in member.items():
-        # NaN (pandas' missing float) is written as NaN on both sides, and NaN != NaN (review RV26d M1)
-        if (
-            row.get(name) is not None
-            and row[name] != value
-            and not (row[name] != row[name] and value != value)
-        ):
-            raise DatasetError(
-                f"{path}: row {row['key']} says {name} {row[name]!r}, but its .json member in "
-                f"{SHARDS_DIR}/{row['shard']} says {value!r}: the manifest was edited; nothing was converted "
-                "(restore it)"
-            )
+    if (differs := source_disagreement(row, member)) is not None:
+        name, says, value = differs
+        raise DatasetError(
+            f"{path}: row {row['key']} says {name} {says!r}, but its .json member in "
+            f"{SHARDS_DIR}/{row['shard']} says {value!r}: the manifest was edited; nothing was converted "
+            "(restore it)"
+        )
     return member
 
 

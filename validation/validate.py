@@ -9,7 +9,8 @@ checks:
   ids hashing to the sha256 its row records (what a bucket's range reads are checked against); the
   `.docs` member holds one DOC_RECORD-byte record per document of the sample, equal to its row's
   n_tokens and sha256; under /2 the same without `.docs` members; under the legacy layout /1,
-  every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON);
+  every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON, whose source fields
+  its manifest row agrees with);
 - `.ids` lengths are a multiple of the dtype size and every id is below `vocab_size`;
 - exactly one separator per document, at the position dataset.json names ("after": last token,
   "before": first token), and none anywhere else, nor a document of the separator alone (two side
@@ -71,6 +72,7 @@ from training.contract.dataset_format import (
     LEGACY_FORMAT,
     LOGS_DIR,
     MANIFEST_DIR,
+    MANIFEST_FIELDS,
     META_EXT,
     SHARDS_DIR,
     STRAY,
@@ -93,6 +95,8 @@ from training.contract.dataset_format import (
     recorded_paths,
     redo_task,
     rewrite_bucket_dataset_json,
+    source_columns,
+    source_disagreement,
     tar_padded,
     task_of_file,
 )
@@ -209,6 +213,8 @@ class _ShardSpec:
         None  # a bucket's dataset: `path` is where the object is downloaded to, checked, deleted
     )
     layout: str = FORMAT  # dataset.json's "format": a sample of documents (/2, /3) or one per document (/1)
+    # /1: key -> its manifest row's source fields, which its .json member must agree with
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
@@ -430,6 +436,11 @@ def _check_documents(
                 meta = json.loads(mm[off : off + n].decode("utf-8"))
                 if not isinstance(meta, dict):
                     res.add(f".{META_EXT} is JSON but not an object ({type(meta).__name__})", key)
+                elif key in spec.sources and (
+                    differs := source_disagreement(spec.sources[key], source_columns(meta, MANIFEST_FIELDS))
+                ):
+                    name, says, value = differs  # the audit answers from the row (review RV51b F1)
+                    res.add(f"its manifest row says {name} {says!r}, its .{META_EXT} member {value!r}", key)
             except UnicodeDecodeError as e:
                 res.add(f".{META_EXT} is not valid UTF-8 ({e})", key)
             except json.JSONDecodeError as e:
@@ -659,17 +670,21 @@ def _check_manifest(
 
 def _load_manifest(
     root: Path, problems: list[Problem], layout: str
-) -> dict[str, dict[str, tuple[int, int, int, bytes | None]]]:
-    """shard -> key -> (offset, nbytes, n_tokens, sha256: a /2 or /3 dataset's, else None); duplicate keys
-    and unreadable files are problems."""
+) -> tuple[dict[str, dict[str, tuple[int, int, int, bytes | None]]], dict[str, dict[str, dict[str, Any]]]]:
+    """shard -> key -> (offset, nbytes, n_tokens, sha256: a /2 or /3 dataset's, else None), and for /1
+    shard -> key -> its row's source fields (the manifest's copy of each `.json` member's); duplicate
+    keys and unreadable files are problems."""
     by_shard: dict[str, dict[str, tuple[int, int, int, bytes | None]]] = {}
+    sources: dict[str, dict[str, dict[str, Any]]] = {}
     seen: dict[str, str] = {}
     hashed = layout != LEGACY_FORMAT
     cols = ["shard", "key", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if hashed else [])
     for path in manifest_files(root):
         rel = f"{MANIFEST_DIR}/{path.name}"
         try:
-            t = pq.read_table(path, columns=cols)
+            named = set(pq.read_schema(path).names)
+            meta = [] if hashed else [f.name for f in MANIFEST_FIELDS if f.name in named]
+            t = pq.read_table(path, columns=cols + meta)
         except Exception as e:  # noqa: BLE001
             problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
             continue
@@ -679,13 +694,16 @@ def _load_manifest(
         shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
         off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:5])
         sha = t.column(DOC_SHA256).to_pylist() if hashed else [None] * len(key)
-        for s, k, o, b, n, h in zip(shard, key, off, nb, nt, sha):
+        rows = t.select(meta).to_pylist() if meta else [{}] * len(key)
+        for s, k, o, b, n, h, m in zip(shard, key, off, nb, nt, sha, rows):
             if k in seen:
                 problems.append(Problem(f"duplicate manifest key (also in shard {seen[k]})", rel, k))
                 continue
             seen[k] = s
             by_shard.setdefault(s, {})[k] = (o, b, n, h)
-    return by_shard
+            if m:
+                sources.setdefault(s, {})[k] = m
+    return by_shard, sources
 
 
 def validate_dataset(
@@ -784,7 +802,7 @@ def validate_dataset(
                 problems.append(
                     Problem("missing shard: listed in dataset.json but not on disk", f"{SHARDS_DIR}/{name}")
                 )
-        manifest = _load_manifest(root, problems, info["format"])
+        manifest, sources = _load_manifest(root, problems, info["format"])
         if not manifest and listed:
             problems.append(Problem("no manifest rows: manifest/*.parquet is missing or empty", MANIFEST_DIR))
         for name in sorted(set(manifest) - set(on_disk)):
@@ -810,6 +828,7 @@ def validate_dataset(
                 sizes[name],
                 url,
                 info["format"],
+                sources.get(name, {}),
             )
             for name in on_disk
         ]

@@ -20,6 +20,7 @@ from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from tests.helpers.legacy_dataset import LegacyShardWriter, finalize_legacy
 from training.contract.dataset_format import (
+    DATASET_JSON,
     DOC_RECORD,
     DOCUMENTS_SUM,
     FORMAT,
@@ -27,6 +28,7 @@ from training.contract.dataset_format import (
     LEGACY_FORMAT,
     SAMPLE_DOCS,
     DatasetError,
+    file_sha256,
     manifest_files,
     redo_task,
     sample_key,
@@ -388,6 +390,30 @@ def test_edited_manifest_legacy(legacy_ds, column, delta):
     )
     assert found[1].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
     assert found[2].startswith("index") and "rebuild" in found[2]
+
+
+def test_a_legacy_manifest_s_source_fields_are_checked_against_the_json_members(legacy_ds):
+    """/1 keeps each document's source fields twice: in its `.json` member and in its manifest row,
+    which the audit answers from. Two rows' ids and urls swapped, with dataset.json's record of the
+    manifest written to match (or a dataset from before that record): validate said OK, and `data
+    convert` alone refused it (review RV51b F1). Now each row is named with both values."""
+    ds = legacy_ds
+    path = manifest_files(ds)[0]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    for field in ("id", "url"):
+        rows[0][field], rows[1][field] = rows[1][field], rows[0][field]
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    info = json.loads((ds / DATASET_JSON).read_text())
+    rel = str(path.relative_to(ds))
+    info["files"][rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    (ds / DATASET_JSON).write_text(json.dumps(info, indent=2))
+    found = problems(ds)
+    assert found == [
+        f"shards/{r['shard']}: document {r['key']}: its manifest row says id {r['id']!r}, its .json member "
+        f"{o['id']!r}"
+        for r, o in ((rows[0], rows[1]), (rows[1], rows[0]))
+    ], found
 
 
 def test_edited_manifest_metadata(ds):

@@ -127,6 +127,19 @@ def source_columns(meta: dict[str, Any], fields: tuple[SourceField, ...]) -> dic
     return {f.name: None if (v := meta.get(f.name)) is None else f.pytype(v) for f in fields}
 
 
+def source_disagreement(row: dict[str, Any], member: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first source field where a /1 document's manifest `row` and its `.json` member (`member`:
+    its source_columns) disagree, as (field, the row's value, the member's); None where they agree.
+    A row's None claims nothing; NaN (pandas' missing float, written on both sides) equals NaN
+    (review RV26d M1). `data convert` and `data validate` both hold a /1 manifest to it: a row's ids
+    or urls swapped with another's labelled the documents with each other's (R26c S1, RV51b F1)."""
+    for name, value in member.items():
+        mine = row.get(name)
+        if mine is not None and mine != value and not (mine != mine and value != value):
+            return name, mine, value
+    return None
+
+
 # Where each kept document came from, the last manifest columns (added after the format's first
 # datasets: readers treat a manifest without them as all null). The reader puts file and row into
 # a document's metadata (never into its .json member); text_hash is what exact dedup compares.
