@@ -2661,11 +2661,27 @@ def test_convert_of_a_bucket_dataset_names_the_bucket_s_file(s3, tmp_path):
     info["fingerprint"] = fingerprint(info)
     (old / "dataset.json").write_text(json.dumps(info))
     manifest = old / "manifest" / "00000.parquet"
+    good = manifest.read_bytes()
     rows = pq.read_table(manifest).to_pylist()
     rows[3]["id"], rows[4]["id"] = rows[4]["id"], rows[3]["id"]
     pq.write_table(pq.read_table(manifest).from_pylist(rows, schema=pq.read_schema(manifest)), manifest)
-    upload_dataset(old, s3.url("swapped"), log=lambda *a: None)  # it validates: ids are not checked there
     url = s3.url("swapped")
+    # its upload validates it first, which holds a /1 row's ids to its .json member's (RV51b F1) ...
+    with pytest.raises(
+        DatasetError, match=r"fails validation \(.*t00000d000000003: its manifest row says id"
+    ):
+        upload_dataset(old, url, log=lambda *a: pytest.fail("uploaded"))
+    # ... which an older gristmill did not: its bucket holds the swapped manifest, recorded as built
+    swapped = manifest.read_bytes()
+    manifest.write_bytes(good)
+    upload_dataset(old, url, log=lambda *a: None)
+    s3.client.put_object(Bucket=BUCKET, Key="swapped/manifest/00000.parquet", Body=swapped)
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key="swapped/dataset.json")["Body"].read())
+    info["files"]["manifest/00000.parquet"] = {
+        "bytes": len(swapped),
+        "sha256": hashlib.sha256(swapped).hexdigest(),
+    }
+    s3.client.put_object(Bucket=BUCKET, Key="swapped/dataset.json", Body=json.dumps(info).encode())
     with pytest.raises(
         DatasetError, match=rf"^{re.escape(url)}/manifest/00000.parquet: row t00000d000000003 says id"
     ):
