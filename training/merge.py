@@ -19,7 +19,8 @@ weights are read: scored beside the raw weights when validation or an eval is du
   the steps since that merge point (a trained step is in one window at most, so one accumulator is
   enough). The accumulator holds the window's partial sum and its count; at N it is divided in
   place, and the next window's first step starts it over by a copy. A merge point whose whole
-  window a rewind skipped has no merged weights.
+  window a rewind skipped has no merged weights, nor one inside a skip that ends after it: no
+  checkpoint of it exists to keep them (the rewind's line says so).
 - decay = d: the EMA is the weights after the run's first trained step, then d·ema + (1 − d)·w
   after each later one (one foreach lerp: a pass over the shard). It is read at each merge point.
 
@@ -176,19 +177,28 @@ class MergedWeights:
                 "(merged/steps says how many)"
             )
 
-    def reached(self, step: int) -> None:
+    def reached(self, step: int) -> str | None:
         """The timeline is at `step`: trained, or the last step of a rewind's skip. A window whose
-        merge point is at or before it is closed (its mean taken)."""
+        merge point is at or before it is closed (its mean taken). Returns a note where that point
+        lies inside the skip: no checkpoint of it holds its mean, so it has no merged weights."""
         self._resumed = False
         if self.kind == "ema":
             self.merged = step if self.count and step in self.points else 0
-            return
+            return None
+        note = None
         if self.count and not self.mean and self.point <= step:
             with torch.no_grad():
                 torch._foreach_div_(list(self._acc_local()), float(self.count))
             self.mean = True
+            if self.point < step:  # only a skip passes a merge point without training it (RV51a 1)
+                note = (
+                    f"[merge] merge point {self.point} lies inside the skip, so it has no merged weights "
+                    f"(its window's {self.count} trained step(s), {self.first}–{self.last}, have no "
+                    f"checkpoint of step {self.point} to be kept in)"
+                )
         self.closed = max(self.closed, self.points.last_upto(step))
         self.merged = self.point if self.mean and self.point == step else 0
+        return note
 
     def merged_at(self, step: int) -> bool:
         """Whether the accumulator holds the merged weights of merge point `step` now."""

@@ -124,11 +124,12 @@ class Rewinder:
         for _ in range(skip.last_step - skip.checkpoint_step):  # their LR passes, as over a non-finite step
             self.scheduler.step()
         self.state.step = skip.last_step
+        merge_note = None
         if self.merge is not None:  # restored as the checkpoint held it: the discarded attempt added nothing
             # a checkpoint saved under a plan that merged elsewhere (a resume moved its end): this plan's
             # windows, as after a resume (review RV26f A1)
             self.merge.resume(skip.checkpoint_step, lambda k: self.timeline.skipped(k - 1, k) > 0)
-            self.merge.reached(skip.last_step)
+            merge_note = self.merge.reached(skip.last_step)
         passed = "; passed over " + ", ".join(target.passed) if target.passed else ""
         line = (
             f"rewind {skip.rewind}/{self.cfg.max_rewinds}: {skip.reason}; back to step "
@@ -137,6 +138,8 @@ class Rewinder:
         )
         if skip.last_step < skip.spike_step:
             line += f"; note: the skip ends before step {skip.spike_step}, so its data will be trained again"
+        if merge_note is not None:
+            line += f"; note: {merge_note}"
         say(line)
         kill_point("rewind-restored")
         self.record.rewound(skip)
