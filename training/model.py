@@ -485,10 +485,6 @@ class Transformer(nn.Module):
         return linear_cross_entropy(h, weight, labels)
 
 
-# --------------------------------------------------------------------------------------------------
-# Counting
-
-
 def model_to_load(cfg: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
     """A Transformer whose every weight is about to be loaded (a checkpoint, an export, a base): built
     on meta and allocated, never initialised, so it draws nothing from torch's global RNG. A trainer's
@@ -497,6 +493,10 @@ def model_to_load(cfg: ModelConfig, device: torch.device | str = "cpu") -> Trans
     with torch.device("meta"):
         model = Transformer(cfg)
     return model.to_empty(device=device)
+
+
+# --------------------------------------------------------------------------------------------------
+# Counting
 
 
 def num_params(model: nn.Module, exclude_embeddings: bool = False) -> int:

@@ -682,9 +682,10 @@ def _load_manifest(
     for path in manifest_files(root):
         rel = f"{MANIFEST_DIR}/{path.name}"
         try:
-            named = set(pq.read_schema(path).names)
-            meta = [] if hashed else [f.name for f in MANIFEST_FIELDS if f.name in named]
-            t = pq.read_table(path, columns=cols + meta)
+            with pq.ParquetFile(path) as parquet:  # its footer read once, for the columns and the rows
+                named = set(parquet.schema_arrow.names)
+                meta = [] if hashed else [f.name for f in MANIFEST_FIELDS if f.name in named]
+                t = parquet.read(columns=cols + meta)
         except Exception as e:  # noqa: BLE001
             problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
             continue

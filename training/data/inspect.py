@@ -34,7 +34,7 @@ from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import skip_of
-from training.data.remote import add_cache_argument, cache_of, ensure_dirs
+from training.data.remote import add_cache_argument, cache_of, ensure_dirs, origin
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -304,12 +304,13 @@ def piece_text(decoder, table, doc: int, first: int, count: int) -> str:
     return text
 
 
-def _manifest_as_built(root: Path, rel: str) -> None:
-    """Refuse a manifest part a batch's lines name documents from (their keys and ids) that is not the
-    one dataset.json records: the loader reads the index and the tokenizer, checked, but an edited
-    manifest named other documents than the batch's, exit 0 (review RV51b F2). A dataset from before
-    that record: nothing to check against."""
-    if unlike_record(root, read_dataset_info(root), lambda r: r == rel) is not None:
+def _manifest_as_built(root: Path, info: dict, rel: str) -> None:
+    """Refuse a local dataset's manifest part a batch's lines name documents from (their keys and ids)
+    that is not the one dataset.json (`info`) records: the loader reads the index and the tokenizer,
+    checked, but an edited manifest named other documents than the batch's, exit 0 (review RV51b F2).
+    A bucket's copy was checked as `ensure_dirs` made it; a dataset from before the record: nothing
+    to check against."""
+    if origin(root) is None and unlike_record(root, info, lambda r: r == rel) is not None:
         raise DatasetError(
             f"{root / rel}: not the file {root / DATASET_JSON} records (its sha256 differs): changed after "
             f"the build, it would name other documents than the batch's; restore it or rebuild "
@@ -333,12 +334,12 @@ def _tokenizer(root: Path):
 def _manifest_keys(root: Path, rows: np.ndarray) -> dict[int, tuple[str, str]]:
     """{manifest row: (key, source id)} for the given rows, reading only the files that hold them."""
     out: dict[int, tuple[str, str]] = {}
-    base = 0
+    base, info = 0, read_dataset_info(root)
     for path in manifest_files(root):
         n = pq.ParquetFile(path).metadata.num_rows
         wanted = rows[(rows >= base) & (rows < base + n)]
         if len(wanted):
-            _manifest_as_built(root, f"{MANIFEST_DIR}/{path.name}")
+            _manifest_as_built(root, info, f"{MANIFEST_DIR}/{path.name}")
             t = pq.read_table(path, columns=["key", "id"]).take(wanted - base)
             for row, key, source_id in zip(
                 wanted.tolist(), t.column("key").to_pylist(), t.column("id").to_pylist()
