@@ -19,6 +19,9 @@ upload left unfinished under the prefix (a killed upload, another tool) is abort
 uploaded. The local validation.json stays local: the
 bucket's comes only from validating the bucket (`gristmill data validate s3://…`).
 
+A dataset of an older layout (gristmill-shards/1 or /2), which no reader of a bucket trains from, is
+refused in one line naming `gristmill data convert DIR URL`, which converts it into the bucket.
+
 A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset
 does not have, is refused, and so is a commit over a dataset.json that changed while the upload ran
 (another upload into the prefix at once). Two uploads into one prefix at once are not supported (no
@@ -43,7 +46,9 @@ from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
     DOCUMENTS_SUM,
+    FORMAT,
     INDEX_DIR,
+    NO_FILES_ENTRY,
     DatasetError,
     check_fingerprint,
     dataset_files,
@@ -52,8 +57,6 @@ from training.contract.dataset_format import (
     parse_dataset_info,
     read_dataset_info,
     read_dataset_json,
-    record_files,
-    write_dataset_info,
 )
 from training.contract.dataset_index import DOC_HASHES, sum_doc_hashes_file, wrong_sum
 from training.contract.object_store import (
@@ -65,7 +68,7 @@ from training.contract.object_store import (
     ObjectURL,
     file_digests,
 )
-from validation.validate import VALIDATION_JSON, validate_dataset  # a bucket's own report: never uploaded
+from validation.validate import VALIDATION_JSON  # a bucket's own report: never uploaded
 
 THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limits
 
@@ -89,25 +92,14 @@ def upload_dataset(
     # commit, not the file as it is by then (a hand edit meanwhile went up unchecked: review RV33e L1).
     raw, info = read_dataset_json(root)
     check_fingerprint(root, info)
-    if "files" not in info:  # built before dataset.json recorded them: the fingerprint stays the same
-        # What is recorded now is held as the truth by every reader of the bucket: only once the dataset
-        # validates (an exclusions file replaced by another was recorded, and the bucket's audit
-        # answered wrong drop counts, exit 0: review R20b F2).
-        report = validate_dataset(root, progress=False, write=False)
-        if not report.ok:
-            raise DatasetError(
-                f"{root / DATASET_JSON} records no sha256 of the dataset's manifests, excluded documents and "
-                f"build records, and it fails validation ({report.problems[0]}): they cannot be recorded "
-                f"as built; `gristmill data validate {root}` lists what is wrong; rebuild, then upload"
-            )
-        info["files"] = record_files(root)
-        write_dataset_info(root, info)
-        raw, info = read_dataset_json(root)
-        check_fingerprint(root, info)
-        log(
-            f"{root / DATASET_JSON}: validated, and recorded the sha256 of {len(info['files'])} more files "
-            "(fingerprint unchanged)"
+    if info["format"] != FORMAT:  # uploaded, it was refused by every reader that trains (review RV51b)
+        raise DatasetError(
+            f"{root} is a {info['format']} dataset, which a bucket does not serve (its readers read the "
+            f"{FORMAT} layout, made for range reads): convert it into the bucket instead, `gristmill data "
+            f"convert {root} {url}` (same documents, same batches)"
         )
+    if "files" not in info:  # every dataset of the current layout records them (validate's rule)
+        raise DatasetError(f"{root / DATASET_JSON} {NO_FILES_ENTRY}")
     target = ObjectURL.parse(url)
     store = ObjectStore(target)
     store.check_bucket()
@@ -255,12 +247,12 @@ def _documents_sum(
     entry = info.get("index") or {}
     recorded, spec = entry.get(DOCUMENTS_SUM), entry.get("files", {}).get(DOC_HASHES)
     if spec is None:
-        if recorded is not None:  # an older layout's index (/1): its documents have no sha256 (RV33e L3)
+        if recorded is not None:  # an older gristmill's index: its documents have no sha256 (RV33e L3)
             raise DatasetError(
                 f"{root / DATASET_JSON}: index.{DOCUMENTS_SUM} {recorded[:12]}… is recorded, but the index "
-                f"has no {DOC_HASHES_FILE} (an older layout's), so no sum of its documents' sha256 can give "
-                f"it: dataset.json was edited; delete index.{DOCUMENTS_SUM}, or `gristmill data convert` the "
-                "dataset (the copy's index has its documents' sha256 and their sum), then upload"
+                f"has no {DOC_HASHES_FILE} (an older gristmill's), so no sum of its documents' sha256 can "
+                f"give it: dataset.json was edited; delete index.{DOCUMENTS_SUM}, or run `gristmill data "
+                f"index {root}` (this version's index has its documents' sha256 and their sum), then upload"
             )
         return {}, None
     path = root / DOC_HASHES_FILE

@@ -35,7 +35,6 @@ from pipelines.task_upload import TaskUpload, TaskUploader
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
-from tests.helpers.legacy_dataset import write_legacy_dataset
 from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.s3_server import (
     BUCKET,
@@ -63,6 +62,7 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_RECORDS,
     DOCUMENTS_SUM,
+    NO_FILES_ENTRY,
     DatasetError,
     dataset_files,
     fingerprint,
@@ -1865,13 +1865,24 @@ def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path, m
         upload_dataset(local, s3.url("summed"), log=print)
     assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="summed/")
     hashes.write_bytes(good)
-    legacy = tmp_path / "legacy"  # no doc_sha256.bin: the sum cannot be its documents'
-    legacy_info = write_legacy_dataset(legacy, docs, vocab_size=256, target_bytes=24 << 10)
-    legacy_info["index"][DOCUMENTS_SUM] = total
-    write_dataset_info(legacy, legacy_info)
+    older = tmp_path / "older"  # an index without doc_sha256.bin: the sum cannot be its documents'
+    shutil.copytree(local, older)
+    older_info = read_dataset_info(older)
+    del older_info["index"]["files"]["doc_sha256.bin"]
+    older_info["index"][DOCUMENTS_SUM] = total
+    write_dataset_info(older, {**older_info, "fingerprint": fingerprint(older_info)})
     with pytest.raises(DatasetError, match="is recorded, but the index has no index/doc_sha256.bin"):
-        upload_dataset(legacy, s3.url("legacy-summed"), log=print)
-    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="legacy-summed/")
+        upload_dataset(older, s3.url("older-summed"), log=print)
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="older-summed/")
+    # without its record of the files no fingerprint covers, one line (it was recorded at the upload
+    # after a validation that fails on it; the layouts before /3 that lacked it are refused first)
+    unrecorded = tmp_path / "unrecorded"
+    shutil.copytree(local, unrecorded)
+    write_dataset_info(unrecorded, {k: v for k, v in info.items() if k != "files"})
+    with pytest.raises(DatasetError) as refused:
+        upload_dataset(unrecorded, s3.url("unrecorded"), log=print)
+    assert str(refused.value) == f"{unrecorded / DATASET_JSON} {NO_FILES_ENTRY}"
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix="unrecorded/")
     write_dataset_info(local, info)
     put_file, shard = ObjectStore.put_file, min(r for r in dataset_files(info) if r.startswith("shards/"))
 
@@ -2565,34 +2576,23 @@ def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(
 
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
     from pipelines.convert import convert_dataset
-    from tests.helpers.legacy_dataset import write_legacy_dataset
+    from tests.helpers.legacy_dataset import put_as_an_older_upload, write_legacy_dataset
     from tests.helpers.train_data import affine_documents
 
     old = tmp_path / "old"
     write_legacy_dataset(old, affine_documents(200), vocab_size=256, target_bytes=32 << 10)
     url, new_url = s3.url("legacy"), s3.url("legacy-converted")
-    # A dataset.json from before it recorded its files' sha256 records them at its upload, and readers
-    # of the bucket hold them as built: only once the dataset validates (review R20b F2: a manifest
-    # edited since the build was recorded, and the bucket's audit answered from it, exit 0).
-    unrecorded, edited = tmp_path / "unrecorded", tmp_path / "edited"
-    for copy in (unrecorded, edited):
-        shutil.copytree(old, copy)
-        info = json.loads((copy / "dataset.json").read_text())
-        del info["files"]  # not part of the fingerprint
-        (copy / "dataset.json").write_text(json.dumps(info))
-    manifest = sorted((edited / "manifest").glob("*.parquet"))[0]
-    rows = pq.read_table(manifest)
-    pq.write_table(rows.slice(0, rows.num_rows - 1), manifest)
-    with pytest.raises(
-        DatasetError, match=r"records no sha256 .* fails validation \(shards/.*no manifest row"
-    ):
-        upload_dataset(edited, s3.url("edited"), log=lambda *a: pytest.fail("uploaded"))
-    assert s3.keys("edited") == [] and "files" not in read_dataset_info(edited)
-    logged = []
-    upload_dataset(unrecorded, s3.url("unrecorded"), log=logged.append)
-    assert "validated, and recorded the sha256 of" in logged[0], logged
-    assert read_dataset_info(unrecorded)["files"] == read_dataset_info(old)["files"]
-    upload_dataset(old, url, log=lambda *a: None)
+    # Its upload is refused, naming the conversion into the bucket: uploaded, it exited 0, and every
+    # reader that trains refused it (review RV51b).
+    with pytest.raises(DatasetError) as refused:
+        upload_dataset(old, url, log=lambda *a: pytest.fail("uploaded"))
+    assert str(refused.value) == (
+        f"{old} is a gristmill-shards/1 dataset, which a bucket does not serve (its readers read the "
+        "gristmill-shards/3 layout, made for range reads): convert it into the bucket instead, "
+        f"`gristmill data convert {old} {url}` (same documents, same batches)"
+    )
+    assert s3.keys("legacy") == []
+    put_as_an_older_upload(old, url)  # as an older gristmill's upload left it
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
     assert gristmill(["data", "inspect", url, *geometry]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -2631,14 +2631,14 @@ def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, 
     """A /1 dataset an older gristmill uploaded with its own index: validate of the bucket said FAILED
     "rebuild the dataset" and replaced the bucket's ok validation.json with ok=false (review R26c M2).
     Now it stays ok, with a note naming `gristmill data convert`."""
-    from tests.helpers.legacy_dataset import older_index, write_legacy_dataset
+    from tests.helpers.legacy_dataset import older_index, put_as_an_older_upload, write_legacy_dataset
     from tests.helpers.train_data import affine_documents
 
     old = tmp_path / "old"
     write_legacy_dataset(old, affine_documents(120), vocab_size=256, target_bytes=32 << 10)
     older_index(old)
     url = s3.url("older-index")
-    upload_dataset(old, url, log=lambda *a: None)
+    put_as_an_older_upload(old, url)
     assert gristmill(["data", "validate", url, "--no-progress", "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
     assert f"train and inspect read the dataset after `gristmill data convert {url} NEW`" in out, out
@@ -2650,31 +2650,19 @@ def test_convert_of_a_bucket_dataset_names_the_bucket_s_file(s3, tmp_path):
     """A refusal of a bucket OLD named its file in the conversion's temporary copy, removed when the
     command ends (review RV26d M3): it names the bucket's object, the one to restore."""
     from pipelines.convert import convert_dataset
-    from tests.helpers.legacy_dataset import write_legacy_dataset
+    from tests.helpers.legacy_dataset import put_as_an_older_upload, write_legacy_dataset
     from tests.helpers.train_data import affine_documents
-    from training.contract.dataset_format import fingerprint
 
-    old = tmp_path / "old"  # a /1 dataset from before dataset.json recorded its files, two ids swapped
+    old = tmp_path / "old"  # a /1 dataset an older gristmill uploaded, two ids swapped in the bucket
     write_legacy_dataset(old, affine_documents(60), vocab_size=256, target_bytes=16 << 10)
-    info = json.loads((old / "dataset.json").read_text())
-    del info["files"]
-    info["fingerprint"] = fingerprint(info)
-    (old / "dataset.json").write_text(json.dumps(info))
     manifest = old / "manifest" / "00000.parquet"
-    good = manifest.read_bytes()
     rows = pq.read_table(manifest).to_pylist()
     rows[3]["id"], rows[4]["id"] = rows[4]["id"], rows[3]["id"]
-    pq.write_table(pq.read_table(manifest).from_pylist(rows, schema=pq.read_schema(manifest)), manifest)
+    swapped = pq.read_table(manifest).from_pylist(rows, schema=pq.read_schema(manifest))
+    pq.write_table(swapped, tmp_path / "swapped.parquet")
+    swapped = (tmp_path / "swapped.parquet").read_bytes()
     url = s3.url("swapped")
-    # its upload validates it first, which holds a /1 row's ids to its .json member's (RV51b F1) ...
-    with pytest.raises(
-        DatasetError, match=r"fails validation \(.*t00000d000000003: its manifest row says id"
-    ):
-        upload_dataset(old, url, log=lambda *a: pytest.fail("uploaded"))
-    # ... which an older gristmill did not: its bucket holds the swapped manifest, recorded as built
-    swapped = manifest.read_bytes()
-    manifest.write_bytes(good)
-    upload_dataset(old, url, log=lambda *a: None)
+    put_as_an_older_upload(old, url)  # the bucket holds the swapped manifest, recorded as built
     s3.client.put_object(Bucket=BUCKET, Key="swapped/manifest/00000.parquet", Body=swapped)
     info = json.loads(s3.client.get_object(Bucket=BUCKET, Key="swapped/dataset.json")["Body"].read())
     info["files"]["manifest/00000.parquet"] = {

@@ -74,6 +74,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     MANIFEST_FIELDS,
     META_EXT,
+    NO_FILES_ENTRY,
     SHARDS_DIR,
     STRAY,
     TAR_BLOCK,
@@ -1109,13 +1110,7 @@ def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Probl
     recorded = info.get("files")
     if recorded is None:
         if info["format"] == FORMAT:
-            problems.append(
-                Problem(
-                    'has no "files" entry, so its manifest, excluded documents and build records go '
-                    "unchecked (edited since the build?): restore it, or rebuild the dataset",
-                    DATASET_JSON,
-                )
-            )
+            problems.append(Problem(NO_FILES_ENTRY, DATASET_JSON))
         return
     if local:
         for rel in sorted(set(recorded_paths(root)) - set(recorded)):

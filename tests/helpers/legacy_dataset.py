@@ -1,7 +1,8 @@
 """Datasets in the layouts before the current one, which builds no longer write: /1 (a tar sample per
 document: `<key>.ids`, then `<key>.json` with its metadata; no per-document sha256), byte for byte as
 the /1 writer wrote them, and /2 (samples of 64 documents' ids, no `.docs` member: the ShardWriter's
-`fmt`); `older_index` gives one the index an older gristmill wrote. Datasets built before /3 are
+`fmt`); `older_index` gives one the index an older gristmill wrote, `put_as_an_older_upload` puts one
+in a bucket as an older gristmill's upload did. Datasets built before /3 are
 still read in place and converted by `gristmill data convert`, which the tests check against
 datasets written here."""
 
@@ -28,12 +29,14 @@ from training.contract.dataset_format import (
     MANIFEST_FIELDS,
     MANIFEST_SCHEMA,
     SHARDS_DIR,
+    dataset_files,
     dtype_for_vocab,
     fingerprint,
     read_dataset_info,
     shard_name,
     source_columns,
 )
+from training.contract.object_store import ObjectStore, ObjectURL
 
 # The /1 manifest: today's columns but the per-document sha256.
 LEGACY_MANIFEST_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name != DOC_SHA256])
@@ -132,3 +135,13 @@ def older_index(root: Path) -> dict[str, Any]:
     info["fingerprint"] = fingerprint(info)
     (root / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
+
+
+def put_as_an_older_upload(root: str | Path, url: str) -> None:
+    """Put the dataset at `root` under `url` as an older gristmill's `data upload` did for any layout
+    (today's refuses /1 and /2, which no reader of a bucket trains from): each file dataset.json
+    records, then dataset.json."""
+    root, store = Path(root), ObjectStore(ObjectURL.parse(url))
+    for rel in sorted(dataset_files(read_dataset_info(root))):
+        store.put_file(root / rel, rel)
+    store.put_bytes((root / DATASET_JSON).read_bytes(), DATASET_JSON)

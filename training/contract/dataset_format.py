@@ -40,6 +40,12 @@ FORMAT = "gristmill-shards/3"
 FORMAT_V2 = "gristmill-shards/2"
 LEGACY_FORMAT = "gristmill-shards/1"
 FORMATS = (LEGACY_FORMAT, FORMAT_V2, FORMAT)
+# A current-layout dataset.json without its record of the files no fingerprint covers: validate's
+# problem and upload's refusal (an upload recorded them after a validation that always fails).
+NO_FILES_ENTRY = (
+    'has no "files" entry, so its manifest, excluded documents and build records go unchecked (edited '
+    "since the build?): restore it, or rebuild the dataset"
+)
 SAMPLE_DOCS = 64  # documents per tar sample of a /2 or /3 shard (the loader's blocks are 64 documents too)
 # A /3 sample's `.docs` member: per document, uint32 little-endian n_tokens (separator included),
 # then the raw sha256 of its ids bytes (the manifest's DOC_SHA256).
