@@ -484,22 +484,21 @@ def _swapped(module: Any, name: str, value: Any) -> Iterator[Any]:
             setattr(module, name, own)
 
 
-def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
-    """Refuse task `name` where a dataset_path folder it names without data_files holds the run directory
-    or datasets' cache where datasets looks (not under a `.` or `__` folder, which it skips): the eval
-    writes RUN/eval/ (a split folder to datasets) and local_data_cache writes data-test.arrow, … into
-    the cache (HF_DATASETS_CACHE, or the task's own dataset_kwargs cache_dir), so the task's next read
-    took them for its documents: "no data files" after the first eval (review RV32f B2), or a watch that
-    scored the cache's rows and never ended (B8, RV33b C8). And a task read from local files alone that
-    names its own cache_dir, anywhere: local_data_cache's per-content folder is the one home of its
-    cache (a cache_dir of its own bypassed it: a file replaced under its old mtime scored the old rows
-    under the new digest, RV33f F9). Refused rather than redirected: the cache_dir is lm-eval's to pass
-    to datasets, and the task loses nothing without it."""
+def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
+    """Refuse task `name` where a dataset_path folder it names without data_files holds the run directory (an
+    eval's; None: the decontamination index's read) or datasets' cache where datasets looks (not under a `.`
+    or `__` folder, which it skips): the eval writes RUN/eval/ (a split folder to datasets) and
+    local_data_cache writes data-test.arrow, … into the cache (HF_DATASETS_CACHE, or the task's own
+    dataset_kwargs cache_dir), so the task's next read took them for its documents: "no data files" after the
+    first eval (review RV32f B2), or a watch that scored the cache's rows and never ended (B8, RV33b C8). And
+    a task read from local files alone that names its own cache_dir, anywhere: local_data_cache's per-content
+    folder is the one home of its cache (a cache_dir of its own bypassed it: a file replaced under its old
+    mtime scored the old rows under the new digest, RV33f F9). Refused rather than redirected: the cache_dir
+    is lm-eval's to pass to datasets, and the task loses nothing without it."""
     import datasets
 
     arrow = "the .arrow files cached there (data-test.arrow, …) for the task's documents"
     kept = [  # what lies in the folder, its path, what datasets makes of it, how to take it out
-        ("the run directory", run_dir, "its eval/ (made at the first eval) for a split", "move the run out"),
         (
             "datasets' cache (HF_DATASETS_CACHE)",
             Path(datasets.config.HF_DATASETS_CACHE),
@@ -511,6 +510,14 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path) -> None:
             for cache in data.caches
         ),
     ]
+    if run_dir is not None:
+        run = (
+            "the run directory",
+            run_dir,
+            "its eval/ (made at the first eval) for a split",
+            "move the run out",
+        )
+        kept.insert(0, run)
     for named, folder, relative, deciding in data.folders:
         base = Path(folder).resolve()
         for what, path, taken, fix in kept:

@@ -57,6 +57,7 @@ from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import artifact_in
 from validation.eval_data import (
     EvalError,
+    check_data_folders,
     checked_task_manager,
     files_sha256,
     local_data_cache,
@@ -136,9 +137,12 @@ def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
             # reads it: its own cache keys a file on path and mtime, and a file replaced under its old
             # mtime (cp -p, rsync -a) was indexed from the old rows (review RV50b F1)
             data = task_data_files(tm, name)
+            check_data_folders(name, data, None)  # the eval's rules of where its documents are read
             with local_data_cache(files_sha256(data.files) if data.alone and data.files else None):
                 tasks.update(tm.load([name])["tasks"])
         return tasks
+    except EvalError:
+        raise
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else ""
         raise EvalError(

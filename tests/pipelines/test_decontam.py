@@ -353,6 +353,21 @@ def test_a_task_file_replaced_under_its_old_mtime_is_indexed_as_it_is_now(tmp_pa
     assert NgramIndex(tmp_path / "before").first_match(new) is None
     assert NgramIndex(tmp_path / "after").first_match(f"Intro. {new} Outro.").doc == 0
     assert read_manifest(tmp_path / "after")["sha256"] != read_manifest(tmp_path / "before")["sha256"]
+    # a task naming its own cache_dir is read from that cache, keyed as above: refused, as the eval
+    # refuses it (it was indexed from there: review RV50b)
+    yaml = tasks / "gm_qa.yaml"
+    yaml.write_text(
+        yaml.read_text().replace("dataset_kwargs:\n", f"dataset_kwargs:\n  cache_dir: {tmp_path}/own\n")
+    )
+    assert main([*argv, str(tmp_path / "own-cache")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: task gm_qa reads local files alone and names its own dataset_kwargs cache_dir "
+        f"{tmp_path}/own: datasets keys a local file's cache there by path and mtime, so a file replaced "
+        "under its old mtime would be scored from the old rows; remove cache_dir (gristmill caches such a "
+        "task's documents per content under HF_DATASETS_CACHE)"
+    ), err
+    assert not (tmp_path / "own").exists()
 
 
 def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
