@@ -217,7 +217,8 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
 
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
     """One run killed at each point of the rewind in turn, resumed each time with --resume auto; the
-    last resume also changes the rewind settings, which only future rewinds would use."""
+        last resume also changes the rewind settings, which only future rewinds would use, and is killed once
+    its last checkpoint is complete, before its retention."""
     run = tmp_path / "run"
     sets = rewind_sets(dataset, run)
     env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
@@ -226,9 +227,16 @@ def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_p
         cmd = _train_cmd(sets) + (resume if i else [])
         done = forked.run(cmd, cwd=ROOT, env={**env, KILL: point}, timeout=300)
         assert done.returncode == -9, (point, done.stderr[-2000:])
-    done = forked.run(_train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume, cwd=ROOT, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The last checkpoint complete, then killed before its retention: the resume, which saves nothing
+    # more, runs it (the skip's and the margin's checkpoints stayed for good: review RV51a 3).
+    changed = _train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume
+    done = forked.run(changed, cwd=ROOT, env={**env, KILL: f"complete:{STEPS}"}, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
     assert "resumed at step 18" in done.stdout
+    assert set(complete_steps(run)) > set(complete_steps(reference[0])), complete_steps(run)
+    done = forked.run(changed, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert complete_steps(run) == complete_steps(reference[0]), complete_steps(run)
     assert json.loads((run / "data_plan.json").read_text())["skips"][0]["last_step"] == 18
     assert_same_checkpoint(reference[0], run, STEPS)
     ours = [(r["step"], r["loss"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in metrics(run)]

@@ -540,15 +540,20 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     assert "WARNING: the run ends at step 4 with its last checkpoint SKIPPED (low disk)" in out, out[-2000:]
     assert "no checkpoint is complete" in out, out[-2000:]
     # after a resume the guard measures the resumed checkpoint (it said "estimated from the parameter
-    # count"), and its advice no longer asks for a lower keep_last, which frees nothing before a save
-    # completes (review R23c 4)
+    # count"), and its advice of a lower keep_last says when that frees space: it freed nothing before
+    # a save completed (review R23c 4); a resume runs its checkpoint's retention before its first save
     again = overrides(dataset, tmp_path / "again", "run.max_steps=4", "checkpoint.interval=2")
     train(load_train_config(TINY, again))
     capsys.readouterr()
     train(load_train_config(TINY, [*again, "run.max_steps=6", "checkpoint.resume=auto", *low]))
     warning = next(x for x in capsys.readouterr().out.splitlines() if "SKIPPED:" in x)
-    assert "(the size of step-000004)" in warning and "lower checkpoint.keep_last" not in warning, warning
-    assert "keep_last deletes old checkpoints only after a new one is complete" in warning, warning
+    assert "(the size of step-000004)" in warning, warning
+    assert "keep_last deletes old checkpoints after a save completes and when a run resumes" in warning
+    assert complete_steps(tmp_path / "again") == [2, 4]
+    lower = [*again, "run.max_steps=6", "checkpoint.resume=auto", "checkpoint.keep_last=1", *low]
+    train(load_train_config(TINY, lower))  # step 6's save skipped again: only the resume deletes
+    assert "retention: deleted checkpoint(s) 2 (keeping [4])" in capsys.readouterr().out
+    assert complete_steps(tmp_path / "again") == [4]
     # resumed from another run directory's checkpoint, with none of its own: that one is named, with
     # the --resume that finds it (--resume auto started over from step 0: review R23f 1)
     four = checkpoint_dir(tmp_path / "again", 4)

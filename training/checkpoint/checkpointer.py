@@ -230,10 +230,11 @@ def write_complete_record(path: Path, record: dict[str, Any]) -> None:
 
 
 # The advice of a full disk: lowering checkpoint.keep_last was advised, and on a resume it freed nothing
-# (retention runs after a save completes, which the disk did not allow: review R23c 4).
+# (retention ran only after a save completed, which the disk did not allow: review R23c 4). A resume
+# now runs the retention of the checkpoint it resumed from (finish_missed), before its first save.
 _RETENTION_FREES_NOTHING = (
-    "checkpoint.keep_last deletes old checkpoints only after a new one is complete, so lowering it frees "
-    "nothing now: delete the ones you do not need"
+    "checkpoint.keep_last deletes old checkpoints after a save completes and when a run resumes, so a "
+    "lower one frees them at the resume; or delete the ones you do not need"
 )
 
 
@@ -371,13 +372,16 @@ class Checkpointer:
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
         merged_export: Callable[[int], bool] | None = None,
         lost: Callable[[], str | None] | None = None,
+        completed: Callable[[int], None] | None = None,
     ):
         """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
         (the timeline's oldest rewind target and run.rewind.margin_steps); `merged_export`: with
         [merge] export = true, whether the state saved at a step holds that step's merged weights
         (asked at the save; exported with the checkpoint); `states`: checkpointables(...);
         `plan_last_step`: the plan's last step, saved by every run (resume_only); `config`: the applied
-        config (as JSON) whose hash `config_sha256` is, recorded beside it (CONFIG_RECORD)."""
+        config (as JSON) whose hash `config_sha256` is, recorded beside it (CONFIG_RECORD);
+        `completed`: called on rank 0 with a step once its COMPLETE is written, before its exports and
+        retention (a test's kill point, training/run/faults.py)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
@@ -408,6 +412,7 @@ class Checkpointer:
         self.rewind_keep = rewind_keep
         self.merged_export = merged_export
         self.lost = lost or (lambda: None)
+        self.completed = completed or (lambda step: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
@@ -539,16 +544,18 @@ class Checkpointer:
                 self._set_aside_newer(step, f"the resumed step {step}")
         return step
 
-    def export_missed(self, step: int | None) -> None:
+    def finish_missed(self, step: int | None) -> None:
         """Rank 0, after a resume of this run's own checkpoint `step` (None: no resume) and after the
         start's checks of what an export writes (training/run/setup.py: refused here instead, the
-        tokenizer files stopped the start in another line per rank, review RV29e F1), before any save
-        whose retention could delete the checkpoint: the exports the process missed when it stopped
-        between the checkpoint's COMPLETE and them."""
+        tokenizer files stopped the start in another line per rank, review RV29e F1): what the process
+        missed when it stopped between the checkpoint's COMPLETE and them, in their order. The
+        exports, then retention: killed there at the last step, a run kept for good a checkpoint the
+        run never stopped deleted, since its resume saves nothing more (review RV51a 3)."""
         if step is None or self.rank != 0 or not self.resumed_here:
             return
         merged = self.merged_export is not None and self.merged_export(step)
         self._export(step, merged, verified=False, missed=True)
+        self._retain(step)
 
     def rewind_target(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
         """The newest complete checkpoint that verifies between steps `oldest` and `newest` (rank 0
@@ -1023,6 +1030,7 @@ class Checkpointer:
         seconds = time.perf_counter() - t0
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")
+        self.completed(step)
         self._export(step, merged, verified=True)  # hashed as written, just now
         self._retain(step)
 

@@ -51,7 +51,7 @@ from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.batch_digests import BatchDigests
-from training.run.faults import LossFaults, replace_dataset
+from training.run.faults import LossFaults, kill_point, replace_dataset
 from training.run.lock import RunLock, run_dir_lost
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
@@ -200,7 +200,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checked.base_dir if resumed is None else None,
         checkpointer.resumed_from,
     )
-    checkpointer.export_missed(resumed)
+    checkpointer.finish_missed(resumed)
     _outputs(
         resolved,
         spec,
@@ -403,6 +403,7 @@ def _checkpointer(
         rewind_keep=(lambda: (timeline.oldest_target, run.rewind.margin_steps)) if rewinds else None,
         merged_export=merge.merged_at if merge is not None and resolved.merge.export else None,
         lost=functools.partial(run_dir_lost, run.output_dir),
+        completed=lambda step: kill_point(f"complete:{step}"),
     )
 
 
