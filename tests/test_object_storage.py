@@ -108,7 +108,7 @@ from training.data.remote import (
 from training.launch import child_pids
 from training.run.faults import AWAITED, DATA, HOLD_DATA, SIGTERM
 from training.train import load_train_config, train
-from validation.validate import VALIDATION_JSON
+from validation.validate import VALIDATION_JSON, validate_dataset
 
 pytestmark = [
     pytest.mark.process,  # starts processes: the second tier of `make test`
@@ -2383,6 +2383,56 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     assert gristmill(["data", "validate", url, "--no-progress", *fresh]) == 1
     printed = capsys.readouterr().out
     assert printed.count("  index/doc_tokens.bin: ") == 1 and "gristmill data index" not in printed, printed
+
+
+def test_a_bucket_validation_stopped_midway_checks_only_the_rest(s3, tmp_path, monkeypatch, capsys):
+    """`data validate s3://…` stopped (Ctrl-C, a kill) started over: at FineWeb-Edu's ~10 TB of shards,
+    hours lost (note50). Each shard's result is kept in the cache's copy as it comes, and the rerun
+    checks only the others, and a shard whose object changed meanwhile (its ETag) again."""
+    import validation.validate as validate
+    from pipelines.synthetic_dataset import write_synthetic_dataset
+    from tests.helpers.train_data import affine_documents
+
+    local = tmp_path / "local"  # 7 shards
+    write_synthetic_dataset(local, affine_documents(300), vocab_size=256, target_bytes=16 << 10)
+    url = s3.url("resumed-validation")
+    upload_dataset(local, url, log=lambda *a: None)
+    checked: list[str] = []
+    check = validate.check_shard
+
+    def counted(spec):
+        if len(checked) == 3 and stop:
+            raise KeyboardInterrupt  # Ctrl-C while the fourth shard is checked
+        checked.append(spec.name)
+        return check(spec)
+
+    monkeypatch.setattr(validate, "check_shard", counted)
+    settings, stop = cache(tmp_path), True
+    with pytest.raises(KeyboardInterrupt):
+        validate_dataset(url, progress=False, workers=1, cache=settings)
+    first, stop = list(checked), False
+    assert len(first) == 3
+    key = f"resumed-validation/shards/{first[0]}"  # checked, then damaged in the bucket
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=good[:700] + bytes([good[700] ^ 1]) + good[701:])
+    checked.clear()
+    capsys.readouterr()
+    report = validate_dataset(url, progress=False, workers=1, cache=settings)
+    shards = sorted(read_dataset_info(local)["shard_files"])
+    assert len(shards) > 4
+    assert sorted(checked) == sorted(set(shards) - set(first[1:]))  # the two unchanged ones: not again
+    assert "resuming the validation of" in capsys.readouterr().err
+    assert not report.ok and f"shards/{first[0]}" in {p.shard for p in report.problems}
+    # what a validation from the start finds (another cache: nothing recorded)
+    whole = validate_dataset(url, progress=False, write=False, cache=cache(tmp_path / "whole"))
+    assert [str(p) for p in report.problems] == [str(p) for p in whole.problems]
+    assert (report.shards, report.documents, report.tokens, report.separators, report.bytes) == (
+        whole.shards, whole.documents, whole.tokens, whole.separators, whole.bytes,
+    )  # fmt: skip
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=good)
+    checked.clear()
+    assert validate_dataset(url, progress=False, workers=1, cache=settings).ok
+    assert sorted(checked) == shards  # the validation that ended left no results behind: all again
 
 
 def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synthetic, capsys):

@@ -27,14 +27,20 @@ checks:
   shards/ but shards, no shard on disk that dataset.json does not list, none missing.
 
 A corrupt or truncated tar becomes a problem line naming the shard (and the document where it is
-knowable), never a traceback. The result is written to `DIR/validation.json`, which the audit's
-`validation` view reads. `validate_dataset()` is the library entry point; the build calls it last.
+knowable), never a traceback. A bucket's validation resumes: each shard's result goes into the cache's
+copy as it is checked (SHARD_RESULTS), and a rerun after a kill or Ctrl-C checks only the shards not
+recorded there, or whose object, manifest rows or checks changed since (`_shard_key`: the object's ETag,
+the store's digest of its content, never a claim beside it); the record goes once the validation ends.
+The result is written to `DIR/validation.json`, which the audit's `validation` view reads.
+`validate_dataset()` is the library entry point; the build calls it last.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -44,6 +50,7 @@ import os
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +62,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from tokenization.separator import vocab_size_of
+from training.contract import dataset_format, separator_check
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BUILD_JSON,
@@ -130,6 +138,9 @@ PARALLEL_BYTES = 512 << 20
 
 
 REBUILD = "rebuild the dataset"  # the fix of a file no single build task rewrites
+
+# A bucket's validation in progress, in the cache's copy: a line per shard checked, {"key", "result"}.
+SHARD_RESULTS = "validate-shards.jsonl"
 
 
 @dataclass
@@ -834,7 +845,7 @@ def validate_dataset(
             )
             for name in on_disk
         ]
-        results = _run_specs(specs, progress, workers)
+        results = _run_checked(specs, progress, workers, versions, root if url is not None else None)
         for r in results:
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
@@ -891,6 +902,8 @@ def validate_dataset(
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
         if url is not None:
             _put_record(url, text, report.ok)
+    if url is not None and not unread:  # ended: the next validation checks the bucket again
+        (root / SHARD_RESULTS).unlink(missing_ok=True)
     return report
 
 
@@ -1186,7 +1199,63 @@ def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult]) 
     return Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind)
 
 
-def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:
+def _run_checked(
+    specs: list[_ShardSpec], progress: bool, workers: int | None, versions: dict[str, str], copy: Path | None
+) -> list[ShardResult]:
+    """_run_specs, resumed: `copy`, a bucket's dataset's copy in the cache (None: a local dataset, read
+    again whole, since a file's only version there is its bytes), records in SHARD_RESULTS each shard's
+    result as it comes, and the shards it holds under the same key (`_shard_key`) are not checked again.
+    At FineWeb-Edu's ~10 TB of shards a kill cost hours: the validation started over (note50)."""
+    if copy is None:
+        return _run_specs(specs, progress, workers)
+    path = copy / SHARD_RESULTS
+    keys = {spec.name: _shard_key(spec, versions.get(spec.name)) for spec in specs}
+    recorded = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError):  # a line a kill cut short
+                entry = json.loads(line)
+                result = {**entry["result"], "problems": [Problem(**p) for p in entry["result"]["problems"]]}
+                recorded[entry["key"]] = ShardResult(**result)
+    reused = {name: recorded[key] for name, key in keys.items() if key in recorded}
+    if reused:
+        print(
+            f"resuming the validation of {specs[0].url}: {len(reused)} of {len(specs)} shards were checked "
+            f"before it stopped, their objects, manifest rows and checks unchanged ({path}); checking the "
+            f"other {len(specs) - len(reused)}",
+            file=sys.stderr,
+        )
+
+    def done(spec: _ShardSpec, result: ShardResult) -> None:
+        if result.unread is None:  # not read here is no result: checked again next time
+            with contextlib.suppress(OSError), open(path, "a") as f:
+                f.write(json.dumps({"key": keys[spec.name], "result": asdict(result)}) + "\n")
+
+    fresh = iter(_run_specs([s for s in specs if s.name not in reused], progress, workers, done))
+    return [reused[s.name] if s.name in reused else next(fresh) for s in specs]
+
+
+def _shard_key(spec: _ShardSpec, version: str | None) -> str:
+    """What a shard's recorded result stands for: its object as the bucket lists it (size and ETag, the
+    store's digest of the content), the manifest rows and dataset.json entry it is checked against, and
+    the checks' own code (a gristmill upgraded between the runs checks again)."""
+    what = repr((_checks_sha256(), version, dataclasses.replace(spec, path="")))
+    return hashlib.sha256(what.encode()).hexdigest()
+
+
+@functools.cache
+def _checks_sha256() -> str:
+    modules = (sys.modules[__name__], dataset_format, separator_check)
+    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in modules)).hexdigest()
+
+
+def _run_specs(
+    specs: list[_ShardSpec],
+    progress: bool,
+    workers: int | None,
+    done: Callable[[_ShardSpec, ShardResult], None] = lambda spec, result: None,
+) -> list[ShardResult]:
+    """Each spec's result, in order; `done` is told of each as it comes."""
     if workers is None:
         total = sum(s.size for s in specs)
         workers = min(8, os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
@@ -1208,7 +1277,8 @@ def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> 
     )
     try:
         it = pool.map(check_shard, specs) if pool else map(check_shard, specs)
-        for r in it:
+        for spec, r in zip(specs, it):
+            done(spec, r)
             results.append(r)
             tokens += r.tokens
             bar.update(1)
