@@ -566,6 +566,24 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     kept.write_text(json.dumps(clean))
     assert train_main(["--config", TINY, "--set", *resume]) == 0
     assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir() and export_dir(run, 2).is_dir()
+    # The run's copy of tokenizer.json, two ids swapped: its exports shipped it, and eval scored other
+    # ids than the data's, exit 0 (review RV52a F1); base.json records it as the run kept it.
+    ids, good = run / "base" / "tokenizer.json", (run / "base" / "tokenizer.json").read_bytes()
+    spec = json.loads(good)
+    vocab = spec["model"]["vocab"]
+    vocab["e"], vocab["t"] = vocab["t"], vocab["e"]
+    ids.write_text(json.dumps(spec))
+    shutil.rmtree(export_dir(run, 4))
+    with pytest.raises(GristmillError) as e:
+        export_checkpoint(run, 4)
+    assert str(e.value).startswith(f"{ids} is not the tokenizer.json the run kept from its base"), e.value
+    assert "restore that folder from a copy of the run" in str(e.value) and not export_dir(run, 4).exists()
+    ids.write_bytes(good)
+    kept.unlink()  # one the run kept, gone: "cannot write …", naming the export's folder (RV52a F2)
+    with pytest.raises(GristmillError, match=rf"^{re.escape(str(kept))} is missing: the run kept it"):
+        export_checkpoint(run, 4)
+    kept.write_text(json.dumps(clean))
+    assert export_checkpoint(run, 4) == export_dir(run, 4)
 
 
 def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):

@@ -17,7 +17,8 @@ run starts from the base (not on a resume, which never reads the base).
   gristmill's own eval does not take its framing from them but from the dataset's separator
   (gristmill_export.json), exactly one per document as in training.
 
-base.json is written last and lists the files kept, so a start cut short leaves no record that
+base.json is written last and lists the files kept (and tokenizer.json's sha256: what decides the
+ids the exports ship is held to it), so a start cut short leaves no record that
 names files of another base.
 """
 
@@ -34,6 +35,7 @@ from training.checkpoint.base_source import (
     INDEX_JSON,
     KEPT_FILES,
     TOKENIZER_FILES,
+    TOKENIZER_JSON,
     BaseModelError,
     hub_id,
     weights_files,
@@ -70,6 +72,7 @@ __all__ = [
 ]
 
 BASE_JSON = "base.json"
+TOKENIZER_SHA256 = "tokenizer_sha256"  # base.json: the kept tokenizer.json's, as the run started
 
 
 def weights_sha256(directory: str | Path) -> dict[str, str]:
@@ -175,6 +178,8 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
     kept = list(kept_base_files(directory))
     _keep_files(directory, target, kept)
     record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
+    if TOKENIZER_JSON in kept:  # what decides the ids its exports ship (check_kept_base)
+        record[TOKENIZER_SHA256] = file_sha256(target / TOKENIZER_JSON)
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
 
 
@@ -316,20 +321,39 @@ def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -
     or replaced since, the exports of a run from a base took the dataset's tokenizer and special
     tokens instead of the base's, step 0's export went unchecked, and a resume's checkpoints then
     recorded no base, exit 0 (review R22f S1, S2). Nothing to compare for a run without checkpoints,
-    or whose checkpoints record no base."""
+    or whose checkpoints record no base. Then each file base.json lists, there, and tokenizer.json as
+    base.json records it (TOKENIZER_SHA256; a record from before it has none to compare)."""
     recorded = newest_base_record(run_dir) if checkpoint is None else base_record_of(checkpoint)
-    if recorded is None:
-        return
-    ckpt, sha = recorded
-    now = base_record_sha256(run_dir)
-    if now != sha:
-        path = Path(run_dir) / BASE_DIR / BASE_JSON
-        how = "is missing" if now is None else f"is not the one {ckpt.name} recorded (sha256 {now[:12]}…)"
-        raise GristmillError(
-            f"{path} {how}: the run kept its base's record there when it started (sha256 {sha[:12]}… in "
-            f"{ckpt}/COMPLETE), and its exports take the base's tokenizer and special tokens from "
-            f"{path.parent}; restore that folder from a copy of the run"
-        )
+    folder = Path(run_dir) / BASE_DIR
+    restore = (
+        f"and its exports take the base's tokenizer and special tokens from {folder}; restore that folder "
+        "from a copy of the run"
+    )
+    if recorded is not None:
+        ckpt, sha = recorded
+        now = base_record_sha256(run_dir)
+        if now != sha:
+            path = folder / BASE_JSON
+            how = "is missing" if now is None else f"is not the one {ckpt.name} recorded (sha256 {now[:12]}…)"
+            raise GristmillError(
+                f"{path} {how}: the run kept its base's record there when it started (sha256 {sha[:12]}… in "
+                f"{ckpt}/COMPLETE), {restore}"
+            )
+    # The files base.json lists, as kept: a tokenizer.json edited since shipped other ids with every
+    # export, and eval scored them, exit 0; one missing was "cannot write" (review RV52a F1, F2).
+    record = read_base_record(run_dir)
+    for name in record["files"] if record is not None else ():
+        path = folder / name
+        if not path.is_file():
+            raise GristmillError(
+                f"{path} is missing: the run kept it from its base when it started, {restore}"
+            )
+        sha = record.get(TOKENIZER_SHA256) if name == TOKENIZER_JSON else None
+        if sha is not None and file_sha256(path) != sha:
+            raise GristmillError(
+                f"{path} is not the tokenizer.json the run kept from its base when it started (sha256 "
+                f"{sha[:12]}… in {folder / BASE_JSON}): the one its data was checked against, {restore}"
+            )
 
 
 def base_files(run_dir: str | Path) -> dict[str, Path]:
