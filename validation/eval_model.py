@@ -124,10 +124,17 @@ class GristmillHFLM(HFLM):
         if owners is not None and len(owners) == len(requests):
             for owner, (_, context_enc, continuation_enc) in zip(owners, requests, strict=True):
                 if len(continuation_enc) > self.max_length:  # lm-eval would stop on a bare assert
+                    context = getattr(self.model.config, "max_position_embeddings", None)
+                    longer = (  # at the whole context it advised a longer one, refused (review RV52a F3)
+                        "evaluate with a longer context (--set max_length=N, up to the model's max_seq_len) "
+                        "or leave the task out"
+                        if context is None or self.max_length < context
+                        else "max_length is the model's whole context: no longer one fits it; leave the task "
+                        "out"
+                    )
                     raise EvalError(
                         f"task {owner[0]} document {owner[1]}: an answer of {len(continuation_enc)} tokens "
-                        f"does not fit max_length {self.max_length}; evaluate with a longer context "
-                        "(--set max_length=N, up to the model's max_seq_len) or leave the task out"
+                        f"does not fit max_length {self.max_length}; {longer}"
                     )
                 self._seen(owner, len(context_enc) + len(continuation_enc) - 1, self.max_length)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)

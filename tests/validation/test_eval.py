@@ -1892,7 +1892,19 @@ def test_an_answer_longer_than_the_context_is_one_line(eval_run, tmp_path, capsy
     assert main(["eval", str(run), *args]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "task heldout_cloze document " in err[0]
-    assert "does not fit max_length 4" in err[0]
+    assert "does not fit max_length 4; evaluate with a longer context (--set max_length=N" in err[0]
+    # at the model's whole context, no longer one is advised: it was, and then refused (review RV52a F3)
+    tasks = _own_task(tmp_path / "tasks")
+    long = {"context": "Item reads as", "choices": ["one", " ".join(["word"] * (SEQ_LEN + 10))], "label": 0}
+    (tasks / "own_mc-test.jsonl").write_text(json.dumps(long) + "\n")
+    assert main(["eval", str(run), *_own_args(tasks)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert (
+        len(err) == 1
+        and f"does not fit max_length {SEQ_LEN}; max_length is the model's whole context: no "
+        "longer one fits it; leave the task out"
+        in err[0]
+    ), err
 
 
 def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tmp_path, capsys):
