@@ -62,7 +62,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from tokenization.separator import vocab_size_of
-from training.contract import dataset_format, separator_check
+from training.contract import dataset_format, object_store, separator_check
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BUILD_JSON,
@@ -170,6 +170,7 @@ class ShardResult:
     problems: list[Problem] = field(default_factory=list)
     more_problems: int = 0  # problems past MAX_PROBLEMS_PER_SHARD, counted only
     unread: str | None = None  # a bucket's shard this node could not read: why (check_shard)
+    unexpected: bool = False  # its check raised (check_shard): maybe this node's, never kept to resume
 
     def add(self, message: str, key: str | None = None, kind: str = "document") -> None:
         if len(self.problems) < MAX_PROBLEMS_PER_SHARD:
@@ -227,6 +228,7 @@ class _ShardSpec:
     layout: str = FORMAT  # dataset.json's "format": a sample of documents (/2, /3) or one per document (/1)
     # /1: key -> its manifest row's source fields, which its .json member must agree with
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    etag: str = ""  # a bucket's listing's: the version checked (download's If-Match), kept to resume
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
@@ -239,7 +241,7 @@ def check_shard(spec: _ShardSpec) -> ShardResult:
         if spec.url is not None:  # as it is in the bucket, unverified: its hash is one of the checks
             try:
                 sha256 = ObjectStore(spec.url).download(
-                    f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size
+                    f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size, if_match=spec.etag or None
                 )
             except (OSError, ObjectStoreError) as e:
                 if isinstance(e, ObjectStoreError) and not _not_the_bucket(e):
@@ -250,6 +252,7 @@ def check_shard(spec: _ShardSpec) -> ShardResult:
         _check_shard(spec, res, sha256)
     except Exception as e:  # noqa: BLE001 - a validator reports, it does not crash
         res.add(f"could not be checked: {type(e).__name__}: {e}")
+        res.unexpected = True
     finally:
         if spec.url is not None:
             Path(spec.path).unlink(missing_ok=True)
@@ -842,10 +845,11 @@ def validate_dataset(
                 url,
                 info["format"],
                 sources.get(name, {}),
+                listing[f"{SHARDS_DIR}/{name}"][1] if listing is not None else "",
             )
             for name in on_disk
         ]
-        results = _run_checked(specs, progress, workers, versions, root if url is not None else None)
+        results = _run_checked(specs, progress, workers, root if url is not None else None)
         for r in results:
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
@@ -1200,7 +1204,7 @@ def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult]) 
 
 
 def _run_checked(
-    specs: list[_ShardSpec], progress: bool, workers: int | None, versions: dict[str, str], copy: Path | None
+    specs: list[_ShardSpec], progress: bool, workers: int | None, copy: Path | None
 ) -> list[ShardResult]:
     """_run_specs, resumed: `copy`, a bucket's dataset's copy in the cache (None: a local dataset, read
     again whole, since a file's only version there is its bytes), records in SHARD_RESULTS each shard's
@@ -1209,7 +1213,7 @@ def _run_checked(
     if copy is None:
         return _run_specs(specs, progress, workers)
     path = copy / SHARD_RESULTS
-    keys = {spec.name: _shard_key(spec, versions.get(spec.name)) for spec in specs}
+    keys = {spec.name: _shard_key(spec) for spec in specs}
     recorded = {}
     with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
@@ -1227,25 +1231,29 @@ def _run_checked(
         )
 
     def done(spec: _ShardSpec, result: ShardResult) -> None:
-        if result.unread is None:  # not read here is no result: checked again next time
-            with contextlib.suppress(OSError), open(path, "a") as f:
-                f.write(json.dumps({"key": keys[spec.name], "result": asdict(result)}) + "\n")
+        # Not kept: a shard not read here, or whose check raised (a MemoryError, this disk's: its
+        # "could not be checked" was kept, and the rerun recorded FAILED: review RV52c 1), checked again
+        # next time; nor one without an ETag to name the version read (no If-Match either).
+        if result.unread is None and not result.unexpected and spec.etag:
+            with contextlib.suppress(OSError), open(path, "a") as f:  # a new line: a kill may have cut one
+                f.write("\n" + json.dumps({"key": keys[spec.name], "result": asdict(result)}))
 
     fresh = iter(_run_specs([s for s in specs if s.name not in reused], progress, workers, done))
     return [reused[s.name] if s.name in reused else next(fresh) for s in specs]
 
 
-def _shard_key(spec: _ShardSpec, version: str | None) -> str:
-    """What a shard's recorded result stands for: its object as the bucket lists it (size and ETag, the
-    store's digest of the content), the manifest rows and dataset.json entry it is checked against, and
-    the checks' own code (a gristmill upgraded between the runs checks again)."""
-    what = repr((_checks_sha256(), version, dataclasses.replace(spec, path="")))
+def _shard_key(spec: _ShardSpec) -> str:
+    """What a shard's recorded result stands for: its object as the bucket listed it (size and ETag, the
+    store's digest of the content, which the download held the GET to), the manifest rows and
+    dataset.json entry it is checked against, and the checks' own code (a gristmill upgraded between
+    the runs checks again). Not the URL's spelling: the cache's copy is the dataset's."""
+    what = repr((_checks_sha256(), dataclasses.replace(spec, path="", url="")))
     return hashlib.sha256(what.encode()).hexdigest()
 
 
 @functools.cache
 def _checks_sha256() -> str:
-    modules = (sys.modules[__name__], dataset_format, separator_check)
+    modules = (sys.modules[__name__], dataset_format, separator_check, object_store)
     return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in modules)).hexdigest()
 
 

@@ -123,6 +123,10 @@ class ObjectCutShort(ObjectStoreError):
     """The object is shorter than the range asked of it: the data's problem, not the transport's."""
 
 
+class ObjectChanged(ObjectStoreError):
+    """The object is no longer the version asked for (If-Match: another ETag now)."""
+
+
 def user_cache_dir() -> Path:
     """$XDG_CACHE_HOME/gristmill, else ~/.cache/gristmill: where the bucket's datasets are cached
     and an s3:// build's work directory is, by default."""
@@ -510,6 +514,8 @@ class ObjectStore:
                 )
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectMissing(f"{where} does not exist")
+            if code == "PreconditionFailed" or status == 412:
+                return ObjectChanged(f"{where} changed since it was listed (another ETag)")
             if status in (401, 403) or code in (
                 "AccessDenied",
                 "InvalidAccessKeyId",
@@ -561,12 +567,13 @@ class ObjectStore:
 
         return self._call("GET", rel, get)
 
-    def download(self, rel: str, dest: Path, size: int) -> str:
+    def download(self, rel: str, dest: Path, size: int, if_match: str | None = None) -> str:
         """Object `rel` into the new file `dest`, which must end up `size` bytes; returns its sha256.
 
         One GET; an attempt cut off mid-body (reset, truncated) continues with a range GET from the
         byte reached. A body shorter than `size` is such a cut; one longer is not the object
-        dataset.json describes and is returned as it is (its hash tells the caller)."""
+        dataset.json describes and is returned as it is (its hash tells the caller). `if_match`: the
+        ETag a listing gave it; another version is ObjectChanged, whichever GET meets it."""
         h = hashlib.sha256()
         with open(dest, "wb") as out:
 
@@ -577,6 +584,8 @@ class ObjectStore:
                 args = {"Bucket": self.url.bucket, "Key": self.url.key(rel)}
                 if done:
                     args["Range"] = f"bytes={done}-"
+                if if_match:
+                    args["IfMatch"] = f'"{if_match}"'
                 resp = c.get_object(**args)
                 if done and resp.get("ContentRange") is None:  # the store ignored the range: start over
                     out.seek(0)
