@@ -548,14 +548,17 @@ class Checkpointer:
         """Rank 0, after a resume of this run's own checkpoint `step` (None: no resume) and after the
         start's checks of what an export writes (training/run/setup.py: refused here instead, the
         tokenizer files stopped the start in another line per rank, review RV29e F1): what the process
-        missed when it stopped between the checkpoint's COMPLETE and them, in their order. The
-        exports, then retention: killed there at the last step, a run kept for good a checkpoint the
-        run never stopped deleted, since its resume saves nothing more (review RV51a 3)."""
+        missed when it stopped between the checkpoint's COMPLETE and them. Retention: killed there at
+        the last step, a run kept for good a checkpoint the run never stopped deleted, since its resume
+        saves nothing more (review RV51a 3); done first, and waited for, so that a keep_last lowered
+        after a disk filled by the exports frees room for them (review RV52c 2: it never deletes
+        `step`). Then the exports."""
         if step is None or self.rank != 0 or not self.resumed_here:
             return
+        self._retain(step)
+        self._join_retention()
         merged = self.merged_export is not None and self.merged_export(step)
         self._export(step, merged, verified=False, missed=True)
-        self._retain(step)
 
     def rewind_target(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
         """The newest complete checkpoint that verifies between steps `oldest` and `newest` (rank 0
