@@ -614,6 +614,18 @@ class TaskPlan:
             f" ({self.documents} held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
         )
 
+    def cwd_note(self) -> str:
+        """`; own_mc reads data/mc.jsonl from the working directory /x (…)` for the tasks whose relative
+        data_files lm-eval reads there (TaskData.from_cwd): the same command run elsewhere scores other
+        files, and nothing said so on a step's first eval (review RV52a F4); else ""."""
+        named = [f"{n} reads {', '.join(d.from_cwd)}" for n, d in self.data_files.items() if d.from_cwd]
+        if not named:
+            return ""
+        cwd = Path.cwd()
+        return (
+            f"; {'; '.join(named)} from the working directory {cwd} (lm-eval's rule, not the YAML's folder)"
+        )
+
     def own_yamls(self, name: str, seen: frozenset[str] = frozenset()) -> list[Path] | None:
         """The YAML files under include_path that define task `name` (the user's own task), else None.
         A tag's or group's: its members' (and a group's own file); the user's own only when all are
@@ -1149,7 +1161,7 @@ def evaluate_step(
             f"max_length = {cfg.max_length} is longer than the model's context, {most} tokens "
             f"(max_position_embeddings in {export / 'config.json'}): set max_length ≤ {most} (0: the model's)"
         )
-    _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}")
+    _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}{plan.cwd_note()}")
     t0 = time.time()
     log_file = eval_dir(run_dir, step, merged) / EVAL_LOG
     max_length = cfg.max_length or most

@@ -124,6 +124,9 @@ class TaskData(NamedTuple):
     patterns whose matches there are what datasets reads, `_folder_patterns`)."""
     caches: tuple[str, ...] = ()
     """Its dataset_kwargs' cache_dir, where given: datasets' cache for it (`check_data_folders`)."""
+    from_cwd: tuple[str, ...] = ()
+    """Its builder's (`dataset_path: json`, …) relative data_files, as written: lm-eval and datasets read
+    them from the working directory, not from the YAML's folder (`check_data_folders`, the eval's note)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -154,6 +157,7 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
         sorted(set(anchors)),
         sorted(set(folders)),
         tuple(sorted(set(_cache_dirs(definition)))),
+        tuple(sorted(set(_from_cwd(definition)))),
     )
 
 
@@ -242,6 +246,24 @@ def _cache_dirs(value: Any) -> Iterator[str]:
         yield kwargs["cache_dir"]
     for v in value.values():
         yield from _cache_dirs(v)
+
+
+def _from_cwd(value: Any) -> Iterator[str]:
+    """The data_files of a task's config and its members' that datasets reads from the working
+    directory: a builder's (no folder of its own, no data_dir) local ones that are relative."""
+    if isinstance(value, list):
+        for v in value:
+            yield from _from_cwd(v)
+    if not isinstance(value, dict):
+        return
+    kwargs = value.get("dataset_kwargs") if isinstance(value.get("dataset_kwargs"), dict) else {}
+    source = value.get("dataset_path")
+    if isinstance(source, str) and _packaged_builder(source) and not isinstance(kwargs.get("data_dir"), str):
+        for p in _patterns(kwargs.get("data_files")):
+            if not is_url(p) and "://" not in p and not os.path.isabs(p):
+                yield p
+    for v in value.values():
+        yield from _from_cwd(v)
 
 
 def local_files(
@@ -532,6 +554,13 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
                     f"in it: datasets would take {taken}; give {name} dataset_kwargs: data_files (its "
                     f"files, relative to {relative}) or {fix}"
                 )
+    for pattern in data.from_cwd:  # lm-eval's own error was a FileNotFoundError of a path (review RV52a F4)
+        if not local_files([_rooted(pattern, Path.cwd())]):
+            raise EvalError(
+                f"task {name}: its data_files {pattern} matches no file in the working directory "
+                f"{Path.cwd()}: lm-eval reads a relative data_files from there, not from the task's YAML "
+                "folder; give it as an absolute path"
+            )
     if data.alone and data.caches:  # datasets reads there, not local_data_cache's folder (review RV33f F9)
         raise EvalError(
             f"task {name} reads local files alone and names its own dataset_kwargs cache_dir "

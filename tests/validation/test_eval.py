@@ -3434,6 +3434,37 @@ def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, t
     assert not (eval_dir(run, 5) / "results.json").exists()
 
 
+def test_a_task_s_relative_data_files_are_the_working_directory_s_and_said_so(
+    eval_run, tmp_path, monkeypatch, capsys
+):
+    """lm-eval reads a builder's relative data_files from the working directory, not the YAML's folder:
+    run from elsewhere, the eval stopped on a FileNotFoundError of a path, or scored another folder's
+    file of that name without a word (review RV52a F4). One line naming the working directory; where
+    found, the eval's line says where it read them."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    yaml = tasks / "own_mc.yaml"
+    yaml.write_text(yaml.read_text().replace(f"{tasks}/", ""))  # own_mc-test.jsonl, relative
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: task own_mc: its data_files own_mc-test.jsonl matches no file in the working directory "
+        f"{elsewhere}: lm-eval reads a relative data_files from there, not from the task's YAML folder; give "
+        "it as an absolute path"
+    ], err
+    monkeypatch.chdir(tasks)
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 0
+    assert (
+        f"own_mc reads own_mc-test.jsonl, own_mc-train.jsonl from the working directory {tasks} (lm-eval's "
+        "rule, not the YAML's folder)" in capsys.readouterr().err
+    )
+
+
 def _failed_in_one_line(run: Path, args: list[str], capfd) -> tuple[str, str]:
     """`gristmill eval RUN --step 5 ARGS` that exits 2 without a traceback: its last line and stderr."""
     from pipelines.cli import main
