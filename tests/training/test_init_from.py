@@ -666,6 +666,12 @@ def test_the_data_must_match_the_base(tmp_path):
     assert "d8/tokenizer.json" not in msg and "no tokenizer.json to compare by content" in msg, msg
     notes = check_base_data(base, tmp_path / "d6", _dataset(tmp_path / "d6", tok, sep=3), 256)
     assert len(notes) == 1 and "neither its bos nor eos" in notes[0]
+    # the base's tokenizer.json cut short: named alone, not "the dataset's or the base's" (RV52a F6)
+    (base / "tokenizer.json").write_text(json.dumps(tok)[:-9])
+    with pytest.raises(
+        BaseModelError, match=rf"^{re.escape(str(base / 'tokenizer.json'))} is not valid JSON"
+    ):
+        check_base_data(base, tmp_path / "d1", _dataset(tmp_path / "d1", tok), 256)
     (base / "tokenizer.json").unlink()
     notes = check_base_data(base, tmp_path / "d1", _dataset(tmp_path / "d1", tok), 256)
     assert len(notes) == 1 and "has no tokenizer.json" in notes[0]

@@ -408,6 +408,11 @@ def _tokenizer_differences(data_tok: Path, base_tok: Path) -> list[str]:
     try:
         return tokenizer_differences(data_tok, base_tok)
     except ValueError as e:
+        for path in (base_tok, data_tok):  # the one that is not (both were named: review RV52a F6)
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as bad:
+                raise BaseModelError(f"{path} is not valid JSON ({bad})") from None
         raise BaseModelError(f"{data_tok} or {base_tok} is not valid JSON ({e})") from None
 
 
