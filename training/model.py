@@ -128,12 +128,13 @@ class ModelConfig:
             raise ValueError(f"loss_chunk must be >= 0, got {self.loss_chunk}")
         if self.rope_type not in ("default", "llama3"):
             raise ValueError(f"rope_type must be default or llama3, got {self.rope_type!r}")
+        # low = high: no wavelength between the two, as transformers computes it (review RV52a F5)
         if self.rope_type == "llama3" and not (
-            self.rope_factor > 0 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            self.rope_factor > 0 and 0 < self.rope_low_freq_factor <= self.rope_high_freq_factor
             and self.rope_original_max_seq_len > 0
         ):  # fmt: skip
             raise ValueError(
-                "llama3 RoPE scaling needs rope_factor > 0, 0 < rope_low_freq_factor < "
+                "llama3 RoPE scaling needs rope_factor > 0, 0 < rope_low_freq_factor <= "
                 f"rope_high_freq_factor and rope_original_max_seq_len > 0; got {self.rope_factor}, "
                 f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}, {self.rope_original_max_seq_len}"
             )

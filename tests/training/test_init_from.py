@@ -118,6 +118,8 @@ def to_v4_spelling(path: Path) -> None:
         ("bf16-upcast", {"dtype": torch.bfloat16}),
         ("llama3-v5", {"rope": LLAMA3, "tie_word_embeddings": True}),
         ("llama3-v4", {"rope": LLAMA3, "shard": True}),
+        # one band edge (it was refused: RV52a F5; transformers computes it)
+        ("llama3-equal-factors", {"rope": LLAMA3 | {"low_freq_factor": 2.0, "high_freq_factor": 2.0}}),
     ],
 )
 def test_logits_equal_transformers(tmp_path, case, kwargs):
