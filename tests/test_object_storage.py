@@ -2002,10 +2002,10 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
     name = sorted(read_dataset_info(local)["shard_files"])[0]
     download = ObjectStore.download
 
-    def full_disk(self, rel, dest, size):
+    def full_disk(self, rel, dest, size, **kw):
         if rel == f"shards/{name}":
             raise OSError(28, "No space left on device", str(dest))
-        return download(self, rel, dest, size)
+        return download(self, rel, dest, size, **kw)
 
     monkeypatch.setattr(ObjectStore, "download", full_disk)
     cache = CacheSettings(tmp_path / "cache", int(1e9))
