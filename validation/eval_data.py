@@ -260,7 +260,7 @@ def _from_cwd(value: Any) -> Iterator[str]:
     source = value.get("dataset_path")
     if isinstance(source, str) and _packaged_builder(source) and not isinstance(kwargs.get("data_dir"), str):
         for p in _patterns(kwargs.get("data_files")):
-            if not is_url(p) and "://" not in p and not os.path.isabs(p):
+            if _local_pattern(p) and not os.path.isabs(p):
                 yield p
     for v in value.values():
         yield from _from_cwd(v)
@@ -520,7 +520,10 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
     import datasets
 
     arrow = "the .arrow files cached there (data-test.arrow, …) for the task's documents"
-    kept = [  # what lies in the folder, its path, what datasets makes of it, how to take it out
+    # what lies in the folder, its path, what datasets makes of it, how to take it out
+    run = ("the run directory", run_dir, "its eval/ (made at the first eval) for a split", "move the run out")
+    kept = [run] if run_dir is not None else []
+    kept += [
         (
             "datasets' cache (HF_DATASETS_CACHE)",
             Path(datasets.config.HF_DATASETS_CACHE),
@@ -532,14 +535,6 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
             for cache in data.caches
         ),
     ]
-    if run_dir is not None:
-        run = (
-            "the run directory",
-            run_dir,
-            "its eval/ (made at the first eval) for a split",
-            "move the run out",
-        )
-        kept.insert(0, run)
     for named, folder, relative, deciding in data.folders:
         base = Path(folder).resolve()
         for what, path, taken, fix in kept:
@@ -638,6 +633,11 @@ def _patterns(data_files: Any) -> list[str]:
     return []
 
 
+def _local_pattern(pattern: str) -> bool:
+    """Whether a data_files pattern names local files (not a URL of any scheme)."""
+    return not is_url(pattern) and "://" not in pattern
+
+
 def _packaged_builder(name: str) -> bool:
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
@@ -652,9 +652,7 @@ def _globs(
     directory, where relative (`_rooted`); `~/x` is relative, as datasets joins it (review RV34a G1).
     `hub`: the dataset_path is a hub repo, in which datasets resolves the relative ones: only the
     absolute ones are local."""
-    local = [
-        p for p in _patterns(data_files) if not is_url(p) and "://" not in p and (not hub or os.path.isabs(p))
-    ]
+    local = [p for p in _patterns(data_files) if _local_pattern(p) and (not hub or os.path.isabs(p))]
     return [_rooted(p, base if base is not None else Path.cwd(), anchors) for p in local]
 
 

@@ -316,13 +316,14 @@ def base_record_sha256(run_dir: str | Path) -> str | None:
     return file_sha256(path) if path.is_file() else None
 
 
-def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -> None:
+def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -> dict[str, Any] | None:
     """RUN/base/base.json as the run's checkpoint `checkpoint` (None: its newest) recorded it: deleted
     or replaced since, the exports of a run from a base took the dataset's tokenizer and special
     tokens instead of the base's, step 0's export went unchecked, and a resume's checkpoints then
     recorded no base, exit 0 (review R22f S1, S2). Nothing to compare for a run without checkpoints,
     or whose checkpoints record no base. Then each file base.json lists, there, and tokenizer.json as
-    base.json records it (TOKENIZER_SHA256; a record from before it has none to compare)."""
+    base.json records it (TOKENIZER_SHA256; a record from before it has none to compare). Returns
+    base.json (read_base_record)."""
     recorded = newest_base_record(run_dir) if checkpoint is None else base_record_of(checkpoint)
     folder = Path(run_dir) / BASE_DIR
     restore = (
@@ -354,12 +355,12 @@ def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -
                 f"{path} is not the tokenizer.json the run kept from its base when it started (sha256 "
                 f"{sha[:12]}… in {folder / BASE_JSON}): the one its data was checked against, {restore}"
             )
+    return record
 
 
 def base_files(run_dir: str | Path) -> dict[str, Path]:
     """{name: path} of the base's files RUN/base/ keeps (none for a run from scratch), as the run's
     checkpoints recorded them (check_kept_base)."""
-    check_kept_base(run_dir)
-    record = read_base_record(run_dir)
+    record = check_kept_base(run_dir)
     folder = Path(run_dir) / BASE_DIR
     return {} if record is None else {name: folder / name for name in record["files"]}
