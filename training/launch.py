@@ -102,6 +102,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)
+    supply = plan.check_supply()  # first, as train: what follows walks the plan it bounds (RV52b F1)
     shapes = batch_shapes(cfg, spec, nproc)
     settings = {"rank": 0, "world_size": shapes[0].dp_size}
     validation = validation_of(  # what train refuses before step 1: a held-out split too small for
@@ -133,7 +134,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
             f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts; "
             "--plot FILE draws it now)"
         )
-    for note in plan.check_supply():
+    for note in supply:
         print(f"note: {note}")
     return 0
 

@@ -51,6 +51,10 @@ PLAN_FORMAT = "gristmill-plan/2"
 PLAN_FORMAT_1 = "gristmill-plan/1"
 LAST_PLAN_1_COMMIT = "dacacc9"  # the last gristmill whose runs drew their batches in order /1
 PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
+# The most epochs a bounded plan reads of one source. Each epoch end is found by a binary search
+# (~1 ms), and the supply check and the loader walk them all: a budget with a few digits too many
+# (phase.steps = 99999999999999999) walked for hours, 11 GB, instead of refusing (trial RV52b F1).
+MAX_EPOCHS_READ = 10_000
 SHAPES = ("constant", "cosine", "linear", "1-sqrt")
 
 
@@ -506,13 +510,14 @@ class Plan:
         if self.total_steps is None:
             return []
         notes = []
-        rows = self.consumed(self.total_steps)
         for i, src in enumerate(self.sources):
-            epochs = 0
-            for p, ph in enumerate(self.phases):
-                found = self.crossings(i, p, ph.steps)
-                epochs = max(epochs, found[-1].epoch + 1)
-            asked = sum(r["stream_tokens"] for r in rows if r["source_index"] == i)
+            # the stream tokens each phase reads of it, in closed form (a walk is bounded only after)
+            per_phase = [
+                self._apportioned(p, ph.steps)[i] * self._window(p) for p, ph in enumerate(self.phases)
+            ]
+            self._check_epochs_bounded(i, per_phase)
+            epochs = max(self.crossings(i, p, ph.steps)[-1].epoch + 1 for p, ph in enumerate(self.phases))
+            asked = sum(per_phase)
             if src.max_epochs is not None and epochs > src.max_epochs:
                 # the tails' size, so the numbers add up: read + dropped passes max_epochs × an epoch
                 # ("plus the tails it drops" left a refusal asking less than the epochs hold, R25c 1)
@@ -536,6 +541,32 @@ class Plan:
                     f"{dropped:,} tokens dropped at epoch ends (tails too short for a step's windows)"
                 )
         return notes
+
+    def _check_epochs_bounded(self, i: int, asked: list[int]) -> None:
+        """Refuse (PlanError) a bounded plan that reads source i, `asked` stream tokens in each phase,
+        more than MAX_EPOCHS_READ epochs (no epoch end walked). The budget that asks the most is named
+        as written."""
+        src = self.sources[i]
+        if not src.tokens:
+            return  # an empty training split: the walk's first step refuses it, naming its cause
+        least = -(-sum(asked) // src.tokens)  # epochs, before any tail too short for a step is dropped
+        if least <= MAX_EPOCHS_READ:
+            return  # check_supply walks its epoch ends for the exact figures
+        p = max(range(len(asked)), key=asked.__getitem__)
+        key, written = self.key_of(p, "steps"), self.written_of(p).get("steps")
+        value = f"{self.phases[p].steps:,}" if written is None else _shown(float(written))
+        bound = (
+            f"max_epochs = {src.max_epochs}"
+            if src.max_epochs is not None and src.max_epochs < least
+            else f"a plan reads a source at most {MAX_EPOCHS_READ:,} epochs"
+        )
+        one = len(self.sources) == 1  # data.dataset's plan: its one source has no weight to lower
+        raise PlanError(
+            f"{f'dataset {src.dataset}' if one else f'source {src.name!r} ({src.dataset})'} would be read "
+            f"{least:,} epochs or more: the plan asks {sum(asked):,} tokens of its training split's "
+            f"{src.tokens:,} ({bound}); {key} = {value} asks the most of it: lower it"
+            f"{'' if one else ' or the source weight'}, or add data"
+        )
 
     def dropped_tail(self, i: int) -> int:
         """Tokens of source i that the bounded plan skips: at each epoch crossing, the rest of the

@@ -114,9 +114,15 @@ def _sources(cfg: TrainConfig) -> list[SourceSection]:
     names = [src.name for src in d.sources]
     for i, src in enumerate(d.sources):
         key = f"data.sources[{i}]"
-        if not _NAME.fullmatch(src.name) or names.count(src.name) > 1:
+        if not _NAME.fullmatch(src.name):
             raise ConfigError(
                 f"{key}.name = {src.name!r}: every source needs a unique name of letters, digits, _ and -",
+                f"{key}.name",
+            )
+        if src.name in names[:i]:  # the later one is the one to rename (RV52b F3 blamed the first)
+            raise ConfigError(
+                f"{key}.name = {src.name!r} is also data.sources[{names.index(src.name)}].name: every "
+                "source needs its own name",
                 f"{key}.name",
             )
         if not src.dataset:
@@ -185,6 +191,12 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
                 f"{key}.mix is empty: give a weight per source ({', '.join(names)})", f"{key}.mix"
             )
         for src, w in mix.items():
+            if src not in names and not cfg.data.sources:  # "data", data.dataset's, is not a name given
+                raise ConfigError(
+                    f"{key}.mix names source {src!r}, but data.sources lists none: add a [[data.sources]] "
+                    f"table for it (name = {src!r}, dataset = …)",
+                    "data.sources",
+                )
             if src not in names:
                 raise ConfigError(
                     f"{key}.mix names source {src!r}; the sources are {', '.join(names)}", f"{key}.mix.{src}"
@@ -261,7 +273,9 @@ def batch_shapes(cfg: TrainConfig, spec: RunSpec, world_size: int) -> tuple[Batc
             else f"phase[{i}].micro_batch"
         )
         batch_at = batch_key(cfg, i)
-        if ph.micro_batch < 1 or g % (dp * ph.micro_batch):
+        if ph.micro_batch < 1:
+            raise ConfigError(f"{what} = {ph.micro_batch} must be ≥ 1 (sequences per micro-batch)", what)
+        if g % (dp * ph.micro_batch):
             raise ConfigError(
                 f"the global batch of {g} sequences ({batch_at} {ph.global_batch_tokens} / "
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
@@ -283,11 +297,9 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     refuse_url("run.output_dir", r.output_dir)  # runs are local; their datasets may be in a bucket
     check_model_section(cfg.model)
     check_parallel_section(cfg.parallel)
-    if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
-        raise ConfigError(
-            f"data.seq_len ({d.seq_len}), data.micro_batch ({d.micro_batch}) and data.global_batch_tokens "
-            f"({d.global_batch_tokens}) must all be positive"
-        )
+    for name in ("seq_len", "micro_batch", "global_batch_tokens"):  # each named apart (RV52b F4)
+        if getattr(d, name) < 1:
+            raise ConfigError(f"data.{name} = {getattr(d, name)} must be ≥ 1", f"data.{name}")
     if not cfg.phase and d.global_batch_tokens % d.seq_len:
         lo = d.global_batch_tokens // d.seq_len * d.seq_len
         use = (

@@ -5,6 +5,7 @@ the model, mixes that do not sum to 1; and the run header naming every source's 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -297,6 +298,65 @@ def test_a_phase_longer_than_the_model_is_refused_by_plan_and_train_naming_its_k
     for err in both(config, [f'run.output_dir="{run}"', "model.max_seq_len=32"], capsys):
         assert "phase[1].seq_len = 64 exceeds the model's max_seq_len = 32" in err, err
         assert "data.seq_len" not in err
+
+
+TWO_PHASES = (
+    '[[phase]]\nname = "main"\nsteps = 6\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n\n'
+    '[[phase]]\nname = "long"\ntokens = 3000\nseq_len = 64\nmix = { web = 0.5, code = 0.5 }\n'
+)
+
+
+@pytest.mark.timeout(120)  # a budget a few digits too long walked every epoch end: hours (RV52b F1)
+@pytest.mark.parametrize(
+    "names, sets, says",
+    [
+        (["web", "code"], ["phase[0].steps=99999999999999999"],
+         "source 'web' ({web}) would be read {{}} epochs or more: the plan asks {{}} tokens of its training "
+         "split's {{}} (max_epochs = 1); phase[0].steps = 99,999,999,999,999,999 asks the most of it: lower "
+         "it or the source weight, or add data"),
+        # a float budget past int64 was an OverflowError traceback (RV52b F2)
+        (["web", "code"], ["phase[1].tokens=1e30"],
+         "(max_epochs = 1); phase[1].tokens = 1e+30 asks the most"),
+        (["web"], ["data.sources[0].max_epochs=1000000000000", "phase[0].steps=1000000000000"],
+         "dataset {web} would be read {{}} epochs or more: the plan asks {{}} tokens of its training "
+         "split's {{}} (a plan reads a source at most 10,000 epochs); phase[0].steps = 1,000,000,000,000 "
+         "asks the most of it: lower it, or add data"),
+    ],
+)  # fmt: skip
+def test_a_budget_a_few_digits_too_long_is_refused_at_once_naming_its_key(
+    sources, tmp_path, capsys, names, sets, says
+):
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {n: sources[n] for n in names}, run, phases=TWO_PHASES)
+    if len(names) == 1:
+        config.write_text(config.read_text().replace(", code = 0.4", "").replace(", code = 0.5", ""))
+    pattern = re.escape(says.format(web=sources["web"])).replace(re.escape("{}"), "[0-9,]+")
+    for err in both(config, [f'run.output_dir="{run}"', *sets], capsys):
+        assert re.search(pattern, err), err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "sets, says",
+    [
+        # the later of two sources of one name is the one to rename, and it is not the character rule
+        (['data.sources[1].name="web"'], "data.sources[1].name = 'web' is also data.sources[0].name: every "
+         "source needs its own name"),
+        # one key at fault is named, not the unused default data.seq_len beside it
+        (["data.micro_batch=-4"], "data.micro_batch = -4 must be ≥ 1"),
+        (["phase[0].micro_batch=0"], "phase[0].micro_batch = 0 must be ≥ 1 (sequences per micro-batch)"),
+        # "the sources are data": the name data.dataset's one source has inside, never written
+        (["data.sources=[]"], "phase[0].mix names source 'web', but data.sources lists none: add a "
+         "[[data.sources]] table for it (name = 'web', dataset = …)"),
+    ],
+)  # fmt: skip
+def test_a_source_or_batch_setting_is_refused_naming_the_one_key_at_fault(
+    sources, tmp_path, capsys, sets, says
+):
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run, phases=TWO_PHASES)
+    for err in both(config, [f'run.output_dir="{run}"', *sets], capsys):
+        assert f"error: {says}\n" == err, err
 
 
 def test_a_held_out_split_too_small_for_val_batches_is_refused_by_plan_and_train(sources, tmp_path, capsys):
