@@ -106,6 +106,7 @@ from validation.eval_data import (
     EvalError,
     NotRead,
     TaskData,
+    Written,
     build_task_data,
     check_data_folders,
     check_include_path,
@@ -422,7 +423,10 @@ class TaskPlan:
         hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
         self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
         for name, data in self.data_files.items():
-            check_data_folders(name, data, self.run_dir)
+            split = "its eval/ (made at the first eval) for a split"
+            check_data_folders(
+                name, data, Written("the run directory", self.run_dir, split, "move the run out")
+            )
         self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in hub}

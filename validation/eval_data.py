@@ -506,10 +506,21 @@ def _swapped(module: Any, name: str, value: Any) -> Iterator[Any]:
             setattr(module, name, own)
 
 
-def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
-    """Refuse task `name` where a dataset_path folder it names without data_files holds the run directory (an
-    eval's; None: the decontamination index's read) or datasets' cache where datasets looks (not under a `.`
-    or `__` folder, which it skips): the eval writes RUN/eval/ (a split folder to datasets) and
+class Written(NamedTuple):
+    """A directory in a task's data folder that datasets would read: what it is, its path, what
+    datasets takes of it, and how to take it out (check_data_folders)."""
+
+    what: str
+    path: Path
+    taken: str
+    fix: str
+
+
+def check_data_folders(name: str, data: TaskData, written: Written) -> None:
+    """Refuse task `name` where a dataset_path folder it names without data_files holds the directory the
+    reader writes (`written`: the eval's run directory, the decontamination index's --out) or datasets'
+    cache where datasets looks (not under a `.` or `__` folder, which it skips): the eval writes RUN/eval/
+    (a split folder to datasets), the index its manifest.json (a JSON file to datasets: RV52c), and
     local_data_cache writes data-test.arrow, … into the cache (HF_DATASETS_CACHE, or the task's own
     dataset_kwargs cache_dir), so the task's next read took them for its documents: "no data files" after the
     first eval (review RV32f B2), or a watch that scored the cache's rows and never ended (B8, RV33b C8). And
@@ -520,10 +531,8 @@ def check_data_folders(name: str, data: TaskData, run_dir: Path | None) -> None:
     import datasets
 
     arrow = "the .arrow files cached there (data-test.arrow, …) for the task's documents"
-    # what lies in the folder, its path, what datasets makes of it, how to take it out
-    run = ("the run directory", run_dir, "its eval/ (made at the first eval) for a split", "move the run out")
-    kept = [run] if run_dir is not None else []
-    kept += [
+    kept = [
+        written,
         (
             "datasets' cache (HF_DATASETS_CACHE)",
             Path(datasets.config.HF_DATASETS_CACHE),

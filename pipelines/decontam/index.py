@@ -57,6 +57,7 @@ from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import artifact_in
 from validation.eval_data import (
     EvalError,
+    Written,
     check_data_folders,
     checked_task_manager,
     files_sha256,
@@ -123,13 +124,16 @@ def summary(manifest: dict[str, Any], out: Path) -> str:
     )
 
 
-def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
+def load_tasks(names: list[str], include_path: list[str], out: Path) -> dict[str, Any]:
     """{task name: lm-eval Task} of every leaf task of `names` (groups and tags expanded): the
     user's YAML tasks from `include_path`, the others from lm-eval's registry, checked first (offline
-    without a cached dataset: one line)."""
+    without a cached dataset: one line). `out`: the index's directory, never read as a task's data."""
     if not names:
         raise EvalError("no tasks given; e.g. --tasks hellaswag,arc_easy")
     tm = checked_task_manager(names, include_path, LOCAL_HINT)
+    written = Written(
+        "the index's --out", out, "its files (manifest.json, …) for rows", "give --out outside it"
+    )
     tasks: dict[str, Any] = {}
     try:
         for name in names:
@@ -137,7 +141,7 @@ def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
             # reads it: its own cache keys a file on path and mtime, and a file replaced under its old
             # mtime (cp -p, rsync -a) was indexed from the old rows (review RV50b F1)
             data = task_data_files(tm, name)
-            check_data_folders(name, data, None)  # the eval's rules of where its documents are read
+            check_data_folders(name, data, written)  # the eval's rules of where its documents are read
             with local_data_cache(files_sha256(data.files) if data.alone and data.files else None):
                 tasks.update(tm.load([name])["tasks"])
         return tasks
@@ -236,7 +240,7 @@ def build_index(
     t0 = time.perf_counter()
     entries, all_hashes, all_docs = [], [], []
     with eval_output(out / LOG, verbose) as terminal, _templates_compiled_once():
-        tasks = load_tasks(names, list(include_path))
+        tasks = load_tasks(names, list(include_path), out)
         for name, task in sorted(tasks.items()):
             try:
                 hashes, docs, count = task_ngrams(task, n)

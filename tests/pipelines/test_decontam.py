@@ -370,6 +370,30 @@ def test_a_task_file_replaced_under_its_old_mtime_is_indexed_as_it_is_now(tmp_pa
     assert not (tmp_path / "own").exists()
 
 
+def test_an_index_written_into_a_task_s_data_folder_is_refused(tmp_path, capsys):
+    """A task read from a folder without data_files reads every file datasets finds there: an index
+    written into it (its manifest.json, …) was that task's rows at the next read, as the eval's run
+    directory would be (the eval refused that one only: review RV52c)."""
+    tasks = write_tasks(tmp_path / "tasks")
+    data = tmp_path / "qa"
+    data.mkdir()
+    shutil.move(tasks / "gm_qa.jsonl", data / "test.jsonl")
+    yaml = tasks / "gm_qa.yaml"
+    text = yaml.read_text().replace("dataset_path: json", f"dataset_path: {data}")
+    yaml.write_text(text.replace(f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'gm_qa.jsonl'}\n", ""))
+    assert "data_files" not in yaml.read_text()
+    argv = ["data", "decontam-index", "--tasks", "gm_qa", "--include-path", str(tasks), "--out"]
+    assert main([*argv, str(data / "index")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: task gm_qa reads dataset_path {data} without data_files, and the index's --out "
+        f"{data / 'index'} lies in it: datasets would take its files (manifest.json, …) for rows; give "
+        f"gm_qa dataset_kwargs: data_files (its files, relative to {data}) or give --out outside it\n"
+    ), err
+    assert main([*argv, str(tmp_path / "index")]) == 0  # the same task, its index outside its folder
+    assert read_manifest(tmp_path / "index")["tasks"][0]["documents"] == len(QA)
+
+
 def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     """A missing, cut-off or mismatched index is one line before any task runs; a rerun into the
     dataset with another index (here an 8-gram one, prebuilt with `index = DIR`) is refused, naming it."""
