@@ -2453,6 +2453,42 @@ def test_a_bucket_validation_stopped_midway_checks_only_the_rest(s3, tmp_path, m
     ], report.problems
 
 
+def test_a_bucket_validation_keeps_each_result_as_it_finishes_not_in_order(s3, tmp_path):
+    """With workers, a shard's result was kept only once every shard before it had finished: the
+    results finished behind a slow shard were lost to a kill (review RV52c 5)."""
+    from validation.validate import SHARD_RESULTS
+
+    local = tmp_path / "local"
+    write_synthetic_dataset(local, affine_documents(300), vocab_size=256, target_bytes=16 << 10)
+    shards = sorted(read_dataset_info(local)["shard_files"])
+    url = s3.url("unordered-validation")
+    upload_dataset(local, url, log=lambda *a: None)
+    slow, release = f"/unordered-validation/shards/{shards[0]}", threading.Event()
+    s3.proxy.held = lambda method, path: (
+        method == "GET" and path.split("?")[0].endswith(slow) and not release.is_set()
+    )
+    settings, done = cache(tmp_path), {}
+
+    def validate() -> None:
+        done["report"] = validate_dataset(url, progress=False, workers=2, cache=settings)
+
+    thread = threading.Thread(target=validate)
+    thread.start()
+    try:
+        kept, deadline = [], time.monotonic() + 120
+        while len(kept) < len(shards) - 1 and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            kept = [
+                line for f in settings.dir.rglob(SHARD_RESULTS) for line in f.read_text().splitlines() if line
+            ]
+        assert len(kept) == len(shards) - 1  # every other shard's result, while the first is still read
+    finally:
+        release.set()
+        thread.join(120)
+        s3.proxy.held = None
+    assert done["report"].ok and done["report"].shards == len(shards)
+
+
 def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synthetic, capsys):
     """A shard damaged in the bucket after `data validate` said ok: the audit printed "ok" from the
     bucket's record, though training refused the shard (review RV49a 2). The record holds the ETags

@@ -51,7 +51,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1283,16 +1283,22 @@ def _run_specs(
     )
     t0 = time.perf_counter()
     tokens = 0
-    results: list[ShardResult] = []
+    results: list[ShardResult | None] = [None] * len(specs)
     # spawn, not fork: the build calls this from a process that may hold threads
     pool = (
         ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
     )
     try:
-        it = pool.map(check_shard, specs) if pool else map(check_shard, specs)
-        for spec, r in zip(specs, it):
-            done(spec, r)
-            results.append(r)
+        # as each finishes, not in order: a slow shard held back the record of every later one
+        # finished behind it, which a kill then lost (review RV52c 5)
+        if pool:
+            futures = {pool.submit(check_shard, spec): i for i, spec in enumerate(specs)}
+            finished = ((futures[f], f.result()) for f in as_completed(futures))
+        else:
+            finished = ((i, check_shard(spec)) for i, spec in enumerate(specs))
+        for i, r in finished:
+            done(specs[i], r)
+            results[i] = r
             tokens += r.tokens
             bar.update(1)
             bar.set_postfix_str(
@@ -1301,8 +1307,8 @@ def _run_specs(
     finally:
         bar.close()
         if pool:
-            pool.shutdown()
-    return results
+            pool.shutdown(cancel_futures=True)
+    return results  # type: ignore[return-value]  # every index filled, or the loop raised
 
 
 def _check_dataset_json(

@@ -131,6 +131,8 @@ class FaultProxy:
         self._down = False
         self.down_met_at: float | None = None  # see `down`
         self.hung = False  # every request read and never answered while set (a store that hangs)
+        # (method, path) → whether the request waits (polled; then answered as usual): one slow object
+        self.held: Callable[[str, str], bool] | None = None
         self.kms = (
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
@@ -173,6 +175,8 @@ class FaultProxy:
                         time.sleep(0.05)
                     self.close_connection = True
                     return
+                while proxy.held is not None and proxy.held(self.command, self.path):
+                    time.sleep(0.05)
                 if proxy.latency:
                     time.sleep(proxy.latency)
                 if proxy.down:
