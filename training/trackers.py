@@ -296,7 +296,7 @@ class _Feed:
     def __init__(self, name: str, tracker: Any):
         self.name, self.tracker = name, tracker
         self.acked = 0
-        self.failed: tuple[int, Exception] | None = None  # the step whose log raised, and what
+        self.failed: tuple[int, BaseException] | None = None  # the step whose log raised, and what
         self.busy: tuple[int, float] | None = None  # the step of the log under way, since (monotonic)
         self.given_up = False  # what it takes after that is recorded nowhere: it takes nothing more
         self._queue: queue.Queue = queue.Queue(maxsize=FEED_ROWS)
@@ -319,9 +319,12 @@ class _Feed:
             self.busy = (step, time.monotonic())
             try:
                 self.tracker.log(scalars, step)
-            except Exception as e:  # a side activity: said by the loop's thread at its next row
+            # a side activity: said by the loop's thread at its next row. BaseException: a library's
+            # SystemExit (or a KeyboardInterrupt raised in it: Ctrl-C reaches the main thread only)
+            # ended this thread unsaid, and the end said "does not answer" (trial RV53b 1)
+            except BaseException as e:
                 self.failed = (step, e)
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(BaseException):
                     self.tracker.finish(True)
                 return
             finally:
@@ -360,8 +363,10 @@ class _Feed:
         while not item.done.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic()))):
             if not self._thread.is_alive() or time.monotonic() >= deadline:
                 return False
-        if item.error is not None:
+        if isinstance(item.error, Exception):
             raise item.error
+        if item.error is not None:  # a SystemExit of its library's: said, never the run's own exit
+            raise RuntimeError(f"{type(item.error).__name__}: {item.error}") from None
         return True
 
     def abandon(self) -> None:

@@ -758,6 +758,44 @@ def wandb_hung_after_row_1(run: Path):
         wandb.teardown()  # this process's next wandb run starts a service of its own
 
 
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("where", ["log", "finish"])
+def test_a_tracker_ended_by_a_base_exception_is_said_as_one_that_raised(
+    tmp_path, capsys, monkeypatch, raised, where
+):
+    """A library's SystemExit (or a KeyboardInterrupt raised in it) in a tracker's log ended its thread
+    unsaid: no row after it, no warning, then "did not finish its run within 30 s (it does not answer)"
+    at the end, at once (trial RV53b 1); in its finish, it was raised out of the run's end. Said as any
+    error is, and the run's end goes on."""
+    from training.trackers import Tensorboard, Trackers
+
+    own = getattr(Tensorboard, where)
+
+    def ending(self, *args):
+        if where == "finish" or args[1] == 3:
+            raise raised(7)
+        return own(self, *args)
+
+    monkeypatch.setattr(Tensorboard, where, ending)
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = Trackers(
+        run, MetricsSection(trackers=["tensorboard"]), config={}, datasets={}, resume_step=None
+    )
+    for step in range(1, 6):
+        trackers.log({"step": step, "loss": 1.0})
+        time.sleep(0.2)  # its thread takes the row before the next
+    trackers.close()
+    out, err = capsys.readouterr()
+    said = (
+        f"WARNING: tensorboard failed at step 3 ({raised.__name__}: 7); it gets no more rows this run"
+        if where == "log"
+        else f"note: tensorboard did not finish cleanly: {raised.__name__}: 7"
+    )
+    assert said in out and "does not answer" not in out, out
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+
+
 def test_a_tracker_paused_shorter_than_the_bound_keeps_every_row(env, tmp_path, capsys):
     """A wandb service paused for a few seconds while a fast loop logged 300 rows was given up at the
     100th, and the rest of the run's rows never reached it though it came back (review RV26a R1). A
