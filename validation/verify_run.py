@@ -233,16 +233,37 @@ def run(args: argparse.Namespace) -> int:
             "`gristmill train`; `gristmill data validate` checks a dataset"
         )
     rows = verify_run(run_dir, args.step)
+    alone = None  # --step N of a trained step without a checkpoint or export: its recorded batch alone
     if not rows and args.step is not None:
         why = missing_step_reason(run_dir, args.step)
-        raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
+        if not _recorded(run_dir, args.step):
+            raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
+        alone = f"{run_dir} has no checkpoint or export of step {args.step} ({why}); its recorded batch:"
     batches = verify_batches(run_dir, args.step)
     damaged = [r for r in rows if r[2] == "DAMAGED"]
     if rows:
         print(format_table(Result("verify", COLUMNS, rows), max_rows=None, max_width=200))
         print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
+    elif alone is not None:  # it was refused whole, the batch a tampered record named never checked (RV53a 1)
+        print(alone)
+        if batches.problem is None:
+            print(f"batches: step {args.step} is the plan's, as batches.bin and metrics.jsonl record it")
     else:
         print(f"{run_dir} has no checkpoints or exports yet")
     for line in batches.notes + ([batches.problem] if batches.problem else []):
         print(line)
     return 1 if damaged or batches.problem else 0
+
+
+def _recorded(run_dir: Path, step: int) -> bool:
+    """Whether the run recorded `step` as trained: in batches.bin (or a record that cannot be read,
+    which verify_batches names) or a metrics row of its timeline (not a discarded attempt's)."""
+    try:
+        if any(e.step == step for e in read_batches(run_dir / BATCHES_BIN)[0]):
+            return True
+    except ValueError:
+        return True
+    except OSError:
+        pass
+    rows = read_metrics(run_dir / METRICS_JSONL)[0] if (run_dir / METRICS_JSONL).is_file() else []
+    return any(r["step"] == step and "loss" in r for r in kept_rows(rows))  # the timeline's, trained

@@ -169,6 +169,19 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
     flipped = sha[22][:40] + ("0" if sha[22][40] != "0" else "1") + sha[22][41:]
     rc, lines = verify([(s, a, flipped if s == 22 else h) for s, a, h in kept])
     assert lines == [f"batches: step 22 differs from the plan: recorded {flipped}, planned {sha[22]} {where}"]
+    # `verify --step 22`, a step with no checkpoint or export: its record alone, not a refusal whole
+    # that never looked at it (trial RV53a 1); a step the run never trained is still refused
+    assert 22 not in complete_steps(run)
+    rc, out = command_output(["verify", str(run), "--step", "22"])
+    assert rc == 1 and out.splitlines()[1:] == [
+        f"batches: step 22 differs from the plan: recorded {flipped}, planned {sha[22]} {where}"
+    ], out
+    assert out.startswith(f"{run} has no checkpoint or export of step 22 (step 22 has no checkpoint: ")
+    assert verify(kept) == (0, [])
+    assert command_output(["verify", str(run), "--step", "22"])[1].splitlines()[1:] == [
+        "batches: step 22 is the plan's, as batches.bin and metrics.jsonl record it"
+    ]
+    assert command_output(["verify", str(run), "--step", "12"])[0] == 2  # skipped by the rewind
     in_skip = sorted(kept + [(12, 1, sha[12])])
     assert verify(in_skip) == (
         1,
