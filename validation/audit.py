@@ -228,6 +228,8 @@ def _cell(v: Any) -> str:
         return f"{v:,.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.3g}"
     if isinstance(v, (list, dict)):
         return json.dumps(v, default=str, ensure_ascii=False)
+    if isinstance(v, bytes):  # not b'\xd7d…' (trial RV53a 2)
+        return v.hex()
     return str(v)
 
 
@@ -329,6 +331,8 @@ def format_table(
 
 
 def _json_default(v: Any) -> Any:
+    if isinstance(v, bytes):  # a BLOB (docs.sha256): its hex, as the sha256 columns that are text
+        return v.hex()
     if isinstance(v, decimal.Decimal):
         return float(v)
     if isinstance(v, (datetime.date, datetime.datetime, datetime.time)):
@@ -364,7 +368,14 @@ def write_results(
             w = csv.writer(out, lineterminator="\n")
             w.writerow(res.columns)
             w.writerows(
-                [json.dumps(v, default=_json_default) if isinstance(v, (list, dict)) else v for v in r]
+                [
+                    json.dumps(v, default=_json_default)
+                    if isinstance(v, (list, dict))
+                    else v.hex()
+                    if isinstance(v, bytes)
+                    else v
+                    for v in r
+                ]  # fmt: skip
                 for r in res.rows
             )
         else:

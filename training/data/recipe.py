@@ -546,7 +546,8 @@ def check_recorded_plan(
         key, recorded, now = found
         raise DatasetError(
             f"{run_dir / CONFIG_TOML} has {key} = {now!r}, but the run trained with {recorded!r} ({path}): "
-            "the config was edited after the run, so the batches read from it would not be the run's; "
+            "the config was edited after the run, so the batches or learning rates read from it would not "
+            "be the run's; "
             f"set it back{damaged}"
         )
 

@@ -415,6 +415,8 @@ MAIN = "(phase 'main')"
         (("seq_len = 32", "seq_len = 16"), f"has phase[0].seq_len {MAIN} = 16, but the run trained with 32"),
         (("steps = 6", "steps = 4"), f"has phase[0].steps {MAIN} = 4, but the run trained with 6"),
         (("web = 0.6, code = 0.3", "web = 0.3, code = 0.6"), f"has phase[0].mix {MAIN} = [1, 2]"),
+        # an LR is no batch: the refusal said "the batches read from it" (trial RV53a 5)
+        (("lr = 0.003", "lr = 0.001"), f"has optim.lr {MAIN} = 0.001, but the run trained with 0.003 ("),
     ],
 )
 def test_inspect_refuses_a_run_whose_config_toml_was_edited_after_it(sources, tmp_path, capsys, edit, says):
@@ -439,6 +441,8 @@ def test_inspect_refuses_a_run_whose_config_toml_was_edited_after_it(sources, tm
     says = says.replace("RUN", str(run / "config.toml"))
     assert out == "" and len(err.strip().splitlines()) == 1 and says in err, err
     assert f"{run / 'config.toml'}" in err and "set it back" in err
+    if "trained with" in says:  # a plan's field (the val_fraction of a source: its held-out documents)
+        assert "so the batches or learning rates read from it would not be the run's" in err
     assert gristmill(["verify", str(run)]) == 1  # verify's own report: the batches cannot be checked
     out = capsys.readouterr().out
     assert "batches: the 1 recorded steps cannot be checked against the plan: " in out and says in out, out
