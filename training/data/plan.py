@@ -51,10 +51,11 @@ PLAN_FORMAT = "gristmill-plan/2"
 PLAN_FORMAT_1 = "gristmill-plan/1"
 LAST_PLAN_1_COMMIT = "dacacc9"  # the last gristmill whose runs drew their batches in order /1
 PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
-# The most epochs a bounded plan reads of one source. Each epoch end is found by a binary search
-# (~1 ms), and the supply check and the loader walk them all: a budget with a few digits too many
-# (phase.steps = 99999999999999999) walked for hours, 11 GB, instead of refusing (trial RV52b F1).
-MAX_EPOCHS_READ = 10_000
+# The most epochs' worth of a source's tokens a bounded plan may ask. Each epoch end is found by a
+# binary search (~80 µs), and the supply check and the loader walk them all: a budget with a few
+# digits too many (phase.steps = 99999999999999999) walked for hours, 11 GB, instead of refusing
+# (trial RV52b F1). Asked, not read: the tails an epoch end drops make up to ~2× as many epochs.
+MAX_EPOCHS_ASKED = 100_000
 SHAPES = ("constant", "cosine", "linear", "1-sqrt")
 
 
@@ -323,17 +324,9 @@ class Plan:
                     hi = mid
                 else:
                     lo = mid + 1
-            share, per_epoch = cum(lo + 1) - cum(lo), tokens // w
-            if share > per_epoch:
-                src = self.sources[i]
-                held = (
-                    f", or hold out less (val_fraction {src.val_fraction:g})" if src.val_fraction > 0 else ""
-                )
-                raise PlanError(
-                    f"source {src.name!r} ({src.dataset}): one epoch holds {per_epoch} windows of {w} "
-                    f"tokens, fewer than the {share} one step of phase {self.phases[p].name!r} takes "
-                    f"from it; use a bigger dataset or a smaller weight{held}"
-                )
+            share = cum(lo + 1) - cum(lo)
+            if share > tokens // w:
+                raise self._epoch_too_small(i, p, share)
             found.append(_Crossing(lo, c.epoch + 1, 0, cum(lo)))
 
     def _crossing_at(self, i: int, p: int, k: int) -> _Crossing:
@@ -509,15 +502,19 @@ class Plan:
         each source read more than once."""
         if self.total_steps is None:
             return []
+        # The stream tokens each phase asks of each source, in closed form, and every source held to
+        # the bound before any epoch end is walked: a phase's start walks every source through the
+        # phases before it (one source checked, then walked, walked another unchecked: review RV53c 1).
+        asked_of = [
+            [self._apportioned(p, ph.steps)[i] * self._window(p) for p, ph in enumerate(self.phases)]
+            for i in range(len(self.sources))
+        ]
+        for i, per_phase in enumerate(asked_of):
+            self._check_epochs_bounded(i, per_phase)
         notes = []
         for i, src in enumerate(self.sources):
-            # the stream tokens each phase reads of it, in closed form (a walk is bounded only after)
-            per_phase = [
-                self._apportioned(p, ph.steps)[i] * self._window(p) for p, ph in enumerate(self.phases)
-            ]
-            self._check_epochs_bounded(i, per_phase)
             epochs = max(self.crossings(i, p, ph.steps)[-1].epoch + 1 for p, ph in enumerate(self.phases))
-            asked = sum(per_phase)
+            asked = sum(asked_of[i])
             if src.max_epochs is not None and epochs > src.max_epochs:
                 # the tails' size, so the numbers add up: read + dropped passes max_epochs × an epoch
                 # ("plus the tails it drops" left a refusal asking less than the epochs hold, R25c 1)
@@ -543,29 +540,41 @@ class Plan:
         return notes
 
     def _check_epochs_bounded(self, i: int, asked: list[int]) -> None:
-        """Refuse (PlanError) a bounded plan that reads source i, `asked` stream tokens in each phase,
-        more than MAX_EPOCHS_READ epochs (no epoch end walked). The budget that asks the most is named
-        as written."""
+        """Refuse (PlanError) a bounded plan that asks more than MAX_EPOCHS_ASKED epochs' worth of
+        source i, `asked` stream tokens in each phase (no epoch end walked). The budget that asks the
+        most is named as written."""
         src = self.sources[i]
         if not src.tokens:
             return  # an empty training split: the walk's first step refuses it, naming its cause
         least = -(-sum(asked) // src.tokens)  # epochs, before any tail too short for a step is dropped
-        if least <= MAX_EPOCHS_READ:
+        if least <= MAX_EPOCHS_ASKED:
             return  # check_supply walks its epoch ends for the exact figures
+        for p, ph in enumerate(self.phases):  # the cause no budget mends, as the walk would name it
+            every = ph.global_batch * ph.weights[i] // sum(ph.weights)  # windows each step takes, at least
+            if ph.steps and every > src.tokens // self._window(p):
+                raise self._epoch_too_small(i, p, every)
         p = max(range(len(asked)), key=asked.__getitem__)
-        key, written = self.key_of(p, "steps"), self.written_of(p).get("steps")
-        value = f"{self.phases[p].steps:,}" if written is None else _shown(float(written))
-        bound = (
-            f"max_epochs = {src.max_epochs}"
-            if src.max_epochs is not None and src.max_epochs < least
-            else f"a plan reads a source at most {MAX_EPOCHS_READ:,} epochs"
-        )
-        one = len(self.sources) == 1  # data.dataset's plan: its one source has no weight to lower
+        value = _budget_shown(self.written_of(p).get("steps"), self.phases[p].steps)
+        if src.max_epochs is not None and src.max_epochs <= MAX_EPOCHS_ASKED:
+            bound = f"max_epochs = {src.max_epochs}"
+        else:  # a higher max_epochs than the bound would not let it through either (review RV53c 3)
+            bound = f"a plan may ask at most {MAX_EPOCHS_ASKED:,} epochs' worth of a source"
+        one = len(self.sources) == 1 and src.name == "data"  # data.dataset's: no name, no weight given
         raise PlanError(
             f"{f'dataset {src.dataset}' if one else f'source {src.name!r} ({src.dataset})'} would be read "
             f"{least:,} epochs or more: the plan asks {sum(asked):,} tokens of its training split's "
-            f"{src.tokens:,} ({bound}); {key} = {value} asks the most of it: lower it"
-            f"{'' if one else ' or the source weight'}, or add data"
+            f"{src.tokens:,} ({bound}); {self.key_of(p, 'steps')} = {value} asks the most of it: lower it"
+            f"{'' if len(self.sources) == 1 else ' or the source weight'}, or add data"
+        )
+
+    def _epoch_too_small(self, i: int, p: int, share: int) -> PlanError:
+        """Source i holds fewer windows in an epoch than the `share` one step of phase p takes."""
+        src, w = self.sources[i], self._window(p)
+        held = f", or hold out less (val_fraction {src.val_fraction:g})" if src.val_fraction > 0 else ""
+        return PlanError(
+            f"source {src.name!r} ({src.dataset}): one epoch holds {src.tokens // w} windows of {w} "
+            f"tokens, fewer than the {share} one step of phase {self.phases[p].name!r} takes "
+            f"from it; use a bigger dataset or a smaller weight{held}"
         )
 
     def dropped_tail(self, i: int) -> int:
@@ -915,7 +924,9 @@ def _budget_shown(written: float | None, trained: int) -> str:
     """A budget in tokens as written (3300, not the 3072 of its whole steps); `trained` when unknown."""
     if written is None:
         return str(trained)
-    return str(int(written)) if float(written).is_integer() else repr(float(written))  # not :g's 6 digits
+    # not :g's 6 digits; 1e+30, not the 31 digits of its float (a budget a few digits too long: RV53c 4)
+    exact = float(written).is_integer() and abs(float(written)) < 1e16
+    return str(int(written)) if exact else repr(float(written))
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:

@@ -18,8 +18,10 @@ from pipelines.synthetic_dataset import write_synthetic_dataset
 from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import affine_documents, make_dataset
+from tests.helpers.train_runs import TINY
 from training.contract import dataset_index
 from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
+from training.data.reader import DocumentTable
 
 
 @pytest.fixture
@@ -306,34 +308,75 @@ TWO_PHASES = (
 )
 
 
+WARM_FIRST = TWO_PHASES.replace("web = 0.6, code = 0.4", "code = 1.0")  # web only from phase 1 on
+BOUND = "a plan may ask at most 100,000 epochs' worth of a source"
+
+
 @pytest.mark.timeout(120)  # a budget a few digits too long walked every epoch end: hours (RV52b F1)
 @pytest.mark.parametrize(
-    "names, sets, says",
+    "names, phases, sets, says",
     [
-        (["web", "code"], ["phase[0].steps=99999999999999999"],
+        (["web", "code"], TWO_PHASES, ["phase[0].steps=99999999999999999"],
          "source 'web' ({web}) would be read {{}} epochs or more: the plan asks {{}} tokens of its training "
-         "split's {{}} (max_epochs = 1); phase[0].steps = 99,999,999,999,999,999 asks the most of it: lower "
+         "split's {{}} (max_epochs = 1); phase[0].steps = 99999999999999999 asks the most of it: lower "
          "it or the source weight, or add data"),
         # a float budget past int64 was an OverflowError traceback (RV52b F2)
-        (["web", "code"], ["phase[1].tokens=1e30"],
+        (["web", "code"], TWO_PHASES, ["phase[1].tokens=1e30"],
          "(max_epochs = 1); phase[1].tokens = 1e+30 asks the most"),
-        (["web"], ["data.sources[0].max_epochs=1000000000000", "phase[0].steps=1000000000000"],
-         "dataset {web} would be read {{}} epochs or more: the plan asks {{}} tokens of its training "
-         "split's {{}} (a plan reads a source at most 10,000 epochs); phase[0].steps = 1,000,000,000,000 "
-         "asks the most of it: lower it, or add data"),
+        # web, bounded, was walked into phase 1, whose start walked code through phase 0 unchecked
+        (["web", "code"], WARM_FIRST, ["phase[0].steps=99999999999999999"],
+         "source 'code' ({code}) would be read {{}} epochs or more"),
+        # a max_epochs above the bound is not what refuses it (review RV53c 3)
+        (["web"], TWO_PHASES, ["data.sources[0].max_epochs=1000000000000", "phase[0].steps=1000000000000"],
+         "source 'web' ({web}) would be read {{}} epochs or more: the plan asks {{}} tokens of its training "
+         f"split's {{{{}}}} ({BOUND}); phase[0].steps = 1000000000000 asks the most of it: lower it, or add "
+         "data"),
     ],
 )  # fmt: skip
 def test_a_budget_a_few_digits_too_long_is_refused_at_once_naming_its_key(
-    sources, tmp_path, capsys, names, sets, says
+    sources, tmp_path, capsys, names, phases, sets, says
 ):
     run = tmp_path / "run"
-    config = write_recipe(tmp_path / "r.toml", {n: sources[n] for n in names}, run, phases=TWO_PHASES)
+    config = write_recipe(tmp_path / "r.toml", {n: sources[n] for n in names}, run, phases=phases)
     if len(names) == 1:
         config.write_text(config.read_text().replace(", code = 0.4", "").replace(", code = 0.5", ""))
-    pattern = re.escape(says.format(web=sources["web"])).replace(re.escape("{}"), "[0-9,]+")
+    said = says.format(web=sources["web"], code=sources["code"])
+    pattern = re.escape(said).replace(re.escape("{}"), "[0-9,]+")
     for err in both(config, [f'run.output_dir="{run}"', *sets], capsys):
         assert re.search(pattern, err), err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_one_dataset_run_past_the_bound_and_a_step_larger_than_an_epoch_are_one_line(
+    sources, tmp_path, capsys
+):
+    """data.dataset's one source has no name and no weight the user gave; and a source whose epoch holds
+    fewer windows than one step takes is that refusal, which no lower budget mends (review RV53c 6)."""
+    run = tmp_path / "run"
+    sets = [f'run.output_dir="{run}"', f'data.dataset="{sources["web"]}"', "schedule.steps=1000000000000"]
+    for err in both(Path(TINY), sets, capsys):
+        assert re.fullmatch(
+            f"error: dataset {re.escape(str(sources['web']))} would be read [0-9,]+ epochs or more: the plan "
+            f"asks [0-9,]+ tokens of its training split's [0-9,]+ \\({BOUND}\\); schedule.steps = "
+            "1000000000000 asks the most of it: lower it, or add data\n",
+            err,
+        ), err
+    per_epoch = DocumentTable(sources["web"], val_fraction=0.1).tokens // 33
+    batch = -(-(per_epoch + 1) // 4) * 4  # whole micro-batches of 4
+    config = write_recipe(tmp_path / "r.toml", {"web": sources["web"]}, run, phases=TWO_PHASES)
+    config.write_text(config.read_text().replace(", code = 0.4", "").replace(", code = 0.5", ""))
+    sets = [
+        f'run.output_dir="{run}"',
+        "phase[0].steps=1000000000000",
+        f"phase[0].global_batch_tokens={32 * batch}",
+    ]
+    for err in both(config, sets, capsys):
+        assert (
+            f"one epoch holds {per_epoch} windows of 33 tokens, fewer than the {batch} one step of phase "
+            in err
+        )
+        assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize(
