@@ -559,11 +559,10 @@ class Plan:
             bound = f"max_epochs = {src.max_epochs}"
         else:  # a higher max_epochs than the bound would not let it through either (review RV53c 3)
             bound = f"a plan may ask at most {MAX_EPOCHS_ASKED:,} epochs' worth of a source"
-        one = len(self.sources) == 1 and src.name == "data"  # data.dataset's: no name, no weight given
         raise PlanError(
-            f"{f'dataset {src.dataset}' if one else f'source {src.name!r} ({src.dataset})'} would be read "
-            f"{least:,} epochs or more: the plan asks {sum(asked):,} tokens of its training split's "
-            f"{src.tokens:,} ({bound}); {self.key_of(p, 'steps')} = {value} asks the most of it: lower it"
+            f"source {src.name!r} ({src.dataset}) would be read {least:,} epochs or more: the plan asks "
+            f"{sum(asked):,} tokens of its training split's {src.tokens:,} ({bound}); "
+            f"{self.key_of(p, 'steps')} = {value} asks the most of it: lower it"
             f"{'' if len(self.sources) == 1 else ' or the source weight'}, or add data"
         )
 

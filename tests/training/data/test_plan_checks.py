@@ -351,15 +351,15 @@ def test_a_budget_a_few_digits_too_long_is_refused_at_once_naming_its_key(
 def test_a_one_dataset_run_past_the_bound_and_a_step_larger_than_an_epoch_are_one_line(
     sources, tmp_path, capsys
 ):
-    """data.dataset's one source has no name and no weight the user gave; and a source whose epoch holds
+    """data.dataset's one source (named "data") has no weight to lower; and a source whose epoch holds
     fewer windows than one step takes is that refusal, which no lower budget mends (review RV53c 6)."""
     run = tmp_path / "run"
     sets = [f'run.output_dir="{run}"', f'data.dataset="{sources["web"]}"', "schedule.steps=1000000000000"]
     for err in both(Path(TINY), sets, capsys):
         assert re.fullmatch(
-            f"error: dataset {re.escape(str(sources['web']))} would be read [0-9,]+ epochs or more: the plan "
-            f"asks [0-9,]+ tokens of its training split's [0-9,]+ \\({BOUND}\\); schedule.steps = "
-            "1000000000000 asks the most of it: lower it, or add data\n",
+            f"error: source 'data' \\({re.escape(str(sources['web']))}\\) would be read [0-9,]+ epochs or "
+            f"more: the plan asks [0-9,]+ tokens of its training split's [0-9,]+ \\({BOUND}\\); "
+            "schedule.steps = 1000000000000 asks the most of it: lower it, or add data\n",
             err,
         ), err
     per_epoch = DocumentTable(sources["web"], val_fraction=0.1).tokens // 33
