@@ -34,7 +34,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint.model_config import resolve_model_config
 from training.config import load_train_config
 from training.console import ReaderSafeOut
 from training.contract.config_loader import (
@@ -77,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     """`gristmill train --plan`: the plan table and plan.png (RUN/plan.png of a run that exists, or
     `plot`); a source the plan would run out of is the error it would be at step 1 (after the
-    table, so the numbers are on screen)."""
+    table, so the numbers are on screen; a plan past the bound on a source before it, as the table
+    walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
     from training.checkpoint.io import trained_plan
@@ -93,16 +93,18 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         recorded_skips,
     )
     from training.data.spec import batch_shapes
+    from training.run.preflight import model_for_data
     from training.run.validation import validation_of
 
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     tables = open_sources(spec, trained=trained_plan(run_dir, cfg.checkpoint.resume))
-    # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
-    resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
+    # The trainer's model checks too (a phase longer than max_seq_len, a base's other tokenizer):
+    # --plan says what train would.
+    _, base_notes = model_for_data(cfg, spec, tables[0].info, None)
     plan = build_plan(cfg, spec, tables)
-    supply = plan.check_supply()  # first, as train: what follows walks the plan it bounds (RV52b F1)
+    plan.check_bounded()  # before the table, which walks the plan (RV52b F1: hours)
     shapes = batch_shapes(cfg, spec, nproc)
     settings = {"rank": 0, "world_size": shapes[0].dp_size}
     validation = validation_of(  # what train refuses before step 1: a held-out split too small for
@@ -113,7 +115,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
     room = check_run_room(spec, loader, validation)  # as train checks, from step 0
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room, skips):
+    base = [n.removeprefix("note: ") for n in base_notes]
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
         note = plot_plan(plan, Path(plot), skips)
@@ -134,7 +137,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
             f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts; "
             "--plot FILE draws it now)"
         )
-    for note in supply:
+    for note in plan.check_supply():
         print(f"note: {note}")
     return 0
 

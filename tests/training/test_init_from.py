@@ -602,6 +602,37 @@ def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built
     assert check_base_data(tmp_path / "f4", built_dataset, info, vocab_size) == []
 
 
+def test_train_plan_refuses_a_base_of_another_tokenizer_as_train_does(tmp_path, built_dataset, capsys):
+    """`train --plan` printed the plan of a base whose tokenizer is not the data's, exit 0, and `train`
+    refused it a second later (trial RV53a 6): both refuse it in one line, creating nothing."""
+    from pipelines.cli import main as gristmill
+
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    tok = json.loads((built_dataset / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped: other ids for the same text
+    (base / "tokenizer.json").write_text(json.dumps(tok))
+    run = tmp_path / "run"
+    sets = [
+        f"data.dataset={built_dataset}",
+        f"run.output_dir={run}",
+        _init(base),
+        "schedule.steps=4",
+        "schedule.warmup_steps=1",
+    ]
+    for plan in (["--plan"], []):
+        capsys.readouterr()
+        assert gristmill(["train", "--config", TINY, *plan, "--set", *sets]) == 2, plan
+        line = one_error_line(capsys.readouterr().err)
+        assert f"{built_dataset / 'tokenizer.json'} (dataset) differs from {base / 'tokenizer.json'}" in line
+        assert not run.exists(), plan
+    (base / "tokenizer.json").write_text((built_dataset / "tokenizer.json").read_text())  # the data's own
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets]) == 0
+    assert not run.exists()
+
+
 def test_an_eos_list_keeps_its_special_members(tmp_path, built_dataset):
     """Review RV28c F5: eos_token_id [1, 2] (1 special, 2 ordinary): the whole list was replaced and
     the note called both ordinary; 2 alone is named and dropped, the special 1 kept."""

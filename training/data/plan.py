@@ -497,20 +497,29 @@ class Plan:
             )  # fmt: skip
         return out
 
-    def check_supply(self) -> list[str]:
-        """Refuse (PlanError) a source the plan would take past its max_epochs; returns a note for
-        each source read more than once."""
-        if self.total_steps is None:
-            return []
-        # The stream tokens each phase asks of each source, in closed form, and every source held to
-        # the bound before any epoch end is walked: a phase's start walks every source through the
-        # phases before it (one source checked, then walked, walked another unchecked: review RV53c 1).
-        asked_of = [
+    def asked(self) -> list[list[int]]:
+        """Per source, the stream tokens each phase of the bounded plan asks of it (closed form)."""
+        return [
             [self._apportioned(p, ph.steps)[i] * self._window(p) for p, ph in enumerate(self.phases)]
             for i in range(len(self.sources))
         ]
-        for i, per_phase in enumerate(asked_of):
-            self._check_epochs_bounded(i, per_phase)
+
+    def check_bounded(self) -> None:
+        """Refuse (PlanError) a bounded plan that asks more than MAX_EPOCHS_ASKED epochs' worth of a
+        source, every source before any epoch end is walked: a phase's start walks every source through
+        the phases before it (one source checked, then walked, walked another unchecked: review RV53c
+        1). Cheap: what `--plan` checks before its table walks the plan."""
+        if self.total_steps is not None:
+            for i, per_phase in enumerate(self.asked()):
+                self._check_epochs_bounded(i, per_phase)
+
+    def check_supply(self) -> list[str]:
+        """Refuse (PlanError) a source the plan would take past its max_epochs (check_bounded first);
+        returns a note for each source read more than once."""
+        if self.total_steps is None:
+            return []
+        self.check_bounded()
+        asked_of = self.asked()
         notes = []
         for i, src in enumerate(self.sources):
             epochs = max(self.crossings(i, p, ph.steps)[-1].epoch + 1 for p, ph in enumerate(self.phases))

@@ -99,12 +99,9 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
     info = dataset_info(dataset)  # a bucket's: one GET
     source = _locate_base(cfg, env) if cfg.model.init_from else None
-    model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
-    if source is not None and source.directory is not None:  # the data must match the base, before any work
-        data_dir = tokenizer_dir(dataset, spec.cache)  # a bucket's: its tokenizer.json fetched, checked
-        for note in check_base_data(source.directory, data_dir, info, model_config.vocab_size):
-            if env.rank == 0:
-                say(note)
+    model_config, notes = model_for_data(cfg, spec, info, source)
+    for note in notes if env.rank == 0 else ():
+        say(note)
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.run.init_device == "meta" and device.type != "cuda" and env.world_size > 1 and not source:
         # DTensor's sharded random init is CUDA-only: on CPU every rank draws its shard from one
@@ -125,6 +122,23 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     base_dir = None if source is None else source.directory
     shapes = batch_shapes(cfg, spec, env.world_size)
     return Checked(spec, shapes, model_config, device, base_dir, fetched_before)
+
+
+def model_for_data(
+    cfg: TrainConfig, spec: RunSpec, info: dict[str, Any], source: BaseSource | None
+) -> tuple[Any, list[str]]:
+    """(the ModelConfig to build, notes): checked against the data (`info`, the first source's
+    dataset.json: every source shares its tokenizer), and a base of model.init_from (`source`, located
+    here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
+    and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
+    if cfg.model.init_from and source is None:
+        source = locate_base(cfg.model.init_from)
+    model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
+    notes = []
+    if source is not None and source.directory is not None:
+        data_dir = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: fetched, checked
+        notes = check_base_data(source.directory, data_dir, info, model_config.vocab_size)
+    return model_config, notes
 
 
 def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:

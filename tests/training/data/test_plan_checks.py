@@ -341,6 +341,11 @@ def test_a_budget_a_few_digits_too_long_is_refused_at_once_naming_its_key(
     if len(names) == 1:
         config.write_text(config.read_text().replace(", code = 0.4", "").replace(", code = 0.5", ""))
     said = says.format(web=sources["web"], code=sources["code"])
+    if len(names) == 2 and phases == TWO_PHASES:  # within the bound: --plan's table first, then the refusal
+        argv = ["train", "--config", str(config), "--plan", "--set", f'run.output_dir="{run}"']
+        assert gristmill([*argv, "phase[0].steps=400"]) == 2
+        out, err = capsys.readouterr()
+        assert "tokens/step" in out and "source 'web'" in err and "would run out" in err, (out, err)
     pattern = re.escape(said).replace(re.escape("{}"), "[0-9,]+")
     for err in both(config, [f'run.output_dir="{run}"', *sets], capsys):
         assert re.search(pattern, err), err
