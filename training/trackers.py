@@ -266,6 +266,11 @@ class Trackers:
                 write_state(self.run_dir, self._state, fsync=not still_open)
 
 
+def _raised(e: BaseException) -> str:
+    """`SystemExit: 7`, or `SystemExit` alone where it says nothing (not "SystemExit: ")."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 def tracker_timeout() -> float:
     """How long one tracker call (a row's log, the finish at the end, all trackers' together) may take
     before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (GRISTMILL_WANDB_FINISH_TIMEOUT, its
@@ -335,7 +340,7 @@ class _Feed:
         """Why the tracker is to be given up (its log raised, or has not returned within the bound)."""
         if self.failed is not None:
             step, e = self.failed
-            return f"failed at step {step} ({type(e).__name__}: {e})"
+            return f"failed at step {step} ({_raised(e)})"
         busy, bound = self.busy, tracker_timeout()
         if busy is not None and time.monotonic() - busy[1] > bound:
             return f"has not returned from its log of step {busy[0]} within {bound:g} s (hung)"
@@ -366,7 +371,7 @@ class _Feed:
         if isinstance(item.error, Exception):
             raise item.error
         if item.error is not None:  # a SystemExit of its library's: said, never the run's own exit
-            raise RuntimeError(f"{type(item.error).__name__}: {item.error}") from None
+            raise RuntimeError(_raised(item.error)) from None
         return True
 
     def abandon(self) -> None:

@@ -227,7 +227,7 @@ def _cell(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:,.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.3g}"
     if isinstance(v, (list, dict)):
-        return json.dumps(v, default=str, ensure_ascii=False)
+        return json.dumps(v, default=_json_default, ensure_ascii=False)  # a BLOB in a list: hex too
     if isinstance(v, bytes):  # not b'\xd7d…' (trial RV53a 2)
         return v.hex()
     return str(v)

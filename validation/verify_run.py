@@ -246,8 +246,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
     elif alone is not None:  # it was refused whole, the batch a tampered record named never checked (RV53a 1)
         print(alone)
-        if batches.problem is None:
-            print(f"batches: step {args.step} is the plan's, as batches.bin and metrics.jsonl record it")
+        if (
+            batches.problem is None
+        ):  # its entry was compared: _recorded, and a row's digest without one is a problem
+            print(f"batches: step {args.step} is the plan's ({run_dir / BATCHES_BIN})")
     else:
         print(f"{run_dir} has no checkpoints or exports yet")
     for line in batches.notes + ([batches.problem] if batches.problem else []):
@@ -256,14 +258,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _recorded(run_dir: Path, step: int) -> bool:
-    """Whether the run recorded `step` as trained: in batches.bin (or a record that cannot be read,
-    which verify_batches names) or a metrics row of its timeline (not a discarded attempt's)."""
-    try:
-        if any(e.step == step for e in read_batches(run_dir / BATCHES_BIN)[0]):
-            return True
-    except ValueError:
-        return True
-    except OSError:
-        pass
+    """Whether verify_batches has a record of trained `step` to check: its entry in batches.bin, or a
+    timeline row of it carrying batch_sha256 (checked against the record); where batches.bin cannot be
+    read, a timeline row of the step (the record's problem is then the answer). Not a row without a
+    digest: a run, or a part of one, from before the record has nothing to compare (review RV54b 1)."""
     rows = read_metrics(run_dir / METRICS_JSONL)[0] if (run_dir / METRICS_JSONL).is_file() else []
-    return any(r["step"] == step and "loss" in r for r in kept_rows(rows))  # the timeline's, trained
+    rows = [r for r in kept_rows(rows) if r["step"] == step and "loss" in r]  # the timeline's, trained
+    try:
+        entries = read_batches(run_dir / BATCHES_BIN)[0] if (run_dir / BATCHES_BIN).is_file() else []
+    except ValueError:
+        return bool(rows)
+    return any(e.step == step for e in entries) or any("batch_sha256" in r for r in rows)

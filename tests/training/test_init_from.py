@@ -1112,6 +1112,11 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
         proc.wait()
     assert metrics(run)[-1]["step"] < 8 and complete_steps(run), "killed too late or before a checkpoint"
     shutil.rmtree(copy)
+    # `--plan` of that resume locates the base as the trainer does, from the checkpoint's record: it
+    # refused the resume train makes (review RV54b 3)
+    from pipelines.cli import main as gristmill
+
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets, "checkpoint.resume=auto"]) == 0
     # (run.seed decides nothing in a run from a base: a resume that changes it was refused as one that
     # changed the starting weights: review R25h 4)
     train(load_train_config(TINY, [*sets, "checkpoint.resume=auto", "run.seed=5"]))

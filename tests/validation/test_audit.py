@@ -133,6 +133,9 @@ def test_cli_formats(built_dataset, capsys):
     shard = (built_dataset / "shards" / first["shard"]).read_bytes()  # offset: in the shard file
     digest = hashlib.sha256(shard[first["offset"] : first["offset"] + first["nbytes"]]).hexdigest()
     assert first["sha256"] == digest and all(digest in out for out in said), said
+    listed = 'SELECT [sha256] AS l FROM docs ORDER BY shard, key, "offset" DESC LIMIT 1'  # in a list too
+    assert main(["data", "audit", str(built_dataset), "--sql", listed]) == 0
+    assert f'["{digest}"]' in capsys.readouterr().out
     assert main(["data", "audit", str(built_dataset), "--report", "lengths"]) == 0
     out = capsys.readouterr().out
     assert "== lengths ==" in out and "tokens_from" in out

@@ -331,7 +331,8 @@ class Plan:
 
     def _crossing_at(self, i: int, p: int, k: int) -> _Crossing:
         found = self.crossings(i, p, k + 1)
-        return found[bisect.bisect_right([c.step for c in found], k) - 1]
+        # by key, not a list of the steps built each call: O(epochs) a step, ~3 ms at 100,000 (RV54b 5)
+        return found[bisect.bisect_right(found, k, key=lambda c: c.step) - 1]
 
     def position(self, i: int, p: int, k: int) -> tuple[int, int]:
         """Source i's (epoch, token offset) after k steps of phase p."""

@@ -131,8 +131,8 @@ def model_for_data(
     dataset.json: every source shares its tokenizer), and a base of model.init_from (`source`, located
     here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
     and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
-    if cfg.model.init_from and source is None:
-        source = locate_base(cfg.model.init_from)
+    if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
+        source = locate_base(cfg.model.init_from, _recorded_base(cfg))
     model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     notes = []
     if source is not None and source.directory is not None:
@@ -141,13 +141,18 @@ def model_for_data(
     return model_config, notes
 
 
+def _recorded_base(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The base a resume's checkpoint recorded (its run's kept copy where there is one), or None."""
+    resume = cfg.checkpoint.resume
+    return with_run_base(resume_model_record(cfg.run.output_dir, resume), cfg.run.output_dir, resume)
+
+
 def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
     """model.init_from located (training/checkpoint/base_source.py), a resume's recorded base where
     the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
     wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
     cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
-    resume = cfg.checkpoint.resume
-    recorded = with_run_base(resume_model_record(cfg.run.output_dir, resume), cfg.run.output_dir, resume)
+    recorded = _recorded_base(cfg)
     printer = say if env.rank == 0 else None
     if env.world_size == 1 or not dist.is_initialized():
         source = locate_base(cfg.model.init_from, recorded, printer)
