@@ -6,11 +6,14 @@
 
 Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.parquet). Each is
 streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
-file under its final name is always complete. Interrupted? Run the same command again: finished
-files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
-continues from where it stopped (ranged reads). A file with no LFS checksum is known by what the
-listing names its content by (the hub's git blob id; an object's ETag, a file's mtime): changed
-upstream, at the same size too, it is fetched again, and its `.part` is not continued. Files an
+file under its final name is always complete. Interrupted? Run the same command again: a finished
+file is skipped once its bytes hash to its checksum (re-hashed at every run: the record beside it is a
+claim, and a file damaged on disk since was reported complete, review RV54a 1), and a `.part` file
+with an LFS checksum continues from where it stopped (ranged reads; the whole file is held to the
+checksum). A file with no LFS checksum is fetched whole again (a damaged `.part` continued was
+recorded, and re-hashed, as the file: RV54a 2), and is known by what the listing names its content by
+(the hub's git blob id; an object's ETag, a file's mtime): changed upstream, at the same size too, it
+is fetched again. Files an
 earlier download recorded that the listing no longer has (the subset re-sharded upstream) are
 removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
@@ -86,7 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pattern", default="*.parquet", help="file name pattern (default *.parquet)")
     parser.add_argument("--workers", type=int, default=4, help="files fetched in parallel (default 4)")
-    parser.add_argument("--verify", action="store_true", help="re-hash files already downloaded")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-hash files already downloaded (always done; kept for scripts)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:  # taken as one without a word (review R22a A9)
         raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
     root = args.source or f"hf://datasets/{args.repo}"
-    report = download(
-        root, args.subset, args.to, pattern=args.pattern, workers=args.workers, verify=args.verify
-    )
+    report = download(root, args.subset, args.to, pattern=args.pattern, workers=args.workers)
     print(
         f"{report.files} files: {report.downloaded} downloaded ({report.resumed} resumed), "
         f"{report.skipped} already complete, {fmt_bytes(report.bytes_fetched)} fetched → {args.to}"
@@ -116,6 +121,8 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
     fs.invalidate_cache()  # fsspec keeps one instance per URL, with its listings: list what is there now
     try:
         entries = fs.find(base, detail=True)
+        if not entries and not fs.exists(base):  # a local path's find lists nothing: "holds no files"
+            raise FileNotFoundError(base)
     except FileNotFoundError:
         raise DownloadError(f"{base} does not exist; check --repo/--from and --subset") from None
     except Exception as e:  # offline, DNS, auth: one message
@@ -153,9 +160,14 @@ def download(
     *,
     pattern: str = "*.parquet",
     workers: int = 4,
-    verify: bool = False,
     progress: bool = True,
 ) -> DownloadReport:
+    if (
+        ".." in Path(subset).parts
+    ):  # its files were written, and unlisted ones removed, outside DEST (RV54a 10)
+        raise DownloadError(f"--subset {subset}: name a folder inside the dataset, without '..'")
+    if Path(dest).exists() and not Path(dest).is_dir():  # a FileExistsError traceback (RV54a 8)
+        raise DownloadError(f"--to {dest} is a file: give a directory to download into")
     try:
         fs, _ = url_to_fs(root)
     except ImportError as e:  # s3:// and others need an fsspec package gristmill does not install (R17e E2)
@@ -167,7 +179,7 @@ def download(
     Path(dest).mkdir(parents=True, exist_ok=True)
     with _DestLock(Path(dest)):
         _refuse_other_source(Path(dest), root, files)
-        report = fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
+        report = fetch_files(fs, root, files, dest, workers=workers, progress=progress)
         report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
     return report
 
@@ -224,12 +236,7 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile]) -> None
     for f in files:
         rec = record.get(f.path) or {}
         was, final = rec.get("source"), dest / f.path
-        if (
-            was is not None
-            and was != source_of(root)
-            and final.exists()
-            and not _complete(final, f, rec, False)
-        ):
+        if was is not None and was != source_of(root) and final.exists() and not _complete(final, f, rec):
             raise DownloadError(
                 f"{dest / f.path} was downloaded from {was}, not {source_of(root)}: download into another "
                 "folder (--to), or remove the other download's files first"
@@ -265,7 +272,7 @@ def _remove_unlisted(dest: Path, root: str, subset: str, pattern: str, files: li
 
 
 def fetch_files(
-    fs, root: str, files: list[RemoteFile], dest: str | Path, *, workers=4, verify=False, progress=True
+    fs, root: str, files: list[RemoteFile], dest: str | Path, *, workers=4, progress=True
 ) -> DownloadReport:
     """Fetch `files` (paths relative to `root` on `fs`) into `dest`; resumable and checksummed."""
     dest = Path(dest)
@@ -288,7 +295,7 @@ def fetch_files(
 
     def one(f: RemoteFile) -> None:
         final = dest / f.path
-        digest = _complete(final, f, record.get(f.path), verify)
+        digest = _complete(final, f, record.get(f.path))
         if digest:
             record.set(f.path, f.size, digest, source_of(root), f.version)
             with lock:
@@ -296,7 +303,9 @@ def fetch_files(
             bar.update(f.size)
             return
         part = final.with_name(final.name + PART)
-        if f.version != record.part_version(f.path):  # a .part of other content (or of no record)
+        # a .part of other content (or of no record), or of a file with no checksum to hold the whole
+        # to: fetched whole (a damaged .part continued was recorded as the file, review RV54a 2)
+        if f.version != record.part_version(f.path) or f.sha256 is None:
             part.unlink(missing_ok=True)
             record.start_part(f.path, f.version)
         fetched, resumed = _fetch_one(fs, root, f, final, bar)
@@ -335,15 +344,15 @@ def fetch_files(
     return report
 
 
-def _complete(final: Path, f: RemoteFile, rec: dict | None, verify: bool) -> str | None:
-    """The sha256 of an already complete FINAL, or None if it must be (re)fetched."""
+def _complete(final: Path, f: RemoteFile, rec: dict | None) -> str | None:
+    """The sha256 of an already complete FINAL, its bytes hashed now (the record beside it is a
+    claim: a file damaged on disk was "already complete", review RV54a 1), or None if it must be
+    (re)fetched."""
     if not final.is_file() or final.stat().st_size != f.size:
         return None
     if f.version and (rec or {}).get("version") != f.version:
         return None  # changed upstream since it was fetched, or fetched before versions were recorded
     expected = f.sha256 or (rec or {}).get("sha256")
-    if rec and not verify and rec.get("size") == f.size and rec.get("sha256") == expected:
-        return expected  # recorded when it was downloaded and checked
     digest = _sha256(final)
     return digest if expected is None or digest == expected else None
 
