@@ -72,6 +72,7 @@ from training.contract.dataset_index import (
     index_format,
     unlike_manifest,
 )
+from training.contract.disk_space import check_free
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
@@ -239,6 +240,11 @@ def _check_new(old: str, new: str) -> None:
             )
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise DatasetError(f"{new} is {'a link' if path.is_symlink() else 'a file'}: name a new directory")
+    if path.is_dir() and os.path.ismount(path):  # renamed into place, the converted NEW was lost (RV54a 3)
+        raise DatasetError(
+            f"{new} is a mount point: the conversion writes NEW beside it and renames it into place, which "
+            f"a mount point cannot be; convert into a new directory inside it, e.g. {path / 'converted'}"
+        )
     if path.exists() and any(path.iterdir()):
         raise DatasetError(
             f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
@@ -375,6 +381,18 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
+    # NEW's size, before any work: a full disk was an OSError traceback after ~170 shards (trial RV54a
+    # 4). Its ids (the token bytes), each 64-document block's tar headers and the manifests: ~1.1×.
+    check_free(
+        out,
+        1.1 * int(info["tokens"]) * dtype.itemsize + sum(p.stat().st_size for p in manifest_files(root)),
+        what=f"write the converted {old}",
+        advice=(
+            "free some space, or set TMPDIR to a larger disk (a bucket's NEW is written there first)"
+            if is_url(target)
+            else "free some space, or convert into a directory on a larger disk"
+        ),
+    )
     shards = sorted(info["shard_files"])
     done = 0
     read = hashlib.sha256()  # of each document's ids' sha256 as read from OLD, in manifest order

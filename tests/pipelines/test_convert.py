@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ import torch.distributed.checkpoint as dcp
 
 from pipelines.cli import main as gristmill
 from pipelines.convert import convert_dataset
+from tests.helpers import forked
 from tests.helpers.legacy_dataset import older_index, write_legacy_dataset, write_v2_dataset
+from tests.helpers.mounts import unshare_works
 from tests.helpers.train_data import affine_documents
-from tests.helpers.train_runs import TINY, losses, one_error_line, overrides
+from tests.helpers.train_runs import ENV, ROOT, TINY, losses, one_error_line, overrides
 from training.contract.dataset_format import (
     DATASET_JSON,
     FORMAT,
@@ -150,6 +153,27 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
     shard.write_bytes(bytes(body))
     with pytest.raises(DatasetError, match=f"{shard}: not the shard dataset.json records"):
         convert_dataset(str(damaged), str(tmp_path / "out2"), log=lambda *a: None)
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs a mount namespace (unshare -rm) for a small tmpfs")
+def test_convert_into_a_mount_point_or_too_small_a_disk_is_one_line_before_any_work(legacy, tmp_path):
+    """NEW a mount point: the conversion, written beside it and validated, was lost when its rename into
+    place failed (EBUSY, a traceback); a disk too small: an OSError traceback after ~170 shards (trial
+    RV54a 3, 4). Each is one line before any shard is written."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for new, said in [
+        (mnt, f"{mnt} is a mount point: the conversion writes NEW beside it and renames it into place, "
+              "which a mount point cannot be; convert into a new directory inside it, e.g. "
+              f"{mnt / 'converted'}"),
+        (mnt / "converted", f"not enough free disk under {mnt / '.converted.converting'} to write the "
+                            f"converted {legacy}: "),
+    ]:  # fmt: skip
+        mount = f"mount -t tmpfs -o size=16k tmpfs {mnt}"
+        cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, "", "pipelines.cli", "data", "convert"]
+        done = forked.run([*cmd, str(legacy), str(new)], cwd=ROOT, env=ENV, timeout=120)
+        err = done.stderr.strip()
+        assert done.returncode == 2 and err.startswith(f"error: {said}") and "\n" not in err, err
 
 
 def test_convert_carries_the_files_old_records_and_checks_them(v2, tmp_path):
