@@ -37,6 +37,8 @@ from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, checkpoint
 from training.data.loader import batch_sha256, dataset_loader
 from training.train import load_train_config, train
 
+pytestmark = pytest.mark.process  # starts processes (a mount namespace): the second tier of `make test`
+
 
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory):
