@@ -142,6 +142,8 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else _converting(new)
         was = read_dataset_info(root)["format"]
+        if is_url(new):
+            _check_leftovers(old, new, read_dataset_info(root))
         with _writing(old, new, out):
             info = _convert(old, root, out, new, log)
             if is_url(new):
@@ -248,6 +250,19 @@ def _check_new(old: str, new: str) -> None:
     if path.exists() and any(path.iterdir()):
         raise DatasetError(
             f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
+        )
+
+
+def _check_leftovers(old: str, new: str, info: dict[str, Any]) -> None:
+    """A bucket NEW's shards left by an upload cut short are this conversion's (NEW keeps OLD's shard
+    names): one OLD does not list is another dataset's, whose upload the final upload refused only
+    after the whole conversion, in its own words (trial RV54a 5). Refused before any work."""
+    mine = {f"{SHARDS_DIR}/{name}" for name in info["shard_files"]}
+    there = ObjectStore(ObjectURL.parse(new)).list()
+    if other := sorted(r for r in there if r.startswith(f"{SHARDS_DIR}/") and r not in mine):
+        raise DatasetError(
+            f"{new} already holds {len(other)} shard(s) that {old} does not have (e.g. {other[0]}): another "
+            "dataset's upload cut short; convert into an empty prefix, or delete those objects first"
         )
 
 

@@ -2729,6 +2729,16 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         DatasetError, match=r"with-notes already holds 1 object\(s\) that are no dataset's \(e\.g\. notes"
     ):
         convert_dataset(url, s3.url("with-notes"), log=lambda *a: pytest.fail("converted"))
+    # another dataset's upload cut short (its shards, no dataset.json): refused by the upload after the
+    # whole conversion, in the upload's words (trial RV54a 5); now before any work
+    s3.client.put_object(Bucket=BUCKET, Key="leftovers/shards/00009_00000.tar", Body=b"another's")
+    with pytest.raises(DatasetError) as e:
+        convert_dataset(url, s3.url("leftovers"), log=lambda *a: pytest.fail("converted"))
+    assert str(e.value) == (
+        f"{s3.url('leftovers')} already holds 1 shard(s) that {url} does not have (e.g. "
+        "shards/00009_00000.tar): another dataset's upload cut short; convert into an empty prefix, or "
+        "delete those objects first"
+    )
 
 
 def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, tmp_path, capsys):
