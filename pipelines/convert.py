@@ -343,7 +343,11 @@ def _bucket_copy(url: str, dest: Path) -> Path:
     store = ObjectStore(ObjectURL.parse(url))
     dest.mkdir(parents=True)
     (dest / DATASET_JSON).write_bytes(store.get(DATASET_JSON))
-    for rel in _recorded(read_dataset_info(dest)):
+    try:
+        info = read_dataset_info(dest)
+    except DatasetError as e:  # named in the bucket: the copy's path is gone once this ends (RV54a 6a)
+        raise DatasetError(str(e).replace(str(dest), url.rstrip("/"))) from None
+    for rel in _recorded(info):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(store.get(rel))
     return dest

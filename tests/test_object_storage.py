@@ -2729,6 +2729,11 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         DatasetError, match=r"with-notes already holds 1 object\(s\) that are no dataset's \(e\.g\. notes"
     ):
         convert_dataset(url, s3.url("with-notes"), log=lambda *a: pytest.fail("converted"))
+    # OLD's dataset.json not one (edited, cut short): named in the bucket, not in the temporary copy the
+    # conversion read it from, gone when the line is read (trial RV54a 6a)
+    s3.client.put_object(Bucket=BUCKET, Key="not-json/dataset.json", Body=b"{")
+    with pytest.raises(DatasetError, match=rf"^{re.escape(s3.url('not-json'))}/dataset.json"):
+        convert_dataset(s3.url("not-json"), s3.url("from-not-json"), log=lambda *a: pytest.fail("converted"))
     # another dataset's upload cut short (its shards, no dataset.json): refused by the upload after the
     # whole conversion, in the upload's words (trial RV54a 5); now before any work
     s3.client.put_object(Bucket=BUCKET, Key="leftovers/shards/00009_00000.tar", Body=b"another's")
