@@ -74,6 +74,7 @@ from training.contract.dataset_index import (
 )
 from training.contract.disk_space import check_free
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
+from training.contract.separator_check import misplaced_separators
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
 # dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
@@ -429,8 +430,9 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
             data = _shard_bytes(old, root, shard, info)
             if info.get("files") is None:  # a recorded manifest is the build's (sha256 checked above)
                 _check_rows(old, named, shard, data, info, members)
-            for r in members:
-                ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
+            docs = [np.frombuffer(data, dtype, r["n_tokens"], r["offset"]) for r in members]
+            _check_documents(old, root, shard, info, members, docs)
+            for r, ids in zip(members, docs):
                 read.update(hashlib.sha256(ids).digest())
                 if info["format"] == LEGACY_FORMAT:
                     meta = _legacy_meta(named, r, data)
@@ -490,6 +492,38 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
     return new
+
+
+def _check_documents(
+    old: str,
+    root: Path,
+    shard: str,
+    info: dict[str, Any],
+    members: list[dict[str, Any]],
+    docs: list[np.ndarray],
+) -> None:
+    """OLD's documents in `shard` hold what its dataset.json records, as they are read: the separator
+    once each, in its place, and ids below vocab_size. An OLD whose record was edited (a separator id,
+    a vocab_size: outside the fingerprint) was found only by NEW's validation once every shard was
+    written, in ~60 lines that blamed NEW (trial RV54a 6b)."""
+    sep, vocab = info["separator"], int(info["vocab_size"])
+    lengths = np.array([len(d) for d in docs], np.int64)
+    ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    misplaced = misplaced_separators(ids, int(sep["id"]), sep["position"], lengths)
+    why = None
+    if (lengths == 0).any() or misplaced.size:
+        doc = members[int(np.flatnonzero(lengths == 0)[0]) if (lengths == 0).any() else
+                      int(np.searchsorted(np.cumsum(lengths), misplaced[0], side="right"))]  # fmt: skip
+        where = "its last token" if sep["position"] == "after" else "its first token"
+        why = f"document {doc['key']} does not hold the separator (id {sep['id']}) once, as {where}"
+    elif ids.size and int(ids.max()) >= vocab:
+        why = f"it holds id {int(ids.max())}, past vocab_size {vocab}"
+    if why:
+        raise DatasetError(
+            f"{_where(old, root, f'{SHARDS_DIR}/{shard}')}: {why}, as {DATASET_JSON} records: {old} is not "
+            f"the dataset its record describes (edited since its build?); nothing was converted "
+            f"(`gristmill data validate {old}` lists every such problem)"
+        )
 
 
 def _by_shard(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -178,6 +178,29 @@ def test_convert_into_a_mount_point_or_too_small_a_disk_is_one_line_before_any_w
         assert done.returncode == 2 and err.startswith(f"error: {said}") and "\n" not in err, err
 
 
+@pytest.mark.parametrize("edit", ["separator", "vocab_size"])
+def test_an_old_dataset_unlike_its_record_is_refused_as_it_is_read_naming_old(legacy, tmp_path, edit):
+    """OLD's record edited where its fingerprint does not look (a separator id with the fingerprint
+    recomputed; vocab_size): found only by NEW's validation after every shard was written, ~60 lines
+    blaming NEW (trial RV54a 6b). Refused at the first shard read, naming OLD's shard."""
+    old = tmp_path / "old"
+    shutil.copytree(legacy, old)
+    info = read_dataset_info(old)
+    if edit == "separator":
+        info["separator"]["id"] = (info["separator"]["id"] + 1) % info["vocab_size"]
+    else:
+        info["vocab_size"] = 8
+    info["fingerprint"] = fingerprint(info)
+    (old / DATASET_JSON).write_text(json.dumps(info))
+    with pytest.raises(DatasetError) as e:
+        convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
+    msg = str(e.value)
+    says = "does not hold the separator" if edit == "separator" else "past vocab_size 8"
+    assert msg.startswith(f"{old / 'shards'}/") and says in msg and "\n" not in msg, msg
+    assert f"{old} is not the dataset its record describes" in msg, msg
+    assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
+
+
 def test_convert_carries_the_files_old_records_and_checks_them(v2, tmp_path):
     """A file dropped in beside OLD's (an excluded-documents file the audit reads) was copied into NEW
     and recorded there as NEW's own, so NEW validated where OLD did not (review R4); a recorded file
