@@ -74,7 +74,7 @@ from training.contract.dataset_index import (
 )
 from training.contract.disk_space import check_free
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
-from training.contract.separator_check import misplaced_separators
+from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
 # dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
@@ -142,9 +142,10 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else _converting(new)
-        was = read_dataset_info(root)["format"]
+        recorded = read_dataset_info(root)
+        was = recorded["format"]
         if is_url(new):
-            _check_leftovers(old, new, read_dataset_info(root))
+            _check_leftovers(old, new, recorded)
         with _writing(old, new, out):
             info = _convert(old, root, out, new, log)
             if is_url(new):
@@ -509,13 +510,11 @@ def _check_documents(
     sep, vocab = info["separator"], int(info["vocab_size"])
     lengths = np.array([len(d) for d in docs], np.int64)
     ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)
-    misplaced = misplaced_separators(ids, int(sep["id"]), sep["position"], lengths)
+    bad, _, _ = documents_breaking(ids, int(sep["id"]), sep["position"], lengths)  # validate's rule
     why = None
-    if (lengths == 0).any() or misplaced.size:
-        doc = members[int(np.flatnonzero(lengths == 0)[0]) if (lengths == 0).any() else
-                      int(np.searchsorted(np.cumsum(lengths), misplaced[0], side="right"))]  # fmt: skip
-        where = "its last token" if sep["position"] == "after" else "its first token"
-        why = f"document {doc['key']} does not hold the separator (id {sep['id']}) once, as {where}"
+    if bad.size:
+        key, where = members[int(bad[0])]["key"], "its last" if sep["position"] == "after" else "its first"
+        why = f"document {key} does not hold the separator (id {sep['id']}) once, as {where} token"
     elif ids.size and int(ids.max()) >= vocab:
         why = f"it holds id {int(ids.max())}, past vocab_size {vocab}"
     if why:

@@ -162,9 +162,8 @@ def download(
     workers: int = 4,
     progress: bool = True,
 ) -> DownloadReport:
-    if (
-        ".." in Path(subset).parts
-    ):  # its files were written, and unlisted ones removed, outside DEST (RV54a 10)
+    # `..`: its files were written, and unlisted ones removed, outside DEST (RV54a 10)
+    if ".." in Path(subset).parts:
         raise DownloadError(f"--subset {subset}: name a folder inside the dataset, without '..'")
     if Path(dest).exists() and not Path(dest).is_dir():  # a FileExistsError traceback (RV54a 8)
         raise DownloadError(f"--to {dest} is a file: give a directory to download into")

@@ -422,11 +422,10 @@ class TaskPlan:
         }
         hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
         self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
+        run = Written("the run directory", self.run_dir, "its eval/ (made at the first eval) for a split",
+                      "move the run out")  # fmt: skip
         for name, data in self.data_files.items():
-            split = "its eval/ (made at the first eval) for a split"
-            check_data_folders(
-                name, data, Written("the run directory", self.run_dir, split, "move the run out")
-            )
+            check_data_folders(name, data, run)
         self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in hub}

@@ -119,7 +119,7 @@ from training.contract.object_store import (
     is_url,
 )
 from training.contract.run_layout import is_training_run, unlike_a_run
-from training.contract.separator_check import misplaced_separators
+from training.contract.separator_check import documents_breaking
 from training.data.remote import (
     CacheError,
     CacheSettings,
@@ -594,18 +594,9 @@ def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndar
     """Vectorized over the whole shard: separator count and position per document, id range."""
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    sep_pos = np.flatnonzero(ids == spec.sep_id)
+    bad, counts, sep_pos = documents_breaking(ids, spec.sep_id, spec.position, lengths)
     doc_of_sep = np.searchsorted(ends, sep_pos, side="right")
-    counts = np.bincount(doc_of_sep, minlength=len(keys))
     res.separators = int(counts.sum())
-    misplaced = misplaced_separators(ids, spec.sep_id, spec.position, lengths)
-    # the documents holding a misplaced token, the empty ones (no token to misplace), and those of the
-    # separator alone: in place, yet two separators side by side in the stream, as a doubled one puts
-    # them (the build excludes a text that encodes to no token: RV50b F2)
-    alone = np.flatnonzero((lengths == 1) & (counts == 1))
-    bad = np.union1d(
-        np.searchsorted(ends, misplaced, side="right"), np.union1d(np.flatnonzero(lengths == 0), alone)
-    )
     where = "last" if spec.position == "after" else "first"
     for d in bad.tolist():
         n, key = int(counts[d]), keys[d]

@@ -246,9 +246,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
     elif alone is not None:  # it was refused whole, the batch a tampered record named never checked (RV53a 1)
         print(alone)
-        if (
-            batches.problem is None
-        ):  # its entry was compared: _recorded, and a row's digest without one is a problem
+        # its entry was compared (_recorded): a row's digest without one is a problem
+        if batches.problem is None:
             print(f"batches: step {args.step} is the plan's ({run_dir / BATCHES_BIN})")
     else:
         print(f"{run_dir} has no checkpoints or exports yet")

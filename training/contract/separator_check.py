@@ -3,8 +3,9 @@ as its last token (position "after", EOS style) or its first ("before", BOS styl
 
 Three places check it, each over its own unit and each naming what it found in its own words: the
 tokenizer per document as it frames one (tokenization/separator.py), the validator over all the
-documents of a shard (validation/validate.py), the loader over the pieces of a batch, which cut
-documents anywhere (training/data/reader.py). Numpy only.
+documents of a shard (validation/validate.py; `gristmill data convert` over OLD's shards as it reads
+them, with `documents_breaking`), the loader over the pieces of a batch, which cut documents anywhere
+(training/data/reader.py). Numpy only.
 """
 
 from __future__ import annotations
@@ -47,3 +48,22 @@ def misplaced_separators(
     well. A document of 0 tokens breaks the rule without a position to show: a caller reading
     whole documents that may be empty flags those itself."""
     return np.flatnonzero((tokens == separator_id) != separator_mask(lengths, position, starts, counts))
+
+
+def documents_breaking(
+    tokens: np.ndarray, separator_id: int, position: str, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the documents that break the rule, each document's count of the separator, the separator's
+    positions in `tokens`) for whole documents of `lengths` tokens, one after another in `tokens`.
+    Breaking it: a misplaced separator or another token in its place, an empty document (no token to
+    misplace), and the separator alone (in place, yet two separators side by side in the stream, as a
+    doubled one puts them: the build excludes a text that encodes to no token, RV50b F2)."""
+    ends = np.cumsum(lengths)
+    sep_pos = np.flatnonzero(tokens == separator_id)
+    counts = np.bincount(np.searchsorted(ends, sep_pos, side="right"), minlength=len(lengths))
+    misplaced = misplaced_separators(tokens, separator_id, position, lengths)
+    alone = np.flatnonzero((lengths == 1) & (counts == 1))
+    bad = np.union1d(
+        np.searchsorted(ends, misplaced, side="right"), np.union1d(np.flatnonzero(lengths == 0), alone)
+    )
+    return bad, counts, sep_pos

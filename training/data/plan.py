@@ -505,22 +505,25 @@ class Plan:
             for i in range(len(self.sources))
         ]
 
-    def check_bounded(self) -> None:
+    def check_bounded(self) -> list[list[int]]:
         """Refuse (PlanError) a bounded plan that asks more than MAX_EPOCHS_ASKED epochs' worth of a
         source, every source before any epoch end is walked: a phase's start walks every source through
         the phases before it (one source checked, then walked, walked another unchecked: review RV53c
-        1). Cheap: what `--plan` checks before its table walks the plan."""
-        if self.total_steps is not None:
-            for i, per_phase in enumerate(self.asked()):
-                self._check_epochs_bounded(i, per_phase)
+        1). Cheap: what `--plan` checks before its table walks the plan. Returns `asked` ([] for a plan
+        without an end)."""
+        if self.total_steps is None:
+            return []
+        asked = self.asked()
+        for i, per_phase in enumerate(asked):
+            self._check_epochs_bounded(i, per_phase)
+        return asked
 
     def check_supply(self) -> list[str]:
         """Refuse (PlanError) a source the plan would take past its max_epochs (check_bounded first);
         returns a note for each source read more than once."""
         if self.total_steps is None:
             return []
-        self.check_bounded()
-        asked_of = self.asked()
+        asked_of = self.check_bounded()
         notes = []
         for i, src in enumerate(self.sources):
             epochs = max(self.crossings(i, p, ph.steps)[-1].epoch + 1 for p, ph in enumerate(self.phases))
