@@ -131,7 +131,14 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
             "run `gristmill data download` on a machine with network, then copy the directory to the "
             "offline nodes"
         ) from None
-    prefix = fs._strip_protocol(root).rstrip("/") + "/"
+    top = fs._strip_protocol(root).rstrip("/")
+    if top in entries:  # the root is a file: its path was joined to itself under --to (RV54a 9)
+        folder, name = top.rsplit("/", 1) if "/" in top else (".", top)
+        raise DownloadError(
+            f"--from {root} is a file: give the folder that holds it, e.g. --from {folder} --subset '' "
+            f"--pattern {name}"
+        )
+    prefix = top + "/"
     files = []
     for name, info in sorted(entries.items()):
         if info.get("type") == "directory" or not fnmatch(name.rsplit("/", 1)[-1], pattern):

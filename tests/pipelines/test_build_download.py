@@ -186,7 +186,9 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
 def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_line(remote, tmp_path, capsys):
     """`--subset ../x` wrote the source's files over themselves, outside --to, and the files removal
     of unlisted ones could reach there too; --to a file was a FileExistsError traceback; a --from that
-    does not exist "holds no files" (trial RV54a 8–10)."""
+    does not exist "holds no files" (trial RV54a 8–10); a --from that is a file was fetched to its
+    own path joined to itself (RV54a 9)."""
+    one = remote / "sample" / "10BT" / "000_00000.parquet"
     before = {p: p.stat().st_mtime_ns for p in remote.rglob("*")}
     (tmp_path / "afile").write_text("")
     dest = str(tmp_path / "dest")
@@ -197,6 +199,9 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
          f"--to {tmp_path / 'afile'} is a file: give a directory to download into"),
         (["--from", str(tmp_path / "nosuch"), "--to", dest],
          f"{tmp_path / 'nosuch'}/sample/10BT does not exist; check --repo/--from and --subset"),
+        (["--from", str(one), "--subset", "", "--to", dest],  # DEST/<its path>/<its path>, failed 3 times
+         f"--from {one} is a file: give the folder that holds it, e.g. --from {one.parent} --subset '' "
+         "--pattern 000_00000.parquet"),
     ]:  # fmt: skip
         assert main(["data", "download", *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {said}\n"
