@@ -84,9 +84,8 @@ _DERIVED = {
     "fingerprint_before_index", "converted_from",
 }  # fmt: skip
 # The first path component of every object a dataset puts in its prefix (what `data upload` writes)
-_DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | {
-    pattern.split("/")[0] for pattern in RECORDED_FILES
-}
+_RECORDED_TOPS = {pattern.split("/")[0] for pattern in RECORDED_FILES}
+_DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | _RECORDED_TOPS
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
@@ -349,7 +348,11 @@ def _bucket_copy(url: str, dest: Path) -> Path:
         info = read_dataset_info(dest)
     except DatasetError as e:  # named in the bucket: the copy's path is gone once this ends (RV54a 6a)
         raise DatasetError(str(e).replace(str(dest), url.rstrip("/"))) from None
-    for rel in _recorded(info):
+    wanted = list(_recorded(info))
+    if info.get("files") is None:  # a dataset from before the record: the files a build wrote, as a
+        # local OLD's are found (`recorded_paths`); none fetched, its manifests were "missing" (RV54a 7)
+        wanted += [rel for rel in store.list() if rel.split("/")[0] in _RECORDED_TOPS]
+    for rel in wanted:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(store.get(rel))
     return dest

@@ -78,6 +78,7 @@ from training.contract.object_store import (
     FetchStopped,
     ObjectStore,
     ObjectStoreError,
+    ObjectURL,
     Window,
 )
 from training.data.block_cache import (
@@ -2744,6 +2745,33 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         "shards/00009_00000.tar): another dataset's upload cut short; convert into an empty prefix, or "
         "delete those objects first"
     )
+
+
+def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_batches(s3, tmp_path, capsys):
+    """A /1 dataset from before dataset.json recorded its files, uploaded by an older gristmill: its
+    conversion fetched none of its manifests and was refused, saying one was missing (trial RV54a 7).
+    Its files are found in the bucket as a local OLD's are found on disk."""
+    from pipelines.convert import convert_dataset
+    from tests.helpers.legacy_dataset import write_legacy_dataset
+
+    old = tmp_path / "old"
+    write_legacy_dataset(old, affine_documents(120), vocab_size=256, target_bytes=16 << 10)
+    info = json.loads((old / DATASET_JSON).read_text())
+    recorded = info.pop("files")
+    info["fingerprint"] = fingerprint(info)
+    (old / DATASET_JSON).write_text(json.dumps(info))
+    url, new_url = s3.url("unrecorded"), s3.url("unrecorded-converted")
+    store = ObjectStore(ObjectURL.parse(url))
+    for rel in [f"shards/{name}" for name in info["shard_files"]] + sorted(recorded):
+        store.put_file(old / rel, rel)
+    store.put_bytes((old / DATASET_JSON).read_bytes(), DATASET_JSON)
+    convert_dataset(url, new_url, log=lambda *a: None)
+    geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
+    outs = []
+    for where in (str(old), new_url):
+        assert gristmill(["data", "inspect", where, *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 11
 
 
 def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, tmp_path, capsys):
