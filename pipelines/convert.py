@@ -73,6 +73,7 @@ from training.contract.dataset_index import (
     unlike_manifest,
 )
 from training.contract.disk_space import check_free
+from training.contract.errors import refuse_empty
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
@@ -619,5 +620,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_empty({"OLD": args.old, "NEW": args.new}, required=True)  # "" was `error:  names no …` (RV54a 11)
     convert_dataset(args.old, args.new)
     return 0

@@ -120,7 +120,10 @@ def test_a_run_on_the_old_dataset_resumes_on_the_converted_one(legacy, converted
     assert losses(resumed) == losses(whole)  # bit for bit (run.threads 1)
 
 
-def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
+def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path, capsys):
+    for argv, said in [([str(legacy), ""], 'NEW ""'), (["", str(tmp_path / "x")], 'OLD ""')]:
+        assert gristmill(["data", "convert", *argv]) == 2  # `error:  names no directory …` (RV54a 11)
+        assert capsys.readouterr().err == f"error: {said}: name a path\n"
     with pytest.raises(
         DatasetError, match="is already a gristmill-shards/3 dataset, the current layout: nothing"
     ):
