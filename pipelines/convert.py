@@ -149,7 +149,8 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         with _writing(old, new, out):
             info = _convert(old, root, out, new, log)
             if is_url(new):
-                upload_dataset(out, new, log)
+                # its lines name what was uploaded, not the work folder gone when this ends (RV54a 11)
+                upload_dataset(out, new, lambda line: log(line.replace(str(out), "the conversion")))
             else:
                 if Path(new).exists():
                     Path(new).rmdir()  # empty (checked above)
