@@ -103,6 +103,12 @@ def _table_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"{rank:05d}.parquet"
 
 
+def drop_table(out: str | Path, rank: int) -> Path:
+    """Task `rank`'s drop table under the build's work directory `out`: the dedup decisions its output
+    follows (a pure function of the input and the recipe, rewritten whole by the stages)."""
+    return _table_path(Path(out) / DEDUP_DIR / "drop", rank)
+
+
 def _write_table(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
@@ -263,7 +269,7 @@ class DedupFilter(BaseFilter):
         self._hashes: tuple[np.ndarray, np.ndarray] | None = None  # per document, the first pass's text hash
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        path = _table_path(Path(self.root) / "drop", rank)
+        path = drop_table(Path(self.root).parent, rank)
         table = _read_table(path, f"the documents task {rank} drops as duplicates")
         self._drops = table.to_pydict()
         docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"

@@ -9,8 +9,8 @@ node's work directory as a local build does, and:
   part, its excluded parts and its datatrove stats (which datatrove itself writes only where the task
   ran), deletes objects under its own names that an earlier attempt left and this one did not write,
   then its record, build/tasks/NNNNN.json: {path: bytes, sha256, md5, etag} of every object it owns,
-  for this config's sha256. The record is the task's commit point: present, every object it lists is
-  in the bucket as listed.
+  for this config's sha256 and (with [dedup]) its drop table's. The record is the task's commit
+  point: present, every object it lists is in the bucket as listed.
 
 An object is uploaded only when the store does not hold its content already (its ETag, which the store
 computes from the bytes it stored, equal to the file's MD5, or the bytes themselves where the ETag is not
@@ -37,6 +37,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     SHARDS_DIR,
     TASK_RECORDS_DIR,
+    file_sha256,
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectMissing, ObjectStore, file_digests
@@ -110,13 +111,31 @@ class TaskUpload:
     url: str
     config_sha256: str  # the build's: a record of another config is no record
     check: bool = True  # build.validate: each shard is checked before it is uploaded
+    # The build's work directory when [dedup] is on: a task's output follows its drop table too, and
+    # its record is the task's only for the same decisions (the dedup stages run again over an input
+    # rewritten since kept a finished task's drops of copies of text no longer there: trial RV55a 1)
+    dedup_out: str | None = None
+
+    def decisions(self, rank: int) -> str | None:
+        """The sha256 of task `rank`'s dedup drop table; None without [dedup] or where the stages did
+        not run (every task's record was in the bucket: `_dedup_done_in_bucket`), a task to redo then
+        failing on the missing table."""
+        from pipelines.dedup import drop_table  # dedup imports filters, which import this module
+
+        if self.dedup_out is None or not (table := drop_table(self.dedup_out, rank)).is_file():
+            return None
+        return file_sha256(table)
 
     def committed(self, rank: int) -> bool:
-        """Whether the bucket holds task `rank`'s record for this config with every object as it lists
-        (one HEAD each). A record some object no longer matches is removed: the task is redone."""
+        """Whether the bucket holds task `rank`'s record for this config and these dedup decisions
+        with every object as it lists (one HEAD each). A record some object no longer matches, or of
+        other decisions, is removed: the task is redone."""
         store = ObjectStore(self.url)
         record = read_record(store, rank)
         if record is None or record.get("config_sha256") != self.config_sha256:
+            return False
+        if (decided := self.decisions(rank)) is not None and record.get("dedup_drops") != decided:
+            store.delete(record_rel(rank))
             return False
         for rel, spec in record["objects"].items():
             head = store.head(rel)
@@ -204,6 +223,7 @@ class TaskUploader:
         record = {
             "task": self.rank,
             "config_sha256": self.spec.config_sha256,
+            "dedup_drops": self.spec.decisions(self.rank),
             "checked": {"documents": self.documents, "separators": self.separators}
             if self.spec.check
             else None,

@@ -4339,6 +4339,48 @@ def test_a_dedup_build_finished_in_the_bucket_is_completed_elsewhere_without_its
     }
 
 
+def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, build_fixture, tmp_path):
+    """An input rewritten at the same size (its time given back) after the dedup stages ran: the dedup
+    check's advice, followed, ran the stages again, but a task finished in the bucket was kept by its
+    record, with its drop of a copy of text no longer there (trial RV55a 1; a local build's completion
+    markers, which the advice deletes, redo it). A record is its task's only for the same decisions."""
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from pipelines.dedup import DedupError
+    from tests.helpers.corpus import fixture_texts
+    from training.contract.config_loader import load_config
+
+    src, work, url = tmp_path / "src", tmp_path / "work", s3.url("dedup-redone")
+    src.mkdir()
+    (original,) = fixture_texts(1)
+    for name, (doc_id, text) in {"a.jsonl": ("Y", original), "b.jsonl": ("X", original)}.items():
+        (src / name).write_text(json.dumps({"id": doc_id, "text": text, "int_score": 4}) + "\n")
+    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(work))}", "dedup.kind=exact"]
+    sets += ["source.kind=jsonl", f"source.path={json.dumps(str(src))}", "build.workers=1", "build.tasks=2"]
+    cfg = load_config(DataConfig, build_fixture[2], sets)
+    quiet = {"log": lambda *a: None}
+    assert build(cfg, **quiet).ok
+    excluded = lambda: [k for k in s3.keys("dedup-redone") if k.startswith("excluded/")]
+    assert len(excluded()) == 1  # X, in task 1: a copy of Y
+    # task 0 to be redone (its record gone, as after a damaged object), the driver gone before
+    # dataset.json; Y rewritten at the same size and its time given back: X is no copy now
+    for key in ("build/tasks/00000.json", DATASET_JSON):
+        s3.client.delete_object(Bucket=BUCKET, Key=f"dedup-redone/{key}")
+    stat = (src / "a.jsonl").stat()
+    (src / "a.jsonl").write_text(json.dumps({"id": "Y", "text": original[::-1], "int_score": 4}) + "\n")
+    assert (src / "a.jsonl").stat().st_size == stat.st_size
+    os.utime(src / "a.jsonl", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises((DedupError, BuildError), match=r"has other text than the first pass read") as e:
+        build(cfg, **quiet)
+    advised = re.search(r"delete (\S+), (\S+) and (\S+) and rerun", str(e.value)).groups()
+    assert Path(advised[0]) == work / "dedup" and Path(advised[0]).is_dir()
+    subprocess.run(["rm", "-rf", *advised], check=True)  # (a bucket build keeps no completion markers)
+    assert build(cfg, **quiet).ok
+    assert excluded() == []  # task 1 redone over the new decisions: X kept
+    info = s3.client.get_object(Bucket=BUCKET, Key=f"dedup-redone/{DATASET_JSON}")["Body"].read()
+    assert json.loads(info)["documents"] == 2
+
+
 def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is_refused(
     s3, build_fixture, tmp_path
 ):
