@@ -512,8 +512,7 @@ def make_pipeline(p: Prepared) -> list:
         *dedup_filter(cfg.dedup, p.out, per_task=is_url(cfg.output)),
     ]
     # Into a bucket, every task uploads its own output (pipelines/task_upload.py).
-    dedup_out = str(p.out) if cfg.dedup.kind != "none" else None
-    upload = TaskUpload(cfg.output, p.sha, cfg.build.validate, dedup_out) if is_url(cfg.output) else None
+    upload = TaskUpload(cfg.output, p.sha, cfg.build.validate) if is_url(cfg.output) else None
     return [
         *steps,
         TokenizeShard(
@@ -528,6 +527,7 @@ def make_pipeline(p: Prepared) -> list:
             progress=progress,
             upload=upload,
             stats_of=steps if upload else None,
+            dedup_out=p.out if cfg.dedup.kind != "none" else None,
         ),
     ]
 

@@ -54,7 +54,7 @@ from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
 from pipelines.progress import TaskProgress, finished_tasks
 from training.contract.atomic_write import atomic_path
-from training.contract.dataset_format import LOGS_DIR
+from training.contract.dataset_format import LOGS_DIR, file_sha256
 from training.contract.errors import GristmillError
 
 DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
@@ -103,10 +103,13 @@ def _table_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"{rank:05d}.parquet"
 
 
-def drop_table(out: str | Path, rank: int) -> Path:
-    """Task `rank`'s drop table under the build's work directory `out`: the dedup decisions its output
-    follows (a pure function of the input and the recipe, rewritten whole by the stages)."""
-    return _table_path(Path(out) / DEDUP_DIR / "drop", rank)
+def decisions_sha256(out: str | Path, rank: int) -> str | None:
+    """The sha256 of task `rank`'s drop table under the build's work directory `out`: the dedup
+    decisions its output follows (a pure function of the input and the recipe, rewritten whole by the
+    stages). None where the stages did not run (every task's record was in the bucket:
+    `_dedup_done_in_bucket`); a task to redo then fails on the missing table."""
+    table = _table_path(Path(out) / DEDUP_DIR / "drop", rank)
+    return file_sha256(table) if table.is_file() else None
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
@@ -269,7 +272,7 @@ class DedupFilter(BaseFilter):
         self._hashes: tuple[np.ndarray, np.ndarray] | None = None  # per document, the first pass's text hash
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        path = drop_table(Path(self.root).parent, rank)
+        path = _table_path(Path(self.root) / "drop", rank)
         table = _read_table(path, f"the documents task {rank} drops as duplicates")
         self._drops = table.to_pydict()
         docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"

@@ -37,7 +37,6 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     SHARDS_DIR,
     TASK_RECORDS_DIR,
-    file_sha256,
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectMissing, ObjectStore, file_digests
@@ -111,30 +110,18 @@ class TaskUpload:
     url: str
     config_sha256: str  # the build's: a record of another config is no record
     check: bool = True  # build.validate: each shard is checked before it is uploaded
-    # The build's work directory when [dedup] is on: a task's output follows its drop table too, and
-    # its record is the task's only for the same decisions (the dedup stages run again over an input
-    # rewritten since kept a finished task's drops of copies of text no longer there: trial RV55a 1)
-    dedup_out: str | None = None
 
-    def decisions(self, rank: int) -> str | None:
-        """The sha256 of task `rank`'s dedup drop table; None without [dedup] or where the stages did
-        not run (every task's record was in the bucket: `_dedup_done_in_bucket`), a task to redo then
-        failing on the missing table."""
-        from pipelines.dedup import drop_table  # dedup imports filters, which import this module
-
-        if self.dedup_out is None or not (table := drop_table(self.dedup_out, rank)).is_file():
-            return None
-        return file_sha256(table)
-
-    def committed(self, rank: int) -> bool:
-        """Whether the bucket holds task `rank`'s record for this config and these dedup decisions
-        with every object as it lists (one HEAD each). A record some object no longer matches, or of
-        other decisions, is removed: the task is redone."""
+    def committed(self, rank: int, decisions: str | None = None) -> bool:
+        """Whether the bucket holds task `rank`'s record for this config and these dedup `decisions`
+        (the sha256 of its drop table, `dedup.decisions_sha256`: a task's output follows it too) with
+        every object as it lists (one HEAD each). A record some object no longer matches, or of other
+        decisions, is removed: the task is redone (the dedup stages run again over an input rewritten
+        since kept a finished task's drops of copies of text no longer there: trial RV55a 1)."""
         store = ObjectStore(self.url)
         record = read_record(store, rank)
         if record is None or record.get("config_sha256") != self.config_sha256:
             return False
-        if (decided := self.decisions(rank)) is not None and record.get("dedup_drops") != decided:
+        if decisions is not None and record.get("dedup_drops") != decisions:
             store.delete(record_rel(rank))
             return False
         for rel, spec in record["objects"].items():
@@ -151,6 +138,7 @@ class TaskUploader:
 
     spec: TaskUpload
     rank: int
+    decisions: str | None = None  # its dedup drop table's sha256 (TaskUpload.committed), recorded
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # what its record lists
     uploaded: int = 0  # objects PUT by this attempt (the others were in the bucket already)
     documents: int = 0  # checked in its shards
@@ -223,7 +211,7 @@ class TaskUploader:
         record = {
             "task": self.rank,
             "config_sha256": self.spec.config_sha256,
-            "dedup_drops": self.spec.decisions(self.rank),
+            "dedup_drops": self.decisions,
             "checked": {"documents": self.documents, "separators": self.separators}
             if self.spec.check
             else None,

@@ -30,7 +30,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 from datatrove.utils.stats import PipelineStats
 
-from pipelines.dedup import text_hash_hex
+from pipelines.dedup import decisions_sha256, text_hash_hex
 from pipelines.filters import ExcludedWriter, drop
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
@@ -113,15 +113,19 @@ class TokenizeShard(PipelineStep):
         progress: TaskProgress | None = None,
         upload: TaskUpload | None = None,
         stats_of: list[PipelineStep] | None = None,
+        dedup_out: str | Path | None = None,
     ):
         """`upload`: the bucket this task uploads its output to (an s3:// build), None for a local
         build; `stats_of`: the steps before this one, whose datatrove stats an uploading task sends
-        with its own (datatrove writes them only after the last step, on the node that ran it)."""
+        with its own (datatrove writes them only after the last step, on the node that ran it);
+        `dedup_out`: with [dedup], the work directory of its drop tables, whose decisions an uploading
+        task's record is of (TaskUpload.committed)."""
         super().__init__()
         self.output = str(output)
         self.tokenizer = tokenizer
         self.upload = upload
         self.stats_of = list(stats_of or [])
+        self.dedup_out = None if dedup_out is None else str(dedup_out)
         self.policy = policy
         self.target_bytes = target_bytes
         self.shuffle = shuffle
@@ -131,14 +135,15 @@ class TokenizeShard(PipelineStep):
         self.progress = progress
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        if self.upload is not None and self.upload.committed(rank):
+        decisions = decisions_sha256(self.dedup_out, rank) if self.dedup_out else None
+        if self.upload is not None and self.upload.committed(rank, decisions):
             # `data` is never iterated, so no step before this one runs: the input is not read.
             logger.info(
                 f"task {rank}: its record and every object it lists are in {self.upload.url}; nothing to do"
             )
             return
         try:
-            self._build(data, rank)
+            self._build(data, rank, decisions)
         except DiskFullError:
             self._remove_own_output(rank)
             raise
@@ -176,11 +181,11 @@ class TokenizeShard(PipelineStep):
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def _build(self, data: DocumentsPipeline, rank: int) -> None:
+    def _build(self, data: DocumentsPipeline, rank: int, decisions: str | None) -> None:
         encoder = DocumentEncoder(self.tokenizer.load(), self.policy, source=self.tokenizer.source)
         dtype = dtype_for_vocab(encoder.vocab_size)
         progress = self.progress
-        uploader = TaskUploader(self.upload, rank) if self.upload is not None else None
+        uploader = TaskUploader(self.upload, rank, decisions) if self.upload is not None else None
         root = self._root(rank)
         self._remove_own_output(rank)
         shards = os.path.join(root, SHARDS_DIR)
