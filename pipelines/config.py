@@ -168,7 +168,8 @@ class SlurmConfig:
     qos: str = ""
     """Slurm QOS; empty: the cluster's default."""
     env_command: str = ""
-    """Shell line run before the task to set up Python (e.g. "source /opt/venv/bin/activate")."""
+    """Shell line run before the task to set up Python (e.g. "source /opt/venv/bin/activate"). Empty
+    (and no venv_path): the folder of the Python that renders the scripts goes first on PATH."""
     venv_path: str = ""
     """Alternatively, a venv activate script to source."""
     sbatch_args: dict[str, Any] = field(default_factory=dict)

@@ -17,6 +17,7 @@ one, the finalize job after the build's. A stage whose tasks are all complete is
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 import sys
@@ -82,6 +83,9 @@ def submit_slurm(
         env.append(sc.env_command)
     elif sc.venv_path:
         env.append(f"source {sc.venv_path}")
+    else:  # this interpreter's environment, as its activation would: datatrove's array scripts run a
+        # bare `launch_pickled_pipeline`, not found on a PATH without it (trial RV55a 2)
+        env.append(f"export PATH={Path(sys.executable).parent}:$PATH")
 
     def executor_for(
         steps: list, tasks: int, logging_dir: Path, job_name: str, depends=None, skip_completed=True
@@ -115,7 +119,9 @@ def submit_slurm(
     )
     # Without an environment command the job runs this very interpreter (shared filesystems).
     python = "python" if sc.env_command or sc.venv_path else sys.executable
-    finalize = executor.get_launch_file_contents(
+    named = copy.copy(executor)  # its script's "Starting … job NAME" line says the finalize job's name
+    named.job_name = f"{sc.job_name}-finalize"
+    finalize = named.get_launch_file_contents(
         {
             **executor.get_sbatch_args(),
             "job-name": f"{sc.job_name}-finalize",

@@ -68,8 +68,11 @@ def fake_slurm_env(tmp_path: Path) -> dict[str, str]:
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
+    # the PATH of a shell that ran the venv's gristmill by its path, the venv not activated: the
+    # scripts find its launch_pickled_pipeline themselves (not found before: trial RV55a 2)
     venv_bin = Path(sys.executable).parent
-    return {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", "SLURM_NODELIST": "localhost"}
+    path = [str(bin_dir), *(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != venv_bin)]
+    return {**os.environ, "PATH": os.pathsep.join(path), "SLURM_NODELIST": "localhost"}
 
 
 def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_path):
@@ -100,6 +103,7 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     finalize = (logs / "finalize.slurm").read_text()
     assert "array" not in sbatch_directives(finalize)
     assert "--finalize-only" in finalize and str(out / "config.toml") in finalize
+    assert 'echo "Starting data processing job gristmill-data-finalize"' in finalize  # (RV55a 4)
     for s in (logs / "launch_script.slurm", logs / "finalize.slurm"):
         subprocess.run(["bash", "-n", str(s)], check=True)
     assert json.loads((logs / "ranks_to_run.json").read_text()) == [0, 1]
