@@ -1150,7 +1150,8 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
     if strays:
         raise BuildError(
             f"{store.url} holds {len(strays)} object(s) where only this build's tasks write, which none of "
-            f"them uploaded (e.g. {strays[0]}): not this build's; delete them, then rerun the same command"
+            f"them uploaded ({', '.join(strays[:5])}{', …' if len(strays) > 5 else ''}): not this build's; "
+            "delete them, then rerun the same command"
         )
     root = out / FROM_BUCKET_DIR
     shutil.rmtree(root, ignore_errors=True)

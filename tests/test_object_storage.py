@@ -4381,6 +4381,38 @@ def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, bu
     assert json.loads(info)["documents"] == 2
 
 
+def test_objects_in_a_bucket_build_s_task_folders_that_no_task_uploaded_are_named(
+    s3, build_fixture, tmp_path
+):
+    """Objects dropped into the prefix where only the build's tasks write: refused before dataset.json,
+    each named (it named one of three, the others in no log: trial RV55a 3); deleted, the rerun ends."""
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    url = s3.url("strays")
+    sets = [
+        f"output={json.dumps(url)}",
+        f"build.workdir={json.dumps(str(tmp_path / 'w'))}",
+        "build.workers=1",
+    ]
+    cfg = load_config(DataConfig, build_fixture[2], sets)
+    assert build(cfg, log=lambda *a: None).ok
+    s3.client.delete_object(Bucket=BUCKET, Key=f"strays/{DATASET_JSON}")  # the driver died
+    strays = ["excluded/00000_gopher_quality.parquet", "shards/00000_00009.tar", "shards/00007_00000.tar"]
+    for key in strays:
+        s3.client.put_object(Bucket=BUCKET, Key=f"strays/{key}", Body=b"not this build's")
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lambda *a: None)
+    assert str(e.value) == (
+        f"{url} holds 3 object(s) where only this build's tasks write, which none of them uploaded "
+        f"({', '.join(strays)}): not this build's; delete them, then rerun the same command"
+    )
+    for key in strays:
+        s3.client.delete_object(Bucket=BUCKET, Key=f"strays/{key}")
+    assert build(cfg, log=lambda *a: None).ok
+
+
 def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is_refused(
     s3, build_fixture, tmp_path
 ):
