@@ -65,7 +65,7 @@ from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
-from pipelines.dedup import DEDUP_DIR, Stage, dedup_filter, dedup_stages, first_pass_logs
+from pipelines.dedup import DEDUP_DIR, Stage, decisions_sha256, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
@@ -86,6 +86,7 @@ from pipelines.sources import (
     source_folder,
 )
 from pipelines.task_upload import (
+    DECISIONS_KEY,
     RECORDS_DIR,
     TaskUpload,
     damaged_objects,
@@ -598,7 +599,8 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             else:  # a record of another config (an input replaced since) is redone by its task
                 log(
                     f"resuming {p.cfg.output}: {len(finished)}/{p.cfg.build.tasks} tasks have a record in "
-                    "the bucket (each kept if the record is of this config, redone otherwise)"
+                    "the bucket (each kept if the record is of this config and dedup decisions, redone "
+                    "otherwise)"
                 )
         if store is not None:
             if not store.holds(BUILD_JSON, p.out / BUILD_JSON):  # the prefix is this build's from now on
@@ -623,10 +625,17 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
 
 
 def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
-    """Whether every task's output of this config is in the bucket (a driver elsewhere, or after the
-    work directory was deleted): then the dedup stages would read and hash the whole input again for
-    nothing, and their stats are fetched from the bucket instead, as that run left them."""
-    if len(read_records(store, p.cfg.build.tasks, p.sha)) < p.cfg.build.tasks:
+    """Whether every task's output of this config is in the bucket, of one set of dedup decisions and
+    no other than the work directory's (a driver elsewhere, or after the work directory was deleted):
+    then the dedup stages would read and hash the whole input again for nothing, and their stats are
+    fetched from the bucket instead, as that run left them. Records of other decisions than each
+    other's (a rerun of the stages cut short while it redid the tasks) run the stages: skipped, a task
+    of the older ones was kept by its record (review RV55d 1)."""
+    records = read_records(store, p.cfg.build.tasks, p.sha)
+    decided = {record.get(DECISIONS_KEY) for record in records.values()}
+    if len(records) < p.cfg.build.tasks or len(decided) != 1 or None in decided:
+        return False
+    if decisions_sha256(p.out) not in (None, *decided):  # the stages ran again here since
         return False
     log("[dedup] every task's output is in the bucket already: its stages are not run again")
     for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():

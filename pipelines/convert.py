@@ -52,6 +52,7 @@ from training.contract.dataset_format import (
     dataset_files,
     fingerprint_before_index,
     index_hashes,
+    is_recorded_path,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
@@ -85,8 +86,9 @@ _DERIVED = {
     "fingerprint_before_index", "converted_from",
 }  # fmt: skip
 # The first path component of every object a dataset puts in its prefix (what `data upload` writes)
-_RECORDED_TOPS = {pattern.split("/")[0] for pattern in RECORDED_FILES}
-_DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | _RECORDED_TOPS
+_DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | {
+    pattern.split("/")[0] for pattern in RECORDED_FILES
+}
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
@@ -149,8 +151,15 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         with _writing(old, new, out):
             info = _convert(old, root, out, new, log)
             if is_url(new):
-                # its lines name what was uploaded, not the work folder gone when this ends (RV54a 11)
-                upload_dataset(out, new, lambda line: log(line.replace(str(out), "the conversion")))
+                # its lines name what was uploaded, not the work folder gone when this ends (RV54a 11),
+                # and its refusals the command to run again, not `data upload` of it (RV55d 6)
+                said = lambda text: text.replace(
+                    f"gristmill data upload {out} {new}", f"gristmill data convert {old} {new}"
+                ).replace(str(out), "the conversion")
+                try:
+                    upload_dataset(out, new, lambda line: log(said(line)))
+                except DatasetError as e:
+                    raise DatasetError(said(str(e))) from None
             else:
                 if Path(new).exists():
                     Path(new).rmdir()  # empty (checked above)
@@ -353,7 +362,7 @@ def _bucket_copy(url: str, dest: Path) -> Path:
     wanted = list(_recorded(info))
     if info.get("files") is None:  # a dataset from before the record: the files a build wrote, as a
         # local OLD's are found (`recorded_paths`); none fetched, its manifests were "missing" (RV54a 7)
-        wanted += [rel for rel in store.list() if rel.split("/")[0] in _RECORDED_TOPS]
+        wanted += [rel for rel in store.list() if is_recorded_path(rel)]
     for rel in wanted:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(store.get(rel))

@@ -16,7 +16,8 @@ build's executor (local and Ray: one stage after the other; Slurm: dependent arr
 Working files live in OUTPUT/dedup/: docs/NNNNN.parquet (pass 1: per task, the id and the text hash
 of every document that passed the filters, in order), datatrove's signatures/,
 buckets/ and clusters/ (minhash), and drop/NNNNN.parquet (per task: the position, id and kept
-copy's id of each document to drop, and how many documents the task's first pass counted).
+copy's id of each document to drop, and how many documents the task's first pass counted), with
+decisions.json, the sha256 of all of them (an s3:// build's task records it: pipelines/task_upload.py).
 "First" is input order: task, then position in the task. Documents are named by their position
 among those that passed the filters, which is how datatrove's MinHash stages name them too; both
 passes run the same reader and filters, and DedupFilter checks every document's text hash, the id
@@ -32,6 +33,7 @@ the same bytes, and so does the build.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +55,12 @@ from pipelines import faults
 from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
 from pipelines.progress import TaskProgress, finished_tasks
-from training.contract.atomic_write import atomic_path
-from training.contract.dataset_format import LOGS_DIR, file_sha256
+from training.contract.atomic_write import atomic_path, write_atomic
+from training.contract.dataset_format import LOGS_DIR
 from training.contract.errors import GristmillError
 
 DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
+DECISIONS_JSON = "decisions.json"  # in it: the sha256 of every drop table's content (decisions_sha256)
 FILTER_NAME = "dedup"  # the excluded/ rows' filter, the end table's and the audit's row
 DOCS_SCHEMA = pa.schema([("id", pa.string()), ("hash_hi", pa.uint64()), ("hash_lo", pa.uint64())])
 DROP_SCHEMA = pa.schema([("position", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())])
@@ -103,13 +106,22 @@ def _table_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"{rank:05d}.parquet"
 
 
-def decisions_sha256(out: str | Path, rank: int) -> str | None:
-    """The sha256 of task `rank`'s drop table under the build's work directory `out`: the dedup
-    decisions its output follows (a pure function of the input and the recipe, rewritten whole by the
-    stages). None where the stages did not run (every task's record was in the bucket:
-    `_dedup_done_in_bucket`); a task to redo then fails on the missing table."""
-    table = _table_path(Path(out) / DEDUP_DIR / "drop", rank)
-    return file_sha256(table) if table.is_file() else None
+def decisions_sha256(out: str | Path) -> str | None:
+    """The dedup decisions of the build whose work directory is `out`: the sha256 of every task's drop
+    table's content (written by the stages' last, with the tables: `_write_drops`), what every task's
+    output follows. None where the stages did not run here (every task's record was in the bucket, of
+    one set of decisions: pipelines/build.py `_dedup_done_in_bucket`), or ran under a gristmill from
+    before the record."""
+    path = Path(out) / DEDUP_DIR / DECISIONS_JSON
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text())["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DedupError(
+            f"{path} cannot be read (the dedup decisions every task's output follows): delete "
+            f"{Path(out) / LOGS_DIR / DEDUP_DIR} and rerun the same command (the dedup stages are redone)"
+        ) from None
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
@@ -172,6 +184,7 @@ def _write_drops(
     ids at a time, each once: a kept copy precedes its duplicates, so when task r's table is
     written the ids of every kept copy it names (in tasks ≤ r) are known. Returns the number of
     documents dropped."""
+    decided = hashlib.sha256()  # of the tables' content, not their bytes (pyarrow's version is in them)
     order = np.lexsort((position, task, group))
     task, position, group = task[order], position[order], group[order]
     first = np.ones(len(group), dtype=bool)
@@ -191,8 +204,10 @@ def _write_drops(
             schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(len(ids)).encode()}),
         )
         _write_table(_table_path(root / "drop", r), table)
+        decided.update(json.dumps([r, len(ids), table.to_pydict()]).encode())
         if r == 0:
             faults.maybe_kill(rank, "dedup_clusters")  # one drop table written, the others not yet
+    write_atomic(root / DECISIONS_JSON, json.dumps({"sha256": decided.hexdigest()}) + "\n")
     return len(task_d)
 
 

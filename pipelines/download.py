@@ -133,10 +133,10 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
         ) from None
     top = fs._strip_protocol(root).rstrip("/")
     if top in entries:  # the root is a file: its path was joined to itself under --to (RV54a 9)
-        folder, name = top.rsplit("/", 1) if "/" in top else (".", top)
+        folder = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."  # as written
         raise DownloadError(
-            f"--from {root} is a file: give the folder that holds it, e.g. --from {folder} --subset '' "
-            f"--pattern {name}"
+            f"--from {root} is a file: give the dataset's folder, e.g. --from {folder} (--subset and "
+            "--pattern choose its files)"
         )
     prefix = top + "/"
     files = []

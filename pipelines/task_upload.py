@@ -9,7 +9,7 @@ node's work directory as a local build does, and:
   part, its excluded parts and its datatrove stats (which datatrove itself writes only where the task
   ran), deletes objects under its own names that an earlier attempt left and this one did not write,
   then its record, build/tasks/NNNNN.json: {path: bytes, sha256, md5, etag} of every object it owns,
-  for this config's sha256 and (with [dedup]) its drop table's. The record is the task's commit
+  for this config's sha256 and (with [dedup]) the dedup decisions'. The record is the task's commit
   point: present, every object it lists is in the bucket as listed.
 
 An object is uploaded only when the store does not hold its content already (its ETag, which the store
@@ -46,6 +46,7 @@ TASKS_DIR = "tasks"  # build.workdir/tasks/NNNNN/: a task's own folder until its
 STATS_DIR = f"{LOGS_DIR}/stats"  # datatrove's stats of each task, where a local build has them
 TASK_DIRS = (SHARDS_DIR, MANIFEST_DIR, EXCLUDED_DIR, STATS_DIR)  # in the bucket only tasks write there
 THREADS = 8  # records read at once by the driver
+DECISIONS_KEY = "dedup_decisions"  # a record's: the dedup decisions its task's output follows
 
 
 def task_root(workdir: str | Path, rank: int) -> Path:
@@ -113,15 +114,15 @@ class TaskUpload:
 
     def committed(self, rank: int, decisions: str | None = None) -> bool:
         """Whether the bucket holds task `rank`'s record for this config and these dedup `decisions`
-        (the sha256 of its drop table, `dedup.decisions_sha256`: a task's output follows it too) with
-        every object as it lists (one HEAD each). A record some object no longer matches, or of other
+        (`dedup.decisions_sha256`, which a task's output follows too; None: not compared) with every
+        object as it lists (one HEAD each). A record some object no longer matches, or of other
         decisions, is removed: the task is redone (the dedup stages run again over an input rewritten
         since kept a finished task's drops of copies of text no longer there: trial RV55a 1)."""
         store = ObjectStore(self.url)
         record = read_record(store, rank)
         if record is None or record.get("config_sha256") != self.config_sha256:
             return False
-        if decisions is not None and record.get("dedup_drops") != decisions:
+        if decisions is not None and record.get(DECISIONS_KEY) != decisions:
             store.delete(record_rel(rank))
             return False
         for rel, spec in record["objects"].items():
@@ -138,7 +139,7 @@ class TaskUploader:
 
     spec: TaskUpload
     rank: int
-    decisions: str | None = None  # its dedup drop table's sha256 (TaskUpload.committed), recorded
+    decisions: str | None = None  # the dedup decisions its output follows (TaskUpload.committed)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # what its record lists
     uploaded: int = 0  # objects PUT by this attempt (the others were in the bucket already)
     documents: int = 0  # checked in its shards
@@ -211,7 +212,7 @@ class TaskUploader:
         record = {
             "task": self.rank,
             "config_sha256": self.spec.config_sha256,
-            "dedup_drops": self.decisions,
+            DECISIONS_KEY: self.decisions,
             "checked": {"documents": self.documents, "separators": self.separators}
             if self.spec.check
             else None,

@@ -118,8 +118,8 @@ class TokenizeShard(PipelineStep):
         """`upload`: the bucket this task uploads its output to (an s3:// build), None for a local
         build; `stats_of`: the steps before this one, whose datatrove stats an uploading task sends
         with its own (datatrove writes them only after the last step, on the node that ran it);
-        `dedup_out`: with [dedup], the work directory of its drop tables, whose decisions an uploading
-        task's record is of (TaskUpload.committed)."""
+        `dedup_out`: with [dedup], the work directory of the dedup decisions an uploading task's record
+        is of (TaskUpload.committed)."""
         super().__init__()
         self.output = str(output)
         self.tokenizer = tokenizer
@@ -135,7 +135,7 @@ class TokenizeShard(PipelineStep):
         self.progress = progress
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        decisions = decisions_sha256(self.dedup_out, rank) if self.dedup_out else None
+        decisions = decisions_sha256(self.dedup_out) if self.upload and self.dedup_out else None
         if self.upload is not None and self.upload.committed(rank, decisions):
             # `data` is never iterated, so no step before this one runs: the input is not read.
             logger.info(

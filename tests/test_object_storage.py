@@ -2767,7 +2767,25 @@ def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_ba
     for rel in [f"shards/{name}" for name in info["shard_files"]] + sorted(recorded):
         store.put_file(old / rel, rel)
     store.put_bytes((old / DATASET_JSON).read_bytes(), DATASET_JSON)
+    # a console's "folder" object (a FileExistsError traceback) and a task's log, no recorded file
+    # (it was fetched whole into memory, then not carried: review RV55d 5)
+    store.put_bytes(b"", "manifest/")
+    store.put_bytes(b"a task's log", "logs/logs/task_00000.log")
     convert_dataset(url, new_url, log=lambda *a: None)
+    assert not any(key.startswith("logs/logs/") for key in s3.keys("unrecorded-converted"))
+    # another upload committing into NEW meanwhile: the refusal advised `gristmill data upload` of the
+    # conversion's work folder, removed by then (review RV55d 6); it names the conversion to rerun
+    s3.client.create_multipart_upload(Bucket=BUCKET, Key="raced/leftover")
+    raced = s3.url("raced")
+
+    def meanwhile(line: str) -> None:
+        if line.startswith("aborted"):
+            s3.client.put_object(Bucket=BUCKET, Key="raced/dataset.json", Body=b"{}")
+
+    with pytest.raises(DatasetError) as e:
+        convert_dataset(url, raced, log=meanwhile)
+    assert f"run `gristmill data convert {url} {raced}` again" in str(e.value)
+    assert "gristmill-convert-" not in str(e.value), str(e.value)
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
     outs = []
     for where in (str(old), new_url):
@@ -4362,6 +4380,9 @@ def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, bu
     assert build(cfg, **quiet).ok
     excluded = lambda: [k for k in s3.keys("dedup-redone") if k.startswith("excluded/")]
     assert len(excluded()) == 1  # X, in task 1: a copy of Y
+    get = lambda key: s3.client.get_object(Bucket=BUCKET, Key=f"dedup-redone/{key}")["Body"].read()
+    task_1 = [*json.loads(get("build/tasks/00001.json"))["objects"], "build/tasks/00001.json"]
+    task_1 = {key: get(key) for key in task_1}  # its output of the first decisions, and its record
     # task 0 to be redone (its record gone, as after a damaged object), the driver gone before
     # dataset.json; Y rewritten at the same size and its time given back: X is no copy now
     for key in ("build/tasks/00000.json", DATASET_JSON):
@@ -4377,8 +4398,16 @@ def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, bu
     subprocess.run(["rm", "-rf", *advised], check=True)  # (a bucket build keeps no completion markers)
     assert build(cfg, **quiet).ok
     assert excluded() == []  # task 1 redone over the new decisions: X kept
-    info = s3.client.get_object(Bucket=BUCKET, Key=f"dedup-redone/{DATASET_JSON}")["Body"].read()
-    assert json.loads(info)["documents"] == 2
+    assert json.loads(get(DATASET_JSON))["documents"] == 2
+    # that rerun cut short before task 1 was redone (its first output and record in the bucket), then
+    # finished elsewhere, with another work directory: every task's record there, the stages were
+    # skipped, and task 1 kept by its record of the first decisions (review RV55d 1)
+    s3.client.delete_object(Bucket=BUCKET, Key=f"dedup-redone/{DATASET_JSON}")
+    for key, body in task_1.items():
+        s3.client.put_object(Bucket=BUCKET, Key=f"dedup-redone/{key}", Body=body)
+    shutil.rmtree(work)
+    assert len(excluded()) == 1 and build(cfg, **quiet).ok
+    assert excluded() == [] and json.loads(get(DATASET_JSON))["documents"] == 2
 
 
 def test_objects_in_a_bucket_build_s_task_folders_that_no_task_uploaded_are_named(

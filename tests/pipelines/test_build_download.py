@@ -200,8 +200,8 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
         (["--from", str(tmp_path / "nosuch"), "--to", dest],
          f"{tmp_path / 'nosuch'}/sample/10BT does not exist; check --repo/--from and --subset"),
         (["--from", str(one), "--subset", "", "--to", dest],  # DEST/<its path>/<its path>, failed 3 times
-         f"--from {one} is a file: give the folder that holds it, e.g. --from {one.parent} --subset '' "
-         "--pattern 000_00000.parquet"),
+         f"--from {one} is a file: give the dataset's folder, e.g. --from {one.parent} (--subset and "
+         "--pattern choose its files)"),
     ]:  # fmt: skip
         assert main(["data", "download", *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {said}\n"

@@ -228,3 +228,25 @@ def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong
         shutil.rmtree(path)
     assert build(cfg, **QUIET).ok
     assert not list((out / "excluded").glob("*.parquet"))  # X is no copy now: kept
+
+
+def test_the_dedup_decisions_are_of_the_tables_content_and_a_damaged_record_is_one_line(built, tmp_path):
+    """decisions.json, which an s3:// build's task records, is the sha256 of the drop tables' content
+    (not of their bytes, which hold pyarrow's version: a rerun of the stages elsewhere would redo every
+    task, review RV55d 3); damaged, it is one line naming the repair."""
+    import hashlib
+
+    from pipelines.dedup import decisions_sha256
+
+    content = hashlib.sha256()
+    for r, table in enumerate(sorted((built["exact"] / "dedup" / "drop").glob("*.parquet"))):
+        t = pq.read_table(table)
+        documents = int(t.schema.metadata[b"documents"])
+        content.update(json.dumps([r, documents, t.to_pydict()]).encode())
+    assert decisions_sha256(built["exact"]) == content.hexdigest()
+    copy = tmp_path / "copy"
+    shutil.copytree(built["exact"] / "dedup", copy / "dedup")
+    (copy / "dedup" / "decisions.json").write_text("{")
+    with pytest.raises(DedupError, match=rf"^{copy / 'dedup' / 'decisions.json'} cannot be read .* delete "):
+        decisions_sha256(copy)
+    assert decisions_sha256(tmp_path / "none") is None

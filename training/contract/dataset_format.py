@@ -876,11 +876,30 @@ def redo_task(task: str, root: Path | None = None) -> str:
     )
 
 
+def _glob_regex(pattern: str) -> str:
+    """A RECORDED_FILES pattern as a regular expression of a path inside the dataset: `**` any
+    folders (none too), `*` any part of one name."""
+    parts = [
+        "(?:[^/]+/)*" if seg == "**" else re.escape(seg).replace(r"\*", "[^/]*") + "/"
+        for seg in pattern.split("/")
+    ]
+    return "".join(parts).removesuffix("/")
+
+
+_RECORDED = re.compile("|".join(f"(?:{_glob_regex(pattern)})" for pattern in RECORDED_FILES))
+
+
+def is_recorded_path(rel: str) -> bool:
+    """Whether RECORDED_FILES names the file at `rel`, a path inside a dataset (a bucket's key under its
+    prefix, as much as a directory's file)."""
+    return _RECORDED.fullmatch(rel) is not None
+
+
 def recorded_paths(root: str | Path) -> list[str]:
     """The paths inside the dataset at `root` of the files there that RECORDED_FILES names."""
     root = Path(root)
-    found = {p for pattern in RECORDED_FILES for p in root.glob(pattern) if p.is_file()}
-    return sorted(p.relative_to(root).as_posix() for p in found)
+    found = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return sorted(rel for rel in found if is_recorded_path(rel))
 
 
 def record_files(root: str | Path) -> dict[str, dict[str, Any]]:
