@@ -84,11 +84,11 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.faults import data_fault, fault_warnings, kill_point
+from training.run.faults import COMPLETE, data_fault, fault_warnings, kill_point, sigterm_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
-from training.run.shutdown import GracefulStop, exit_with_agent
+from training.run.shutdown import GracefulStop, exit_complete_on_signal, exit_with_agent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code
 from training.run.worker_reply import report_to_launcher
@@ -722,6 +722,8 @@ def main(
         check_saved_config_place(args.config, cfg.run.output_dir, overrides)
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
+        exit_complete_on_signal(DistEnv.from_environ().rank)  # this process's: its teardown is left
+        sigterm_point(COMPLETE)
     except GristmillError as e:
         # Config and data errors are the same on every rank: said once, by rank 0. Every rank also
         # leaves it for the launcher, which prints it when no rank printed (an error that only

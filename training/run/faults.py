@@ -25,7 +25,8 @@ GRISTMILL_FAULT_SIGTERM="[awaited:]STEP[@RANK]": the process (of that rank only,
 sends itself SIGTERM as step STEP starts (a preemption at a known step: the run finishes that step,
 saves and stops; on one rank, a `kill` of one trainer's pid: the others learn of it from the stop's
 agreement); with `awaited:`, while step STEP's data is awaited (its wait ends, as a signal's during an
-outage does: the run saves the step before it and stops).
+outage does: the run saves the step before it and stops); "complete": once `python -m training.train`'s
+run is complete, before its teardown (`sigterm_point`).
 
 GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
@@ -69,7 +70,8 @@ EFFECTS = {
     NAN_LOSS: "the training loss of those steps is made NaN",
     SPIKE_WINDOW: "the training loss of the steps that train those data windows is multiplied",
     KILL: "the process kills itself (SIGKILL) at that point",
-    SIGTERM: "the process sends itself SIGTERM at that step (as it starts, or while its data is awaited)",
+    SIGTERM: "the process sends itself SIGTERM at that step (as it starts, or while its data is awaited) "
+    "or once its run is complete",
     DATA: "the data of that step cannot be read",
     HOLD_DATA: "the data of that step is awaited until the run is asked to stop (60 s at most)",
     REPLACE_DATASET: "rank 0 replaces that dataset directory with another while the run starts",
@@ -96,6 +98,13 @@ def kill_point(point: str) -> None:
 
 
 AWAITED = "awaited:"
+COMPLETE = "complete"  # GRISTMILL_FAULT_SIGTERM's point once a run is complete (sigterm_point)
+
+
+def sigterm_point(point: str) -> None:
+    """SIGTERM this process if GRISTMILL_FAULT_SIGTERM names `point`."""
+    if os.environ.get(SIGTERM) == point:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _step_named(spec: str, rank: int) -> int:
@@ -158,7 +167,7 @@ class LossFaults:
         self.plan = plan
         self.factor = 1.0
         spec = os.environ.get(SIGTERM, "")
-        self.sigterm_step = 0 if spec.startswith(AWAITED) else _step_named(spec, rank)
+        self.sigterm_step = 0 if spec.startswith(AWAITED) or spec == COMPLETE else _step_named(spec, rank)
         if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 
