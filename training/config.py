@@ -291,8 +291,9 @@ class RunSection:
     val_batches: int = 4
     """Global batches averaged per validation (the same held-out batches every time)."""
     seed: int = 0
-    """Seed of the weight initialisation (identical on all ranks) and of torch's RNG (which nothing
-    else draws from); a resume may not change it (training/checkpoint/record.py START_SETTINGS)."""
+    """Seed of the weight initialisation (identical on all ranks) and of torch's, Python's and NumPy's
+    RNGs (which nothing else draws from); a resume may not change it (training/checkpoint/record.py
+    START_SETTINGS)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """"auto": CUDA when available, else CPU."""
     init_device: Literal["auto", "meta", "full"] = "auto"

@@ -112,9 +112,9 @@ def losses(run_dir: Path) -> list[tuple[int, float, float, float, int, float | N
 
 def assert_same_checkpoint(run_a: Path, run_b: Path, step: int) -> None:
     """Checkpoint `step` of the two runs holds the same weights and, for each rank both saved, the same
-    torch CPU random state (what run.seed seeds and a resume restores: an in-loop export that drew from it
-    left a resumed run's differing, review RV50a F2). Python's and numpy's streams, also saved, are
-    the process's own: the run seeds neither, and nothing of it draws from them."""
+    random states (torch's CPU stream, Python's and NumPy's: what run.seed seeds and a resume restores;
+    an in-loop export that drew from torch's left a resumed run's differing, review RV50a F2; Python's
+    and NumPy's were the process's own, trial RV55b 4)."""
     a, _, _ = load_checkpoint_model(run_a, step)
     b, _, _ = load_checkpoint_model(run_b, step)
     for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
@@ -123,7 +123,8 @@ def assert_same_checkpoint(run_a: Path, run_b: Path, step: int) -> None:
     assert ranks, f"no rank's random state in both runs' step {step}"
     for key in sorted(ranks):
         ra, rb = _saved_rng(run_a, step, key), _saved_rng(run_b, step, key)
-        assert torch.equal(ra["torch_cpu"], rb["torch_cpu"]), f"step {step}'s {key}.torch_cpu differs"
+        for stream in ("torch_cpu", "python_key", "numpy_key"):
+            assert torch.equal(ra[stream], rb[stream]), f"step {step}'s {key}.{stream} differs"
 
 
 def _rng_keys(run: Path, step: int) -> set[str]:

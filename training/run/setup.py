@@ -20,11 +20,13 @@ import contextlib
 import dataclasses
 import functools
 import json
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -162,6 +164,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     last_step = cfg.run.max_steps or spec.last_step
     fetched_before = checked.fetched_before  # step 1's fetch/*: preflight's and setup's too (a cold start)
     plan, loader, validation, notes = _data(cfg, spec, shapes, env, device, last_step)
+    # Python's and NumPy's generators, saved with each checkpoint as torch's are, start from the seed
+    # too: two runs of one config held the process's own streams (trial RV55b 4)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed % 2**32)
     model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
