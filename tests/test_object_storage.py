@@ -46,7 +46,7 @@ from tests.helpers.s3_server import (
     puts,
     s3_bucket,
 )
-from tests.helpers.train_data import affine_documents, make_dataset
+from tests.helpers.train_data import SEPARATOR_ID, affine_documents, make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -678,6 +678,27 @@ def test_training_and_validation_loaders_stay_within_the_cache_bound_checked_for
     assert got == want
     held = sum(size for _, size, _ in cache_usage(settings.dir))
     assert held <= need, (held, need)
+
+
+def test_a_cache_of_documents_of_a_few_tokens_stays_within_its_working_set(s3, small_blocks, tmp_path):
+    """Samples of a few tokens each: the working set counted the groups a step spans in cache-file bytes
+    (headers and records, ~2.5 kB a sample, besides a few hundred bytes of ids), a third of the groups
+    the loader keeps, and a cache of exactly the quoted figure held 2.4× it (trial RV55c 1)."""
+    rng = np.random.default_rng(5)
+    documents = [np.append(rng.integers(1, 256, int(rng.integers(2, 6))), SEPARATOR_ID) for _ in range(3000)]
+    local, url = tmp_path / "short", s3.url("short-documents")
+    write_synthetic_dataset(local, documents, vocab_size=256, target_bytes=8 << 10)
+    upload_dataset(local, url, log=lambda *a: None)
+    geometry = dict(seq_len=64, global_batch=8, micro_batch=4, seed=3, val_fraction=0)
+    need = sum(n for _, n in dataset_loader(url, cache=cache(tmp_path / "probe"), **geometry).cache_need())
+    settings = CacheSettings(tmp_path / "cache", need)
+    got, peak = [], 0
+    for _, batch in zip(range(60), dataset_loader(url, cache=settings, **geometry)):
+        got.append(batch_sha256(batch))
+        time.sleep(0.02)  # the prefetcher plans ahead while the loop trains
+        peak = max(peak, sum(size for _, size, _ in cache_usage(settings.dir)))
+    assert got == [batch_sha256(b) for _, b in zip(range(60), dataset_loader(local, **geometry))]
+    assert peak <= need, (peak, need)
 
 
 def test_a_training_split_cached_whole_keeps_the_bound_for_validation(s3, synthetic, small_blocks, tmp_path):
@@ -2097,7 +2118,8 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
     """`S3://…` was taken for a path ("S3:/bucket/x does not exist": review R20a 2). So were a URL missing
     a slash or its colon and a URL given for a local directory: a build or a conversion into `s3:/b/x`,
     or a cache in `s3://b/c`, wrote a folder `s3:` in the working directory, exit 0 (trial T38 M2); a
-    prefix of `..` wrote keys that stores reject (L7). Each is one line, before anything is written."""
+    prefix of `..` wrote keys that stores reject (L7), one of `//` was read as another (RV55c 2). Each is
+    one line, before anything is written."""
     monkeypatch.chdir(tmp_path)
     geometry = ["--seq-len", "32", "--global-batch", "8", "--seed", "0"]
     for url, fix in (
@@ -2109,6 +2131,8 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
         ("s3//bucket/x", "did you mean s3://bucket/x?"),
         ("s3://bucket/../x", "write the prefix without them"),
         ("s3://bucket/a/./x", "write the prefix without them"),
+        ("s3://bucket//x", "write the prefix without it"),  # read as s3://bucket/x (trial RV55c 2)
+        ("s3://bucket/a//x", "write the prefix without it"),
     ):
         assert gristmill(["data", "inspect", url, *geometry]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -176,8 +176,13 @@ class ObjectURL:
             meant = SCHEME + rest
             raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL; did you mean {meant}?")
         bucket, _, prefix = text.removeprefix(SCHEME).partition("/")
-        if not bucket or "//" in prefix:
+        if not bucket:
             raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL")
+        if "//" in f"/{prefix}":  # `s3://b//A`'s keys were read as `A/…`'s, another place (RV55c 2)
+            raise ObjectStoreError(
+                f"{text!r}: an empty segment ('//') in a prefix is part of its keys, another place in the "
+                "bucket than without it; write the prefix without it"
+            )
         if {".", ".."} & set(prefix.strip("/").split("/")):  # stores reject or normalize such keys
             raise ObjectStoreError(
                 f"{text!r}: a prefix of '.' or '..' segments names no one place in a bucket (stores "

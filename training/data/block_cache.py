@@ -381,15 +381,18 @@ class CachedBlocks:
 
     def _group_need(self, step_tokens: int, group: int, ahead: int) -> int:
         if self.per_doc:
-            bd = self.blocks.block_docs
-            per_block = np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize
-            sizes = np.sort(per_block + self._overhead(bd))[::-1]
+            ids = np.sort(np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize)
+            overhead = self._overhead(self.blocks.block_docs)
         else:
-            sizes = np.sort(self.totals * self.itemsize + self._overhead(1))[::-1]
-        smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
+            ids, overhead = np.sort(self.totals * self.itemsize), self._overhead(1)
+        # The groups the steps span, counted in ids (what a step reads), never in file bytes: with the
+        # files' headers and records counted, samples of a few tokens spanned a third of the groups the
+        # loader kept, and the cache passed its bound 2.4× (trial RV55c 1).
+        smallest = int(ids[:group].sum()) or 1  # no full group has fewer ids
         span = (LAG_STEPS + 2 + ahead) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
-        return int(sizes[: groups * group].sum())
+        largest = ids[::-1][: groups * group]
+        return int(largest.sum()) + overhead * len(largest)
 
     def key(self, u: int) -> int:
         """The name of unit `u`'s cache file: a sample's number; a held-out document's manifest row (its
