@@ -384,11 +384,40 @@ def agent_main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # a SIGINT before torchrun set its handlers: no worker has started
         held.finish(show=True)
         return 128 + signal.SIGINT
+    except Exception as e:
+        if (said := rendezvous_failed(e)) is None:
+            held.finish(show=True)
+            raise
+        held.finish(show=False)  # its 40-75 lines of traceback, the port named nowhere (trial RV55b 3)
+        print(f"error: {said}", file=sys.stderr, flush=True)
+        return 1
     except BaseException:
         held.finish(show=True)
         raise
     held.finish(show=True)
     return 0
+
+
+def rendezvous_failed(error: BaseException) -> str | None:
+    """What went wrong, in one line with its fix, when torchrun's rendezvous failed before any worker
+    started (the port of MASTER_PORT or --rdzv_endpoint held by another program), else None."""
+    seen: list[BaseException] = []
+    while error is not None and not any(error is s for s in seen):
+        seen.append(error)
+        text = str(error)
+        if "EADDRINUSE" in text or "ddress already in use" in text:
+            return (
+                "torchrun's rendezvous port is in use by another program (another job on this node?): "
+                "give --master_port (MASTER_PORT) or --rdzv_endpoint a free port; nothing was started"
+            )
+        if type(error).__name__ == "RendezvousConnectionError":
+            return (
+                "torchrun's rendezvous endpoint did not answer as a torch store (another program holds "
+                "its port, or the address is wrong): check --rdzv_endpoint (MASTER_ADDR:MASTER_PORT) and "
+                "give a free port; nothing was started"
+            )
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def child_pids(pid: int) -> list[int]:

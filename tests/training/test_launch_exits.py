@@ -175,6 +175,29 @@ def test_a_sigterm_once_the_run_is_complete_exits_0(dataset, tmp_path):
     assert (checkpoint_dir(run, 2) / COMPLETE_FILE).is_file()
 
 
+def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
+    """`python -m training.launch torchrun` (the Slurm script's launch) with MASTER_PORT held by another
+    program: torchrun's 40-line traceback ending in EADDRINUSE, the port's setting named nowhere (trial
+    RV55b 3). One line naming it, before any worker starts."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        agent = [sys.executable, "-m", "training.launch", "torchrun", "--nproc_per_node=1"]
+        rendezvous = ["--master_addr=127.0.0.1", f"--master_port={port}"]
+        proc = subprocess.run(
+            [*agent, *rendezvous, "-m", "training.train", "--config", TINY], cwd=tmp_path, env=ENV,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: torchrun's rendezvous port is in use by another program (another job on this node?): give "
+        "--master_port (MASTER_PORT) or --rdzv_endpoint a free port; nothing was started"
+    ], proc.stderr[-3000:]
+
+
 def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path, light, capsys):
     """An error (here a missing --resume path) under torchrun: exit 2 and the worker's one line. Run
     through `validation.train_eval` (eval during training goes through torchrun even for one
