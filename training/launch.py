@@ -41,7 +41,7 @@ from training.contract.config_loader import (
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, refuse_empty, sigterm_raises
+from training.contract.errors import GristmillError, refuse_empty, sigterm_raises, wrapped
 from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
@@ -401,22 +401,19 @@ def agent_main(argv: list[str]) -> int:
 def rendezvous_failed(error: BaseException) -> str | None:
     """What went wrong, in one line with its fix, when torchrun's rendezvous failed before any worker
     started (the port of MASTER_PORT or --rdzv_endpoint held by another program), else None."""
-    seen: list[BaseException] = []
-    while error is not None and not any(error is s for s in seen):
-        seen.append(error)
-        text = str(error)
+    for inner in wrapped(error):
+        text = str(inner)
         if "EADDRINUSE" in text or "ddress already in use" in text:
             return (
                 "torchrun's rendezvous port is in use by another program (another job on this node?): "
                 "give --master_port (MASTER_PORT) or --rdzv_endpoint a free port; nothing was started"
             )
-        if type(error).__name__ == "RendezvousConnectionError":
+        if type(inner).__name__ == "RendezvousConnectionError":
             return (
                 "torchrun's rendezvous endpoint did not answer as a torch store (another program holds "
                 "its port, or the address is wrong): check --rdzv_endpoint (MASTER_ADDR:MASTER_PORT) and "
                 "give a free port; nothing was started"
             )
-        error = error.__cause__ or error.__context__
     return None
 
 

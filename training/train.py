@@ -70,6 +70,7 @@ from training.contract.errors import (
     hold_closed_streams,
     print_error,
     unwritable,
+    wrapped,
 )
 from training.contract.object_store import FETCH_STOPPED
 from training.contract.run_layout import BATCHES_BIN, check_saved_config_place, checkpoint_dir, complete_steps
@@ -764,14 +765,11 @@ def peer_gone(error: BaseException) -> str | None:
     """The first line of `error`, or of one it wraps, when it is a collective's transport failing
     because the other end is gone (gloo's "Connection reset by peer", "Connection closed by peer"),
     else None."""
-    seen: list[BaseException] = []
-    while error is not None and not any(error is s for s in seen):
-        seen.append(error)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        if any(p in str(error) for p in _PEER_GONE):
+    for inner in wrapped(error):
+        first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+        if any(p in str(inner) for p in _PEER_GONE):
             # gloo's "[…/pair.cc:553] Connection closed by peer [127.0.0.1]:37287. This is typically …"
             return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:200]
-        error = error.__cause__ or error.__context__
     return None
 
 

@@ -70,7 +70,7 @@ from training.config import task_names
 from training.config_checks import missing_eval_module
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import data_identities, decontaminate_record
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, wrapped
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
     LATER_SETTINGS,
@@ -804,11 +804,10 @@ def scored_num_fewshot(configured: Any, passed: int | None) -> Any:
 def _reading_failed(error: BaseException) -> bool:
     """Whether `error` or one it wraps is a task's data that cannot be read: an OSError (a file missing,
     unreadable), or datasets' or pyarrow's own (a file that does not parse: R21f 2a)."""
-    while error is not None:
-        if isinstance(error, OSError) or type(error).__module__.split(".")[0] in ("datasets", "pyarrow"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        isinstance(inner, OSError) or type(inner).__module__.split(".")[0] in ("datasets", "pyarrow")
+        for inner in wrapped(error)
+    )
 
 
 # Where an error that passed through one of these modules comes from gristmill, the model or the device,

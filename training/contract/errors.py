@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -116,3 +117,13 @@ def print_error(error: GristmillError) -> int:
             os.dup2(devnull, sys.stderr.fileno())
             os.close(devnull)
     return error.exit_code
+
+
+def wrapped(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then the one it wraps (its cause, else its context), and so on, each once: where a
+    library's exception hides the one that says what happened."""
+    seen: list[BaseException] = []
+    while error is not None and not any(error is s for s in seen):
+        seen.append(error)
+        yield error
+        error = error.__cause__ or error.__context__
