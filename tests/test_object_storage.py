@@ -1293,6 +1293,8 @@ def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, t
     fetched = [r for p, r in s3.proxy.counts.range_gets(f"/flipped/shards/{name}")]
     damaged = [r for r in fetched if r.startswith("bytes=512-")]
     assert len(damaged) == 2 and len(set(fetched)) == len(fetched) - 1  # that block's range twice, no other
+    # the line's bytes are the range fetched, both ends in (its end was one past it: trial RV55c 3)
+    assert f"bytes 512–{int(damaged[0].split('-')[1]):,} (sample " in err[0], (err[0], damaged[0])
     first_row = sum(info["shard_files"][n]["documents"] for n in sorted(info["shard_files"])[:1])
     assert not list((tmp_path / "xdg").rglob(f"{-(-first_row // 64)}.blk"))  # nothing of it in the cache
 

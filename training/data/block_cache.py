@@ -663,7 +663,7 @@ class CachedBlocks:
         if (changed := self._index_changed()) is not None:
             raise changed
         raise DatasetError(
-            f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {s}, manifest rows "
+            f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi - 1:,} (sample {s}, manifest rows "
             f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice, and each time {bad}: the "
             "object in the bucket is damaged or was replaced, and nothing was trained on it; "
             + repair_advice(self.store)
