@@ -118,8 +118,8 @@ def decisions_sha256(out: str | Path) -> str | None:
     try:
         return str(json.loads(path.read_text())["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise DedupError(
-            f"{path} cannot be read (the dedup decisions every task's output follows): delete "
+        raise DedupError(  # it too: the driver reads it before any stage (review RV55e 2)
+            f"{path} cannot be read (the dedup decisions every task's output follows): delete it and "
             f"{Path(out) / LOGS_DIR / DEDUP_DIR} and rerun the same command (the dedup stages are redone)"
         ) from None
 
@@ -184,6 +184,7 @@ def _write_drops(
     ids at a time, each once: a kept copy precedes its duplicates, so when task r's table is
     written the ids of every kept copy it names (in tasks ≤ r) are known. Returns the number of
     documents dropped."""
+    (root / DECISIONS_JSON).unlink(missing_ok=True)  # none beside tables it does not describe, if killed
     decided = hashlib.sha256()  # of the tables' content, not their bytes (pyarrow's version is in them)
     order = np.lexsort((position, task, group))
     task, position, group = task[order], position[order], group[order]

@@ -400,19 +400,15 @@ def agent_main(argv: list[str]) -> int:
 
 def rendezvous_failed(error: BaseException) -> str | None:
     """What went wrong, in one line with its fix, when torchrun's rendezvous failed before any worker
-    started (the port of MASTER_PORT or --rdzv_endpoint held by another program), else None."""
+    started (the port of MASTER_PORT or --rdzv_endpoint held by another program), else None. Not a
+    RendezvousConnectionError: the agent's watch of the other nodes raises it mid-run too (review
+    RV55e 4)."""
     for inner in wrapped(error):
         text = str(inner)
         if "EADDRINUSE" in text or "ddress already in use" in text:
             return (
                 "torchrun's rendezvous port is in use by another program (another job on this node?): "
                 "give --master_port (MASTER_PORT) or --rdzv_endpoint a free port; nothing was started"
-            )
-        if type(inner).__name__ == "RendezvousConnectionError":
-            return (
-                "torchrun's rendezvous endpoint did not answer as a torch store (another program holds "
-                "its port, or the address is wrong): check --rdzv_endpoint (MASTER_ADDR:MASTER_PORT) and "
-                "give a free port; nothing was started"
             )
     return None
 

@@ -723,8 +723,9 @@ def main(
         check_saved_config_place(args.config, cfg.run.output_dir, overrides)
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
-        exit_complete_on_signal(DistEnv.from_environ().rank)  # this process's: its teardown is left
-        sigterm_point(COMPLETE)
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker's (not an in-process caller's)
+            exit_complete_on_signal(DistEnv.from_environ().rank)  # its teardown is all that is left
+            sigterm_point(COMPLETE)
     except GristmillError as e:
         # Config and data errors are the same on every rank: said once, by rank 0. Every rank also
         # leaves it for the launcher, which prints it when no rank printed (an error that only

@@ -251,6 +251,7 @@ def test_the_dedup_decisions_are_of_the_tables_content_and_a_damaged_record_is_o
     copy = tmp_path / "copy"
     shutil.copytree(built["exact"] / "dedup", copy / "dedup")
     (copy / "dedup" / "decisions.json").write_text("{")
-    with pytest.raises(DedupError, match=rf"^{copy / 'dedup' / 'decisions.json'} cannot be read .* delete "):
+    said = rf"^{copy / 'dedup' / 'decisions.json'} cannot be read .* delete it and "
+    with pytest.raises(DedupError, match=said):
         decisions_sha256(copy)
     assert decisions_sha256(tmp_path / "none") is None

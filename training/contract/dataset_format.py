@@ -879,10 +879,9 @@ def redo_task(task: str, root: Path | None = None) -> str:
 def _glob_regex(pattern: str) -> str:
     """A RECORDED_FILES pattern as a regular expression of a path inside the dataset: `**` any
     folders (none too), `*` any part of one name."""
-    parts = [
-        "(?:[^/]+/)*" if seg == "**" else re.escape(seg).replace(r"\*", "[^/]*") + "/"
-        for seg in pattern.split("/")
-    ]
+    # (a name is never empty: `decontam/` is a console's folder object, no file: review RV55e 6)
+    name = lambda seg: "[^/]+" if seg == "*" else re.escape(seg).replace(r"\*", "[^/]*")  # noqa: E731
+    parts = ["(?:[^/]+/)*" if seg == "**" else name(seg) + "/" for seg in pattern.split("/")]
     return "".join(parts).removesuffix("/")
 
 
@@ -896,10 +895,15 @@ def is_recorded_path(rel: str) -> bool:
 
 
 def recorded_paths(root: str | Path) -> list[str]:
-    """The paths inside the dataset at `root` of the files there that RECORDED_FILES names."""
-    root = Path(root)
-    found = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    return sorted(rel for rel in found if is_recorded_path(rel))
+    """The paths inside the dataset at `root` of the files there that RECORDED_FILES names: a walk of
+    its patterns' first names only (not its shards, nor a cache copy's blocks: review RV55e 5),
+    through symbolic links as a glob of them went."""
+    root, found = Path(root), []
+    for top in sorted({pattern.split("/")[0] for pattern in RECORDED_FILES}):
+        for folder, _, files in os.walk(root / top, followlinks=True):
+            found += [Path(folder, name).relative_to(root).as_posix() for name in files]
+        found += [top] if (root / top).is_file() else []
+    return sorted(rel for rel in found if is_recorded_path(rel) and (root / rel).is_file())
 
 
 def record_files(root: str | Path) -> dict[str, dict[str, Any]]:

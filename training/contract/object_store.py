@@ -902,11 +902,18 @@ def _file_digest(path: Path, algorithm) -> str:
     return h.hexdigest()
 
 
+# The retries' jitter, apart from the process's `random`: the run seeds that one alike on every rank
+# (then every rank retried in step), and checkpoints save it (then its stream said how often a store
+# retried: review RV55e 1). Seeded from the OS, again in a forked child, as `random` is.
+_JITTER = random.Random()
+os.register_at_fork(after_in_child=_JITTER.seed)
+
+
 def backoff(attempt: int) -> float:
     """Seconds before retry `attempt + 1`: exponential from BACKOFF_S, capped, with jitter so that
     the ranks of a node retrying together do not hit the store together again."""
     # the exponent capped: 2 ** 1024 is no float (a window of an hour reached it: review R24j 2)
-    return min(BACKOFF_CAP_S, BACKOFF_S * 2 ** min(attempt, 32)) * (0.5 + random.random() / 2)
+    return min(BACKOFF_CAP_S, BACKOFF_S * 2 ** min(attempt, 32)) * (0.5 + _JITTER.random() / 2)
 
 
 def _short_read_error(where: str, got: int, size: int) -> Exception:
