@@ -22,6 +22,7 @@ from training.contract.errors import (
     TERMINATED_EXIT,
     GristmillError,
     Terminated,
+    exit_on_signal_with,
     hold_closed_streams,
     interrupted,
     print_error,
@@ -138,5 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not argv or argv[0] in ("-h", "--help") else 2
 
 
+def entry() -> None:
+    """The `gristmill` command in a process of its own: main's status, which a SIGTERM or Ctrl-C during
+    the teardown left after it no longer changes (a complete one-process training ended "Terminated",
+    143: trial RV55b 1)."""
+    code = main()
+    exit_on_signal_with(code, "the command ended")
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

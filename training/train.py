@@ -67,6 +67,7 @@ from training.contract.errors import (
     INTERRUPTED,
     INTERRUPTED_EXIT,
     GristmillError,
+    exit_on_signal_with,
     hold_closed_streams,
     print_error,
     unwritable,
@@ -89,7 +90,7 @@ from training.run.faults import COMPLETE, data_fault, fault_warnings, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
-from training.run.shutdown import GracefulStop, exit_complete_on_signal, exit_with_agent
+from training.run.shutdown import GracefulStop, exit_with_agent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code
 from training.run.worker_reply import report_to_launcher
@@ -724,7 +725,8 @@ def main(
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker's (not an in-process caller's)
-            exit_complete_on_signal(DistEnv.from_environ().rank)  # its teardown is all that is left
+            rank = DistEnv.from_environ().rank  # its teardown is all that is left
+            exit_on_signal_with(0, "the run completed" if rank == 0 else None)
             sigterm_point(COMPLETE)
     except GristmillError as e:
         # Config and data errors are the same on every rank: said once, by rank 0. Every rank also

@@ -175,6 +175,20 @@ def test_a_sigterm_once_the_run_is_complete_exits_0(dataset, tmp_path):
     assert (checkpoint_dir(run, 2) / COMPLETE_FILE).is_file()
 
 
+def test_a_signal_in_the_command_s_teardown_keeps_its_status(tmp_path):
+    """`gristmill` in its own process: a SIGTERM after its command ended, during the interpreter's
+    teardown (here from an atexit hook), killed it, 143 for a complete one-process training (trial
+    RV55b 1). The status decided stands."""
+    hook = "import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))"
+    for argv, code in (("['gristmill', '--help']", 0), ("['gristmill', 'no-such-command']", 2)):
+        script = f"{hook}; import sys; sys.argv = {argv}; from pipelines.cli import entry; entry()"
+        proc = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True
+        )
+        assert proc.returncode == code, proc.stderr[-2000:]
+        assert f"note: SIGTERM after the command ended: exiting with {code}" in proc.stderr, proc.stderr
+
+
 def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
     """`python -m training.launch torchrun` (the Slurm script's launch) with MASTER_PORT held by another
     program: torchrun's 40-line traceback ending in EADDRINUSE, the port's setting named nowhere (trial

@@ -441,25 +441,6 @@ def any_rank(flag: bool, group=None, device: torch.device | None = None) -> bool
     return bool(t.item())
 
 
-def exit_complete_on_signal(rank: int) -> None:
-    """For a trainer process whose run is complete, its records written: a SIGTERM or SIGINT from here
-    to its exit (torch's and the interpreter's teardown: seconds, after GracefulStop.release gave the
-    signals their default actions back) ends it at once with 0. A scheduler's time limit there marked
-    a complete run failed, 143 ("killed by SIGTERM"; trial RV55b 1)."""
-
-    def complete(signum: int, frame) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-            if rank == 0:
-                os.write(
-                    2, f"note: {signal.Signals(signum).name} after the run completed: exiting\n".encode()
-                )
-        os._exit(0)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, complete)
-
-
 def exit_with_parent(forked_by: int | None = None) -> None:
     """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death;
     `forked_by`: the parent's pid, when the parent could pass it (lifetime.exit_with)."""
