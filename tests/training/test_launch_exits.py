@@ -536,6 +536,33 @@ def test_a_signal_before_the_workers_start_stops_the_agent(tmp_path, sig):
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_failed_store_request_is_one_line_and_none_once_the_agent_is_gone(capfd, monkeypatch):
+    """The stop's watcher, its store failing: the warning carried torch's ~25 lines of C++ frames, and
+    when the agent that hosts the store had been SIGKILLed it described nothing that happened (the
+    watchdog ends the worker a moment later: trial RV55b 2)."""
+    from training.contract.lifetime import AGENT_PID_VAR
+    from training.run.shutdown import GracefulStop
+
+    error = RuntimeError(
+        "recvValueWithTimeout failed\nException raised from recvValue at x.cpp:1\nframe #0: f"
+    )
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        monkeypatch.setenv(AGENT_PID_VAR, str(alive.pid))
+        GracefulStop(0, 1)._store_failed(error)
+        err = capfd.readouterr().err
+        assert err == (
+            "warning: rank 0: the job's store did not answer the stop's watcher (recvValueWithTimeout "
+            "failed); a stop that reaches one rank alone may wait for the next step\n"
+        ), err
+        alive.kill()
+        alive.wait()  # the agent gone
+        GracefulStop(0, 1)._store_failed(error)
+        assert capfd.readouterr().err == ""
+    finally:
+        alive.kill()
+
+
 @pytest.mark.parametrize("server", ["libuv", "legacy"])
 def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(tmp_path, server):
     """Each rank of a distributed run waits in the job's c10d store for another's stop: one request for

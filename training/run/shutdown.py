@@ -319,10 +319,14 @@ class GracefulStop:
         return self._store.clone()
 
     def _store_failed(self, e: Exception) -> None:
-        if not self._failing:
+        """Said once: the first line of the store's error (not torch's ~25 lines of C++ frames), and not
+        at all when the job's agent, which hosts the store, is gone: the watchdog (exit_with_agent) ends
+        this process within a moment, and the warning described nothing that happened (trial RV55b 2)."""
+        if not self._failing and not _agent_gone():
             self._failing = True
-            line = f"warning: rank {self.rank}: the job's store did not answer the stop's watcher ({e}); a "
-            line += "stop that reaches one rank alone may wait for the next step\n"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            line = f"warning: rank {self.rank}: the job's store did not answer the stop's watcher ({first}); "
+            line += "a stop that reaches one rank alone may wait for the next step\n"
             with contextlib.suppress(OSError):
                 os.write(2, line.encode())
 
@@ -445,6 +449,19 @@ def exit_with_parent(forked_by: int | None = None) -> None:
     """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death;
     `forked_by`: the parent's pid, when the parent could pass it (lifetime.exit_with)."""
     exit_with(forked_by=forked_by)
+
+
+def _agent_gone() -> bool:
+    """Whether this torchrun worker's agent (lifetime.AGENT_PID_VAR, under `gristmill train`) has ended;
+    False where none is named (a torchrun started by hand)."""
+    agent = os.environ.get(AGENT_PID_VAR, "")
+    if not agent.isdigit():
+        return False
+    try:
+        with open(f"/proc/{agent}/stat") as f:  # a zombie is gone too (kill(pid, 0) succeeds on it)
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def exit_with_agent() -> None:
