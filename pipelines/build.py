@@ -65,7 +65,15 @@ from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
-from pipelines.dedup import DEDUP_DIR, Stage, decisions_sha256, dedup_filter, dedup_stages, first_pass_logs
+from pipelines.dedup import (
+    DEDUP_DIR,
+    DedupError,
+    Stage,
+    decisions_sha256,
+    dedup_filter,
+    dedup_stages,
+    first_pass_logs,
+)
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
@@ -635,7 +643,10 @@ def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     decided = {record.get(DECISIONS_KEY) for record in records.values()}
     if len(records) < p.cfg.build.tasks or len(decided) != 1 or None in decided:
         return False
-    if decisions_sha256(p.out) not in (None, *decided):  # the stages ran again here since
+    try:
+        if decisions_sha256(p.out) not in (None, *decided):  # the stages ran again here since
+            return False
+    except DedupError:  # none beside the tables (a clusters stage cut short): the stages say more
         return False
     log("[dedup] every task's output is in the bucket already: its stages are not run again")
     for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():

@@ -17,7 +17,8 @@ Working files live in OUTPUT/dedup/: docs/NNNNN.parquet (pass 1: per task, the i
 of every document that passed the filters, in order), datatrove's signatures/,
 buckets/ and clusters/ (minhash), and drop/NNNNN.parquet (per task: the position, id and kept
 copy's id of each document to drop, and how many documents the task's first pass counted), with
-decisions.json, the sha256 of all of them (an s3:// build's task records it: pipelines/task_upload.py).
+decisions.json, the sha256 of the first pass's text hashes and of the drop tables (an s3:// build's
+task records it: pipelines/task_upload.py).
 "First" is input order: task, then position in the task. Documents are named by their position
 among those that passed the filters, which is how datatrove's MinHash stages name them too; both
 passes run the same reader and filters, and DedupFilter checks every document's text hash, the id
@@ -107,20 +108,25 @@ def _table_path(folder: str | Path, rank: int) -> Path:
 
 
 def decisions_sha256(out: str | Path) -> str | None:
-    """The dedup decisions of the build whose work directory is `out`: the sha256 of every task's drop
-    table's content (written by the stages' last, with the tables: `_write_drops`), what every task's
-    output follows. None where the stages did not run here (every task's record was in the bucket, of
-    one set of decisions: pipelines/build.py `_dedup_done_in_bucket`), or ran under a gristmill from
-    before the record."""
-    path = Path(out) / DEDUP_DIR / DECISIONS_JSON
-    if not path.is_file():
+    """The dedup decisions of the build whose work directory is `out`, what every task's output
+    follows: the sha256 of the text hashes the first pass read and of every drop table's content
+    (written by the stages' last, after the tables: `_write_drops`). None where the stages did not run
+    here (no drop table: every task's record was in the bucket, of one set of decisions,
+    pipelines/build.py `_dedup_done_in_bucket`). Drop tables without it (deleted, or written by a
+    gristmill from before it) are refused: with none to compare, records of other decisions were kept
+    (trial RV56a 2)."""
+    root = Path(out) / DEDUP_DIR
+    path = root / DECISIONS_JSON
+    if not path.is_file() and not (root / "drop").is_dir():
         return None
     try:
         return str(json.loads(path.read_text())["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise DedupError(  # it too: the driver reads it before any stage (review RV55e 2)
-            f"{path} cannot be read (the dedup decisions every task's output follows): delete it and "
-            f"{Path(out) / LOGS_DIR / DEDUP_DIR} and rerun the same command (the dedup stages are redone)"
+        # the whole folder: the driver reads the file before any stage (review RV55e 2), and drop
+        # tables without it are refused (trial RV56a 3)
+        raise DedupError(
+            f"{path} is missing or cannot be read (the dedup decisions every task's output follows): "
+            f"delete {root} and {Path(out) / LOGS_DIR / DEDUP_DIR} and rerun the same command"
         ) from None
 
 
@@ -194,7 +200,13 @@ def _write_drops(
     task_d, position_d = task[~first], position[~first]
     kept_ids = np.empty(len(task_d), dtype=object)
     for r in range(tasks):
-        ids = _read_table(_table_path(root / "docs", r), f"the ids of task {r}").column("id")
+        docs = _read_table(_table_path(root / "docs", r), f"the ids of task {r}")
+        ids = docs.column("id")
+        # the text the first pass read, too: a text rewritten that made no other drop left the digest as
+        # it was, and a finished task of the old text was kept by its record (trial RV56a 1)
+        for column in ("hash_hi", "hash_lo"):  # (a MinHash first pass of an older gristmill: none)
+            if column in docs.column_names:
+                decided.update(docs.column(column).to_numpy().tobytes())
         sel = task[kept] == r
         kept_ids[sel] = ids.take(pa.array(position[kept[sel]])).to_pylist()
         sel = np.flatnonzero(task_d == r)

@@ -4449,6 +4449,60 @@ def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, bu
     assert excluded() == [] and json.loads(get(DATASET_JSON))["documents"] == 2
 
 
+def test_the_dedup_advice_followed_redoes_a_finished_task_whose_text_changed_no_drop(
+    s3, build_fixture, tmp_path
+):
+    """Texts rewritten at the same size (their times given back) in a finished task's input and in the
+    one to redo, no drop changed by it: the advice, followed, kept the finished task's shards of the
+    old text, since the decisions were the drops alone (trial RV56a 1: validate OK). They are of the
+    text hashes the first pass read too, and the dataset is a fresh build's of the final inputs."""
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from pipelines.dedup import DedupError
+    from tests.helpers.corpus import fixture_texts
+    from training.contract.config_loader import load_config
+
+    y, z, w = fixture_texts(3)
+    files = {"a.jsonl": [("Y", y), ("Z", z)], "b.jsonl": [("X", y), ("W", w)]}  # X: a copy of Y
+
+    def write(src: Path, reverse: bool) -> None:
+        src.mkdir(exist_ok=True)
+        for name, docs in files.items():
+            rows = [(i, t[::-1] if reverse and i in ("Z", "W") else t) for i, t in docs]
+            (src / name).write_text(
+                "".join(json.dumps({"id": i, "text": t, "int_score": 4}) + "\n" for i, t in rows)
+            )
+
+    def config(src: Path, prefix: str):
+        sets = [f"output={json.dumps(s3.url(prefix))}", f"build.workdir={json.dumps(str(tmp_path / prefix))}"]
+        sets += ["dedup.kind=exact", "source.kind=jsonl", f"source.path={json.dumps(str(src))}"]
+        return load_config(DataConfig, build_fixture[2], [*sets, "build.workers=1", "build.tasks=2"])
+
+    quiet = {"log": lambda *a: None}
+    write(tmp_path / "src", reverse=False)
+    cfg = config(tmp_path / "src", "rewritten-text")
+    assert build(cfg, **quiet).ok
+    for key in ("build/tasks/00001.json", DATASET_JSON):  # task 1 to redo, the driver gone
+        s3.client.delete_object(Bucket=BUCKET, Key=f"rewritten-text/{key}")
+    times = {p.name: p.stat() for p in (tmp_path / "src").iterdir()}
+    write(tmp_path / "src", reverse=True)  # Z in task 0, finished, and W in task 1: other text, as long
+    for name, st in times.items():
+        os.utime(tmp_path / "src" / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises((DedupError, BuildError), match=r"has other text than the first pass read") as e:
+        build(cfg, **quiet)
+    subprocess.run(
+        ["rm", "-rf", *re.search(r"delete (\S+), (\S+) and (\S+) and rerun", str(e.value)).groups()]
+    )
+    assert build(cfg, **quiet).ok
+    write(tmp_path / "fresh", reverse=True)
+    assert build(config(tmp_path / "fresh", "rewritten-text-fresh"), **quiet).ok
+    info = [
+        json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"{prefix}/{DATASET_JSON}")["Body"].read())
+        for prefix in ("rewritten-text", "rewritten-text-fresh")
+    ]
+    assert info[0]["fingerprint"] == info[1]["fingerprint"], (info[0]["tokens"], info[1]["tokens"])
+
+
 def test_objects_in_a_bucket_build_s_task_folders_that_no_task_uploaded_are_named(
     s3, build_fixture, tmp_path
 ):

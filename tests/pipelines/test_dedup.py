@@ -232,15 +232,20 @@ def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong
 
 
 def test_the_dedup_decisions_are_of_the_tables_content_and_a_damaged_record_is_one_line(built, tmp_path):
-    """decisions.json, which an s3:// build's task records, is the sha256 of the drop tables' content
-    (not of their bytes, which hold pyarrow's version: a rerun of the stages elsewhere would redo every
-    task, review RV55d 3); damaged, it is one line naming the repair."""
+    """decisions.json, which an s3:// build's task records, is the sha256 of the first pass's text
+    hashes (a text rewritten that changed no drop: trial RV56a 1) and of the drop tables' content (not
+    of their bytes, which hold pyarrow's version: a rerun of the stages elsewhere would redo every
+    task, review RV55d 3); damaged, or missing beside drop tables (records of other decisions were
+    then kept: RV56a 2), it is one line naming the repair."""
     import hashlib
 
     from pipelines.dedup import decisions_sha256
 
-    content = hashlib.sha256()
-    for r, table in enumerate(sorted((built["exact"] / "dedup" / "drop").glob("*.parquet"))):
+    content, dedup = hashlib.sha256(), built["exact"] / "dedup"
+    for r, table in enumerate(sorted((dedup / "drop").glob("*.parquet"))):
+        first = pq.read_table(dedup / "docs" / table.name)
+        for column in ("hash_hi", "hash_lo"):
+            content.update(np.asarray(first.column(column).to_pylist(), np.uint64).tobytes())
         t = pq.read_table(table)
         documents = int(t.schema.metadata[b"documents"])
         content.update(np.asarray([r, documents, t.num_rows], np.int64).tobytes())
@@ -249,9 +254,14 @@ def test_the_dedup_decisions_are_of_the_tables_content_and_a_damaged_record_is_o
             content.update("\0".join(t.column(column).to_pylist()).encode() + b"\1")
     assert decisions_sha256(built["exact"]) == content.hexdigest()
     copy = tmp_path / "copy"
-    shutil.copytree(built["exact"] / "dedup", copy / "dedup")
+    shutil.copytree(dedup, copy / "dedup")
+    said = (
+        rf"^{copy / 'dedup' / 'decisions.json'} is missing or cannot be read .* delete {copy / 'dedup'} and "
+    )
     (copy / "dedup" / "decisions.json").write_text("{")
-    said = rf"^{copy / 'dedup' / 'decisions.json'} cannot be read .* delete it and "
+    with pytest.raises(DedupError, match=said):
+        decisions_sha256(copy)
+    (copy / "dedup" / "decisions.json").unlink()  # beside the drop tables
     with pytest.raises(DedupError, match=said):
         decisions_sha256(copy)
     assert decisions_sha256(tmp_path / "none") is None
