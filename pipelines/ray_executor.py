@@ -139,11 +139,24 @@ class GristmillRayExecutor(RayPipelineExecutor):
     def run(self) -> None:
         if self.logging_dir.isdir(ERRORS_DIR):  # an earlier run's: not this run's failures
             self.logging_dir.rm(ERRORS_DIR, recursive=True)
-        super().run()
+        try:
+            super().run()
+        except Exception:
+            # a failed task's own error says why, not what Ray's wait raised after it (once, under load:
+            # "SystemError: CoreWorker.wait returned a result with an exception set")
+            if (saved := self._saved_error()) is None:
+                raise
+            raise saved from None
+        if (saved := self._saved_error()) is not None:
+            raise saved
+
+    def _saved_error(self) -> Exception | None:
+        """The exception the first failed task saved (`_save_error`), None if none did."""
         for rank in self.get_incomplete_ranks(range(self.world_size)):
             if self.logging_dir.isfile(path := f"{ERRORS_DIR}/{rank:05d}.pickle"):
                 with self.logging_dir.open(path, "rb") as f:
-                    raise pickle.load(f)
+                    return pickle.load(f)
+        return None
 
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
         # Runs in a process of its own (datatrove's per-task pool under the Ray actor).

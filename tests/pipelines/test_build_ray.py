@@ -203,8 +203,22 @@ def test_ray_resumes_a_local_build_redoing_only_unfinished_tasks(
     assert {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == before
 
 
-def test_task_failure_on_ray_is_the_local_error(ray_instance, build_fixture, tmp_path, capsys):
-    # The task's exception reaches the driver (datatrove's Ray executor only logs it).
+@pytest.mark.parametrize("wait_raises", [False, True])
+def test_task_failure_on_ray_is_the_local_error(ray_instance, build_fixture, tmp_path, capsys, monkeypatch,
+                                                wait_raises):  # fmt: skip
+    # The task's exception reaches the driver (datatrove's Ray executor only logs it), also where Ray's
+    # wait raised after the task failed (once, under load: "SystemError: <cyfunction CoreWorker.wait>
+    # returned a result with an exception set" was the line, the task's error unsaid)
+    if wait_raises:
+        from datatrove.executor.ray import RayPipelineExecutor
+
+        real = RayPipelineExecutor.run
+
+        def run(self):
+            real(self)
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set")
+
+        monkeypatch.setattr(RayPipelineExecutor, "run", run)
     assert_task_failure_is_one_error(capsys, build_fixture[2], tmp_path, "build.executor=ray")
 
 
