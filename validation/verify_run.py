@@ -99,6 +99,10 @@ class BatchCheck:
 
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
+    # `only`'s: a record of the step was there to check (its entry in batches.bin, or a timeline row
+    # of it carrying batch_sha256; batches.bin unreadable, a timeline row of it: the problem answers).
+    # Not a row without a digest: a run, or part of one, from before the record (review RV54b 1).
+    compared: bool = False
 
 
 def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
@@ -109,6 +113,7 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
     rows, rows_note = (
         read_metrics(run_dir / METRICS_JSONL) if (run_dir / METRICS_JSONL).is_file() else ([], None)
     )
+    at_only = [r for r in kept_rows(rows) if r["step"] == only and "loss" in r]  # the timeline's, trained
     if not path.is_file():
         if not any("batch_sha256" in r for r in rows):
             return BatchCheck(
@@ -121,8 +126,9 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
         try:
             entries, record_note = read_batches(path)  # its note: a torn last record cut off
         except ValueError as e:
-            return BatchCheck(f"batches: {e}")
-    check = BatchCheck(notes=[record_note] if record_note else [])
+            return BatchCheck(f"batches: {e}", compared=bool(at_only))
+    compared = any(e.step == only for e in entries) or any("batch_sha256" in r for r in at_only)
+    check = BatchCheck(notes=[record_note] if record_note else [], compared=compared)
     try:
         plan, tables, skips = run_plan(run_dir)
     except GristmillError as e:
@@ -233,20 +239,20 @@ def run(args: argparse.Namespace) -> int:
             "`gristmill train`; `gristmill data validate` checks a dataset"
         )
     rows = verify_run(run_dir, args.step)
+    batches = verify_batches(run_dir, args.step)
     alone = None  # --step N of a trained step without a checkpoint or export: its recorded batch alone
     if not rows and args.step is not None:
         why = missing_step_reason(run_dir, args.step)
-        if not _recorded(run_dir, args.step):
+        if not batches.compared:
             raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
         alone = f"{run_dir} has no checkpoint or export of step {args.step} ({why}); its recorded batch:"
-    batches = verify_batches(run_dir, args.step)
     damaged = [r for r in rows if r[2] == "DAMAGED"]
     if rows:
         print(format_table(Result("verify", COLUMNS, rows), max_rows=None, max_width=200))
         print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
     elif alone is not None:  # it was refused whole, the batch a tampered record named never checked (RV53a 1)
         print(alone)
-        # its entry was compared (_recorded): a row's digest without one is a problem
+        # its record was compared (BatchCheck.compared): a row's digest without an entry is a problem
         if batches.problem is None:
             print(f"batches: step {args.step} is the plan's ({run_dir / BATCHES_BIN})")
     else:
@@ -254,17 +260,3 @@ def run(args: argparse.Namespace) -> int:
     for line in batches.notes + ([batches.problem] if batches.problem else []):
         print(line)
     return 1 if damaged or batches.problem else 0
-
-
-def _recorded(run_dir: Path, step: int) -> bool:
-    """Whether verify_batches has a record of trained `step` to check: its entry in batches.bin, or a
-    timeline row of it carrying batch_sha256 (checked against the record); where batches.bin cannot be
-    read, a timeline row of the step (the record's problem is then the answer). Not a row without a
-    digest: a run, or a part of one, from before the record has nothing to compare (review RV54b 1)."""
-    rows = read_metrics(run_dir / METRICS_JSONL)[0] if (run_dir / METRICS_JSONL).is_file() else []
-    rows = [r for r in kept_rows(rows) if r["step"] == step and "loss" in r]  # the timeline's, trained
-    try:
-        entries = read_batches(run_dir / BATCHES_BIN)[0] if (run_dir / BATCHES_BIN).is_file() else []
-    except ValueError:
-        return bool(rows)
-    return any(e.step == step for e in entries) or any("batch_sha256" in r for r in rows)
