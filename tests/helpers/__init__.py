@@ -22,6 +22,7 @@ pid_namespace           `python SCRIPT` as pid 1 of a pid namespace of its own (
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 preload_probe           a datatrove step saying which process imported its module (forkserver preload)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
+signal_reentry          a second SIGTERM at each line of a first one's handling, and of a wait for data
 shared                  artifacts built once per run under a file lock (datasets, reference runs), unchanged
 small_blocks_cli        the CLI with small epoch groups, for a command in a process of its own (a namespace)
 small_blocks_train      torchrun workers of training.train with small epoch groups, planning a step ahead

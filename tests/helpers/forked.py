@@ -207,7 +207,7 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
+            raise _TimedOut(self.args, timeout, output=self.output()[0])
         return self.returncode
 
     def output(self) -> tuple[str, str]:
@@ -228,6 +228,14 @@ class Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+class _TimedOut(subprocess.TimeoutExpired):
+    """A child still running at its test's timeout: the message ends with what it had written, where a
+    rare hang in CI otherwise says nothing of where the run stood."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}; its output ends:\n{(self.output or '')[-4000:]}"
 
 
 def popen(args, **kw) -> Forked:

@@ -563,6 +563,20 @@ def test_a_failed_store_request_is_one_line_and_none_once_the_agent_is_gone(capf
         alive.kill()
 
 
+def test_a_signal_within_the_handling_of_another_never_hangs_the_rank():
+    """A job's SIGTERM reaches a torchrun worker up to three times within milliseconds (the scheduler's
+    and the relays of the launcher and of torchrun's agent). Python runs the second handler on the same
+    thread inside the first: STOP_FETCHING was a threading.Event, whose set() waited forever for the
+    lock the first handler held, and the rank hung mid-step, its stop never saved (CI's every-process
+    SIGTERM test: 1 run in ~17 under load). A second SIGTERM at each line of a first one's handling,
+    and at each line of a wait for data, in a forked probe (tests/helpers/signal_reentry.py)."""
+    probe = [sys.executable, "-m", "tests.helpers.signal_reentry"]
+    done = forked.run(probe, cwd=ROOT, env=ENV, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    handled, waited = map(int, re.findall(r"(\d+) (?:lines|of)", done.stdout))
+    assert handled > 10 and waited >= 4, done.stdout  # the rounds reached the handler's lines and the wait's
+
+
 @pytest.mark.parametrize("server", ["libuv", "legacy"])
 def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(tmp_path, server):
     """Each rank of a distributed run waits in the job's c10d store for another's stop: one request for

@@ -26,6 +26,7 @@ loader's DataLoader workers), which the run's metrics report.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import itertools
@@ -34,6 +35,7 @@ import multiprocessing
 import os
 import random
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,13 +83,65 @@ class Window:
         return time.monotonic() - (self.until - self.seconds)
 
 
+class _StopFlag:
+    """threading.Event's is_set, set, clear and wait, where set() may run in a signal handler. Event.set
+    takes a lock: a job's SIGTERM reaches a torchrun worker up to three times within milliseconds (the
+    scheduler's, the launcher's relay, the agent's), Python runs the second handler on the same thread
+    inside the first, and it waited forever for the lock the first held: the rank hung mid-step, its
+    stop never saved (CI: 1 run in ~17 under load). Here set() stores a bool and writes a byte to a
+    pipe, no lock; wait() polls the pipe (poll, not select: a trainer's descriptors pass 1024)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._pipe = self._new_pipe()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    @staticmethod
+    def _new_pipe() -> tuple[int, int]:
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        return read, write
+
+    def _after_fork(self) -> None:
+        """A pipe of the child's own: its set() must not wake its parent's waits (a loader worker's stop)."""
+        for fd in self._pipe:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pipe = self._new_pipe()
+        if self._set:
+            self.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        with contextlib.suppress(OSError):  # a full pipe is readable already
+            os.write(self._pipe[1], b"\0")
+
+    def clear(self) -> None:
+        self._set = False
+        with contextlib.suppress(OSError):  # BlockingIOError: emptied
+            while os.read(self._pipe[0], 4096):
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, waiting up to `timeout` seconds for it."""
+        if not self._set:
+            poll = select.poll()
+            poll.register(self._pipe[0], select.POLLIN)
+            poll.poll(max(0.0, timeout) * 1000)
+        return self._set
+
+
 # Set while the run was asked to stop (SIGTERM, Ctrl-C: training/run/shutdown.py): a training's fetches
 # (those retrying within a window) stop retrying and their waits end, so the step trained last is
 # saved now, not after data.fetch_timeout_s of an outage (5 minutes by default: a scheduler's grace
 # period, 30 s in Slurm, ended the process first and the steps since the last checkpoint were lost:
 # RV43a F1). A request already in flight ends at its own timeout, in a daemon thread that the
 # process does not wait for at its exit (block_cache._FetchThreads).
-STOP_FETCHING = threading.Event()
+STOP_FETCHING = _StopFlag()
 FETCH_STOPPED = "stopped waiting for data: the run was asked to stop"
 
 
