@@ -701,7 +701,7 @@ def _stop(run: Run, verdict: Verdict) -> None:
     except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
         say(f"error: {e}")
     run.record.draw_loss()
-    raise verdict.error(verdict.message(run.checkpointer.newest_complete()))
+    raise verdict.error(verdict.message(run.checkpointer.newest_complete()), cause=verdict.cause)
 
 
 def main(

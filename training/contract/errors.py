@@ -75,9 +75,15 @@ def refuse_empty(options: dict[str, str | None], required: bool = False) -> None
 
 class NonFiniteError(GristmillError):
     """Training produced a NaN or inf (loss, gradient, weights); nothing non-finite was saved.
-    The CLI exits with `exit_code` so a scheduler can tell divergence from bad input."""
+    The CLI exits with `exit_code` so a scheduler can tell divergence from bad input. `cause`: what
+    happened, without the message's next steps for a `gristmill train` user (a caller that runs the
+    trainer, the mixture search, words its own)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = message if cause is None else cause
 
 
 def hold_closed_streams() -> None:

@@ -38,7 +38,7 @@ from training.checkpoint.base_source import hub_id, locate_base
 from training.checkpoint.model_config import resolve_model_config
 from training.config import TrainConfig, load_train_config
 from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.plan import PlanError
 from training.data.reader import DocumentTable
@@ -374,7 +374,9 @@ def _worker_start(search: int) -> None:
     exit_with_parent(search)
 
 
-CHANGED, REFUSED = "changed", "refused"  # a worker's reply: a source changed, or the run refused
+# A worker's reply: a source changed, the run refused, or it diverged (its cause, without the trainer's
+# advice: `gristmill train` commands that set optim.lr, where the search's key is proxy.lr)
+CHANGED, REFUSED, DIVERGED = "changed", "refused", "diverged"
 
 
 def _train_in_worker(
@@ -382,7 +384,7 @@ def _train_in_worker(
 ) -> tuple[str, str] | None:
     """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log,
     on the datasets the search started on (checked before and after: source_changes). None when it
-    ran; else (CHANGED, the line) or (REFUSED, the run's one-line error)."""
+    ran; else (CHANGED, the line), (DIVERGED, what happened) or (REFUSED, the run's one-line error)."""
     from training.train import train  # forked: the search imported it; spawned: the first job does
 
     if changed := source_changes(sources, fingerprints):
@@ -398,7 +400,7 @@ def _train_in_worker(
                 train(tc, out=f)
             except GristmillError as e:
                 print(f"error: {e}", file=f)
-                refused = str(e)
+                refused = (DIVERGED, e.cause) if isinstance(e, NonFiniteError) else (REFUSED, str(e))
     except Exception:  # a dataset replaced under the reader fails anyhow; said as what it is
         if changed := source_changes(sources, fingerprints):
             clear(Path(tc.run.output_dir))
@@ -407,7 +409,7 @@ def _train_in_worker(
     if changed := source_changes(sources, fingerprints):  # it may have read either dataset
         clear(Path(tc.run.output_dir))
         return CHANGED, changed
-    return None if refused is None else (REFUSED, refused)
+    return refused
 
 
 class Pool:
@@ -463,6 +465,12 @@ class Pool:
             label, _, run_dir = jobs[i]
             if reply is not None and reply[0] == CHANGED:
                 raise GristmillError(reply[1])
+            if reply is not None and reply[0] == DIVERGED:
+                lr, what = self.cfg.proxy.lr, in_search_keys(reply[1], self.cfg)
+                raise NonFiniteError(
+                    f"proxy {label} ({run_dir}) diverged: {what}; run the search again with a lower proxy.lr "
+                    f"(now {lr:g}; e.g. {lr / 10:g}): a new recipe, every proxy trains again"
+                )
             if reply is not None:
                 raise GristmillError(
                     f"proxy {label} ({run_dir}) refused to train: {in_search_keys(reply[1], self.cfg)}"

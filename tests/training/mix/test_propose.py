@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -701,6 +702,23 @@ def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, sha
     err = capsys.readouterr().err.strip()
     assert err == "error: proxy.preset = 'nope' is not one of demo, llama3-1b, llama3-8b, tiny", err
     assert not (out / "swarm").exists()
+
+
+def test_a_diverged_proxy_s_advice_is_in_the_search_s_keys(tmp_path, shared_sources, capsys):
+    """A proxy that diverges stops the search (exit 3) with its cause and the search's next step. It
+    gave the trainer's advice with its key renamed: `gristmill train --config …/config.toml --set
+    proxy.lr=…`, which the trainer refuses (unknown key 'proxy'), and a resume skipping such steps,
+    whose run the search then takes for another recipe (trial RV57a F2)."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    sets = ["--set", "proxy.lr=1e6", "proxy.min_lr=0", "proxy.parallel=1"]
+    assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out), *sets]) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"error: proxy swarm/p00 \(.+\) diverged: step \d+: [^;]*not finite[^;]*; "
+        r"run the search again with a lower proxy\.lr \(now 1e\+06; e\.g\. 100000\): "
+        r"a new recipe, every proxy trains again",
+        err,
+    ), err
 
 
 def test_a_search_under_a_test_fault_says_so_and_is_other_evidence(
