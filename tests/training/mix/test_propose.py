@@ -601,6 +601,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "(constraints.run_seq_len is not given: the run is assumed to read windows of proxy.seq_len",
         ),
         (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
+        # every proxy's trainer refused it, once the search had started (trial RV57a F3)
+        (["proxy.val_batches=100000"], "source 'web': proxy.val_batches = 100000: split 'val' of "),
     ],
 )
 def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsys, sets, says):
