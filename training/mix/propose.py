@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import time
 from dataclasses import replace
@@ -263,8 +264,11 @@ def run(args: argparse.Namespace) -> int:
                 f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
             )
             outside = _outside_swarm(sources, proposal, X)
+            untrained = _untrained(float((Y @ w).min()), tables[0].info["vocab_size"])
             warnings += [
-                _warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi, caps), outside) if line
+                _warn(line)
+                for line in (untrained, _on_bound(cfg, sources, proposal, lo, hi, caps), outside)
+                if line
             ]
             mixes = {
                 "proposal": proposal,
@@ -345,6 +349,19 @@ ONE_SEED = (
     "validation.seeds = {seeds} has one seed: one seed cannot measure seed noise, so the gate's verdict "
     "is weak; use ≥ 2 (e.g. validation.seeds = [1, 2])"
 )
+
+
+def _untrained(best: float, vocab_size: int) -> str | None:
+    """Where even the best proxy's target loss is no better than a uniform guess over the vocabulary
+    (ln V nats): the proxies learned nothing of the data (an LR that blew them up: 250-450 nats at
+    proxy.lr = 3, trial RV57a F6), and the fit, the proposal and the gate are of noise."""
+    if best < math.log(vocab_size):
+        return None
+    return (
+        f"the best proxy's target loss, {best:.4f}, is no better than a uniform guess over the "
+        f"{vocab_size:,}-token vocabulary (ln {vocab_size:,} = {math.log(vocab_size):.4f}): the proxies "
+        "learned nothing, and the fit and the proposal are of noise; lower proxy.lr or raise proxy.tokens"
+    )
 
 
 def _warn(line: str) -> str:

@@ -130,6 +130,7 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
     assert mix == pytest.approx(returned, abs=1e-4)
     assert (out / "mix.png").stat().st_size > 10_000
     assert_honest_about_noise(report, first.stdout)
+    assert "learned nothing" not in first.stdout  # these proxies learned
     # the progress: a line as the first proxy starts, and the swarm's time left counts the validation
     lines = first.stdout.splitlines()
     started = lines.index("  training 4, 1 at a time; started " + report_label(report, 0))
@@ -721,6 +722,20 @@ def test_a_diverged_proxy_s_advice_is_in_the_search_s_keys(tmp_path, shared_sour
         r"a new recipe, every proxy trains again",
         err,
     ), err
+
+
+def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources):
+    """Proxies blown up by their LR (targets of 60-210 nats against ln 256 = 5.55 for a uniform guess)
+    were fitted, proposed from and gated in silence, as if they measured the mixtures (trial RV57a F6).
+    A warning on screen and in proposal.toml; a search whose proxies learned says nothing of it."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    done = propose(config, out, "--set", "proxy.lr=3.0", "proxy.min_lr=0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = re.search(r"warning: (the best proxy's target loss, [\d.]+, is no better than .*)", done.stdout)
+    assert said and "(ln 256 = 5.5452): the proxies learned nothing" in said[1], done.stdout
+    assert f"# warning: {said[1]}\n" in (out / "proposal.toml").read_text()
+    best = min(e["target_loss"] for e in json.loads((out / "report.json").read_text())["swarm"])
+    assert best > 5.5452 and f"loss, {best:.4f}," in said[1]
 
 
 def test_a_search_under_a_test_fault_says_so_and_is_other_evidence(
