@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import statistics
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -112,6 +113,8 @@ def test_every_preset_runs_and_stats_view_flattens(built_dataset):
     assert val[0]["status"] == "ok" and val[0]["problems"] == 0 and val[0]["dataset_name"] == names[0]
     balance = run_preset(con, "shard_balance").records()[0]
     assert balance["min_tokens"] <= balance["median_tokens"] <= balance["max_tokens"]
+    shards = [t for (t,) in con.execute("SELECT tokens FROM shards").fetchall()]
+    assert balance["median_tokens"] == statistics.median(shards), shards  # not cut to an integer (RV57b F3)
 
 
 def test_cli_formats(built_dataset, capsys):
@@ -394,6 +397,10 @@ def test_top_domains_is_the_urls_hostname(tmp_path):
     hosts = [urllib.parse.urlsplit(u).hostname for u in urls]
     assert got == dict(Counter(h and h.removeprefix("www.") for h in hosts)), got
     assert got == {"example.com": 11, "::1": 1, "fe80::1": 1, None: 2}
+    # the share as it is, rounded once, by the table: rounded to 3 decimals first, a share of
+    # 7.8355 % showed as 7.83 (trial RV57b F2)
+    shares = {r["domain"]: r["pct_of_tokens"] for r in run_preset(con, "top_domains").records()}
+    assert shares["example.com"] == 100 * 22 / 30, shares
 
 
 def test_two_datasets_compare(built_dataset, tmp_path, capsys):
