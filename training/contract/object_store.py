@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import io
 import itertools
@@ -98,10 +99,15 @@ class _StopFlag:
 
     @staticmethod
     def _new_pipe() -> tuple[int, int]:
-        read, write = os.pipe()
-        os.set_blocking(read, False)
-        os.set_blocking(write, False)
-        return read, write
+        """Descriptors above 2: in a process started with stdout closed (a daemon's `>&-`), os.pipe took
+        descriptor 1, which errors.hold_closed_streams then took for a stream and left, and the
+        process's prints went into this pipe."""
+        ends = []
+        for fd in os.pipe():
+            ends.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3))
+            os.close(fd)
+            os.set_blocking(ends[-1], False)
+        return ends[0], ends[1]
 
     def _after_fork(self) -> None:
         """A pipe of the child's own: its set() must not wake its parent's waits (a loader worker's stop)."""
