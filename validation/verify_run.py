@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
-from training.checkpoint.export_advice import export_command
-from training.checkpoint.hf_export import ExportError, of_another_checkpoint, verify_export
+from training.checkpoint.hf_export import ExportError, not_the_run_s, of_another_checkpoint, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.batch_record import BatchEntry, read_batches
@@ -81,12 +80,7 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path, step, merged)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
-                    again = export_command(run_dir, step, merged)
-                    status = "DAMAGED"
-                    detail = (
-                        f"exported from another checkpoint of step {step} than the run's (one a resume or a "
-                        f"rewind set aside since); `{again}` sets it aside and exports the run's"
-                    )
+                    status, detail = "DAMAGED", not_the_run_s(run_dir, step, merged)
             except (CheckpointError, ExportError) as e:
                 status, detail = "DAMAGED", str(e)
             rows.append((kind, step, status, *_size(path), detail))

@@ -98,7 +98,7 @@ from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
 from training.contract.errors import GristmillError, NonFiniteError
-from training.contract.integrity import EXPORT_META, file_records
+from training.contract.integrity import EXPORT_META, checkpoint_identity, file_records, record_saved
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
@@ -1028,6 +1028,7 @@ class Checkpointer:
             )
             for rank in range(self.world_size):
                 (path / RANK_RECORD.format(rank)).unlink(missing_ok=True)
+            record_saved(self.run_dir, step, checkpoint_identity(path))
         except (OSError, TimeoutError, ValueError) as e:
             self._failed(step, e)
         seconds = time.perf_counter() - t0

@@ -107,10 +107,12 @@ from training.contract.integrity import (
     damaged_files,
     exported_with_checksums,
     file_records,
+    saved_identity,
 )
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
+    CHECKPOINTS_JSONL,
     CONFIG_TOML,
     EXPORTS_DIR,
     abandoned_copies,
@@ -1393,6 +1395,8 @@ def export_checkpoint(
     if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved
         _check_export_step(run_export, step, merged)
     if run_export.is_dir() and of_another_checkpoint(run_export, ckpt):
+        if checkpoint_identity(ckpt) is None:  # nothing to export the run's from: said, left as it is
+            raise ExportError(f"{run_export} was {not_the_run_s(run_dir, step, merged)}")
         # Exported from a step N a resume or a rewind set aside while the export ran (review R15c F2):
         # another timeline's weights, set aside as that timeline's are; exported again below.
         aside = abandoned_name(run_export)
@@ -1506,10 +1510,28 @@ def _recorded_identity(export: Path) -> str | None:
 
 def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     """Whether export `export` records another checkpoint than `ckpt`'s complete one: an export of a
-    step N since set aside. An export of before the record, or whose checkpoint is gone (retention
-    keeps exports), says nothing."""
-    recorded, now = _recorded_identity(export), checkpoint_identity(ckpt)
+    step N since set aside, or of another run's step N. A checkpoint gone (retention keeps exports)
+    is the one RUN/checkpoints.jsonl records (an export of another run put in its place was verified
+    as the run's: trial RV57a F1); an export of before the record, or of a step it lacks, says nothing."""
+    recorded = _recorded_identity(export)
+    now = checkpoint_identity(ckpt) or saved_identity(ckpt.parent.parent, step_of(ckpt))
     return recorded is not None and now is not None and recorded != now
+
+
+def not_the_run_s(run_dir: Path, step: int, merged: bool) -> str:
+    """What an export of step `step` that is not of the run's checkpoint of it is, and what to do:
+    verify's detail, and export's refusal where the run's checkpoint is gone."""
+    said = f"exported from another checkpoint of step {step} than the run's"
+    if checkpoint_identity(checkpoint_dir(run_dir, step)) is not None:
+        again = export_command(run_dir, step, merged)
+        return (
+            f"{said} (one a resume or a rewind set aside since); `{again}` sets it aside, exports the run's"
+        )
+    # retention deleted the run's, which checkpoints.jsonl records: nothing to export it from
+    return (
+        f"{said} (set aside by a resume or a rewind, or another run's; {CHECKPOINTS_JSONL} records the "
+        "run's, which retention deleted): move it aside; the run's export of the step is only in a copy"
+    )
 
 
 def _newest_to_export(run_dir: Path, log, merged: bool) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from training.contract.config_loader import json_sha256
-from training.contract.run_layout import COMPLETE_FILE
+from training.contract.run_layout import CHECKPOINTS_JSONL, COMPLETE_FILE
 
 CHUNK = 8 << 20  # read size; zlib and hashlib release the GIL on buffers this large
 ALGORITHMS = ("crc32", "sha256")
@@ -39,6 +39,40 @@ def checkpoint_identity(ckpt: Path) -> str | None:
         return file_digest(ckpt / COMPLETE_FILE, "sha256")
     except FileNotFoundError:
         return None
+
+
+def record_saved(run_dir: Path, step: int, identity: str) -> None:
+    """A line of RUN/checkpoints.jsonl for checkpoint `step` once its COMPLETE is written (the
+    checkpointer's, rank 0): retention deletes checkpoints and keeps their exports, and an export of
+    another run's step N put in their place was then verified as the run's (trial RV57a F1)."""
+    line = json.dumps({"step": step, CHECKPOINT_IDENTITY: identity}) + "\n"
+    fd = os.open(Path(run_dir) / CHECKPOINTS_JSONL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def saved_identity(run_dir: Path, step: int) -> str | None:
+    """The COMPLETE sha256 of the run's step `step` as RUN/checkpoints.jsonl last records it (a rewind
+    or a resume from an older step saves a step again); None where it records none (a run from
+    before the record, a step never saved). A line cut short by a kill is no record."""
+    found = None
+    try:
+        with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(row, dict) or row.get("step") != step:
+                    continue
+                if isinstance(row.get(CHECKPOINT_IDENTITY), str):
+                    found = row[CHECKPOINT_IDENTITY]
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found
 
 
 def exported_with_checksums(export: str | Path) -> bool:

@@ -29,6 +29,9 @@ EXPORTS_DIR = "exports"
 EVAL_DIR = "eval"
 DCP_METADATA = ".metadata"
 COMPLETE_FILE = "COMPLETE"
+# each complete checkpoint's step and COMPLETE sha256, a line per save (contract/integrity.record_saved),
+# kept when retention deletes the checkpoint: which checkpoint of its step is the run's, for its exports
+CHECKPOINTS_JSONL = "checkpoints.jsonl"
 LOCK_FILE = ".gristmill.lock"  # training.run.lock: one writer per run directory
 METRICS_JSONL = "metrics.jsonl"
 LOSS_PNG = "loss.png"  # train and validation loss against step, the timeline's rewinds marked

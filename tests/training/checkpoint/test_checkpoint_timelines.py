@@ -364,6 +364,47 @@ def test_a_resume_from_a_set_aside_checkpoint_in_its_own_directory_is_refused(da
     assert [m["step"] for m in metrics(elsewhere)][:1] == [9] and complete_steps(elsewhere)[-1] == 12
 
 
+def test_an_export_of_another_run_in_place_of_one_whose_checkpoint_is_gone_is_never_the_run_s(
+    dataset, tmp_path, capsys
+):
+    """Retention deletes checkpoints and keeps their exports. Another run's export of step 8 put in
+    this run's place, its checkpoint gone, was verified ok ("0 damaged"), and `export --step 8 --out
+    DIR` made a bf16 copy of the other run's weights without a word (trial RV57a F1). RUN/
+    checkpoints.jsonl records each checkpoint's COMPLETE sha256 as it is saved: verify names the
+    export, and an export of the step refuses it in one line, leaving it. The run's own export of a
+    deleted checkpoint stays ok."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for r, seed in ((ours, 0), (theirs, 1)):
+        sets = (
+            "run.max_steps=8",
+            "checkpoint.keep_last=0",
+            "checkpoint.export_interval=8",
+            f"run.seed={seed}",
+        )
+        assert run(dataset, r, *sets) == 0
+    shutil.rmtree(checkpoint_dir(ours, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(ours)]) == 0  # its own export, its checkpoint deleted
+    shutil.rmtree(export_dir(ours, 8))
+    shutil.copytree(export_dir(theirs, 8), export_dir(ours, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(ours)]) == 1
+    out = capsys.readouterr().out
+    assert "exported from another checkpoint of step 8 than the run's (set aside by a resume or a " in out, (
+        out
+    )
+    assert "checkpoints.jsonl records the run's, which retention deleted): move it aside" in out, out
+    assert (
+        gristmill(["export", str(ours), "--step", "8", "--out", str(tmp_path / "bf16"), "--dtype", "bf16"])
+        == 2
+    )
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{export_dir(ours, 8)} was exported from another checkpoint of step 8 than the run's" in line, (
+        line
+    )
+    assert not (tmp_path / "bf16").exists() and export_dir(ours, 8).is_dir()  # said, left as it is
+
+
 def test_an_export_of_a_checkpoint_set_aside_while_it_ran_is_never_the_run_s(
     dataset, tmp_path, capsys, monkeypatch
 ):
