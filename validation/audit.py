@@ -80,6 +80,15 @@ class AuditError(GristmillError):
     """A dataset whose files the audit cannot read; the message names the file."""
 
 
+class _OneReport(argparse.Action):
+    """--report given once: given twice, only the last was printed, exit 0 (trial RV57b F1)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if (first := getattr(namespace, self.dest)) is not None:
+            raise AuditError(f"--report given twice ({first}, {values}): give one, or --report all")
+        setattr(namespace, self.dest, values)
+
+
 @contextlib.contextmanager
 def _damaged_files_named(roots: list[str | Path]):
     """duckdb failing on a dataset's own files (a truncated manifest, a broken dataset.json) ends
@@ -499,7 +508,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
-        "--report", choices=[*PRESETS, "all"], help="print one preset report (all: every preset)"
+        "--report",
+        choices=[*PRESETS, "all"],
+        action=_OneReport,
+        help="print one preset report (all: every preset)",
     )
     what.add_argument("--sql", help="run one read-only SQL query over the views")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")

@@ -142,6 +142,11 @@ def test_cli_formats(built_dataset, capsys):
     assert main(["data", "audit", str(built_dataset), "--report", "lengths"]) == 0
     out = capsys.readouterr().out
     assert "== lengths ==" in out and "tokens_from" in out
+    # given twice: only the last was printed, exit 0 (trial RV57b F1)
+    assert main(["data", "audit", str(built_dataset), "--report", "summary", "--report", "lengths"]) == 2
+    said = capsys.readouterr()
+    assert said.err == "error: --report given twice (summary, lengths): give one, or --report all\n", said
+    assert said.out == ""
     assert main(["data", "audit", str(built_dataset)]) == 0  # the default tables
     out = capsys.readouterr().out
     assert "== summary ==" in out and "kept (manifest)" in out and "== validation ==" in out
