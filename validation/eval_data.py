@@ -1038,6 +1038,26 @@ def damaged_task_files(out_dir: str | Path, names: Sequence[str] | None = None) 
     ]
 
 
+def task_data_problem(out_dir: str | Path) -> str:
+    """What is wrong with the local tasks' data under `out_dir` where damaged_task_files found files:
+    the folder gone, its data.json gone or unreadable, or files not as it records them. Each in its
+    own words: a failed eval's line said "<task>.jsonl not as data.json recorded" of an unreadable
+    data.json, and "failed again" once the whole folder was gone (trial RV57b F4)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return f"{out_dir} is gone (deleted since it was built)"
+    try:
+        json.loads((out_dir / DATA_META).read_text())["files"].items()
+    except FileNotFoundError:
+        return f"{out_dir}/{DATA_META} is gone (deleted since it was built)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{out_dir}/{DATA_META} is damaged (not the record its build wrote)"
+    return (
+        f"{out_dir}/<task>.jsonl not as {out_dir.name}/{DATA_META} recorded (changed or deleted since it "
+        "was built)"
+    )
+
+
 def task_data_settings(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> dict[str, Any]:
     """What decides the local tasks' data: the held-out documents' dataset, its split and how many."""
     return {
@@ -1097,6 +1117,9 @@ def build_task_data(
         old = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         old = None
+    unreadable = meta_path.exists() and not isinstance(old, dict)  # rebuilt below: said (not so: RV57b F5)
+    if unreadable and log is not None:
+        log(f"note: {task_data_problem(out_dir)}; rebuilt from the run's held-out documents")
     built = ("files", "tasks", "documents", "left_out")  # what the build found, not what decides it
     same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in built} == meta
     # A folder built before documents that do not encode back were left out (no "left_out") is built

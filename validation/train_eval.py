@@ -73,7 +73,7 @@ from validation.eval import (
     nonfinite_error,
     task_lines,
 )
-from validation.eval_data import EvalError, damaged_task_files
+from validation.eval_data import EvalError, damaged_task_files, task_data_problem
 from validation.eval_output import eval_output
 from validation.eval_results import EVAL_LOG, chance_levels, metric_order, write_plot, write_step_json
 
@@ -239,11 +239,9 @@ class TrainingEval:
         check_results(self.run_dir)  # an earlier step's damaged results.json: failed before scoring
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
         # One reason per folder: `_failed` says it once for all its tasks (review RV26b 4).
-        failed = {
-            p.stem: f"{p.parent}/<task>.jsonl not as {p.parent.name}/data.json recorded (changed or "
-            "deleted since it was built)"
-            for p in damaged_task_files(self.plan.data_dir, self.plan.local)
-        }
+        damaged = damaged_task_files(self.plan.data_dir, self.plan.local)
+        why = task_data_problem(self.plan.data_dir) if damaged else ""
+        failed = {p.stem: why for p in damaged}
         plan = self.plan.without(list(failed))  # this eval's: the next one tries every task again
         if not plan.names:
             return self._failed(step, "", failed, merged)

@@ -1928,6 +1928,15 @@ def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tm
     assert str(data / "heldout_ppl.jsonl") in lines[0] and str(data / "heldout_cloze.jsonl") in lines[0]
     assert "rebuilt" in lines[0] and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in data.glob("*.jsonl")} == built
+    # its record damaged: rebuilt without a word (trial RV57b F5)
+    (data / "data.json").write_text('{"version": 3, "files": ')
+    assert main(["eval", str(run), "--step", "5", *both]) == 0
+    err = capsys.readouterr().err
+    note = (
+        f"note: {data}/data.json is damaged (not the record its build wrote); rebuilt from the run's held-out"
+    )
+    assert note in err, err
+    assert {p.name: p.read_bytes() for p in data.glob("*.jsonl")} == built
 
 
 def test_held_out_documents_of_another_dataset_than_the_run_trained_on_are_refused(

@@ -216,49 +216,60 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
 
 class _MovesDataJsonAsideAtStep2(TrainingEval):
     """The real evaluator; at step 2 the local tasks' data.json is moved aside (every task fails its
-    check); at step 4 it is put back when `restore`."""
+    check); at step 4 it is put back (`at4` "restore"), left ("leave") or the folder deleted
+    ("delete")."""
 
-    restore = False
+    at4 = "leave"
+    folder: Path  # RUN/eval/data/…: the local tasks' data
 
     def __call__(self, model, step, merged=False):
-        record = eval_data(self.run_dir) / "data.json"
+        record = self.folder / "data.json" if step > 2 else eval_data(self.run_dir) / "data.json"
         if step == 2:
+            _MovesDataJsonAsideAtStep2.folder = record.parent
             record.rename(record.with_suffix(".aside"))
-        if step == 4 and self.restore:
+        if step == 4 and self.at4 == "restore":
             record.with_suffix(".aside").rename(record)
+        if step == 4 and self.at4 == "delete":
+            shutil.rmtree(record.parent)
         return super().__call__(model, step, merged)
 
 
-@pytest.mark.parametrize("restore", [True, False])
+@pytest.mark.parametrize("at4", ["restore", "leave", "delete"])
 def test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval(
-    built_dataset, tmp_path, capsys, restore
+    built_dataset, tmp_path, capsys, at4
 ):
     """Once every task had failed (RUN/eval/data/…/data.json gone), the later steps, the final
     weights' included, got no eval, no eval_error and no line (review R26a F6). Each later eval tries
-    every task again: the data put back, they are scored; still gone, the last step's line says so."""
-    _MovesDataJsonAsideAtStep2.restore = restore
+    every task again: the data put back, they are scored; still gone, the last step's line says so;
+    gone another way (the whole folder), its own cause, not "failed again" (trial RV57b F4)."""
+    _MovesDataJsonAsideAtStep2.at4 = at4
+    restore = at4 == "restore"
     run = tmp_path / "run"
     cfg = load_train_config(TINY, _sets(built_dataset, run))
     train(cfg, evaluator=_MovesDataJsonAsideAtStep2(cfg))
     out = capsys.readouterr()
-    rows = _rows(run)
+    rows, folder = _rows(run), _MovesDataJsonAsideAtStep2.folder
     failed = [x for x in (out.out + out.err).splitlines() if "tasks heldout_ppl, heldout_cloze failed" in x]
     assert [x.split(": task")[0] for x in failed] == ["[eval] step 2"] + (
         [] if restore else ["[eval] step 4"]
     )
     # one clause for the folder's tasks, its path once (it was 4 times in ~690 characters: RV26b 4)
-    assert failed[0].count(str(eval_data(run))) == 1, failed[0]
+    assert failed[0].count(str(folder)) == 1, failed[0]
     if restore:  # scored at step 4, the final weights
         assert "eval_error" not in rows[4], rows[4]
         assert {"eval/heldout_ppl/bits_per_byte", "eval/heldout_cloze/acc"} <= set(rows[4])
         assert {r["step"] for r in rows_of(4, read_step_results(run, 4))} == {4}
-    else:  # the last step's line says they are not scored, and how to score them
+    elif at4 == "leave":  # the last step's line says they are not scored, and how to score them
         assert failed[1].startswith(
             "[eval] step 4: tasks heldout_ppl, heldout_cloze failed again (as at step 2); it was this "
             "run's last eval step: evaluate them later with"
         ), failed[1]
         assert rows[4]["eval_error"] == failed[1].removeprefix("[eval] step 4: ")
-    assert "tasks heldout_ppl, heldout_cloze failed (" in rows[2]["eval_error"]
+    else:  # another cause: said as it is
+        assert failed[1].startswith(
+            f"[eval] step 4: tasks heldout_ppl, heldout_cloze failed ({folder} is gone (deleted "
+        ), failed[1]
+    assert f"failed ({folder}/data.json is gone (deleted since it was built)); " in rows[2]["eval_error"]
     assert "the next eval tries them again" in rows[2]["eval_error"]
 
 
