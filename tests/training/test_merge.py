@@ -536,6 +536,14 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
     assert main(["--config", TINY, "--set", *sets(dataset, window), "checkpoint.resume='auto'"]) == 0
     rows = read_metrics(window)
     assert [r["step"] for r in rows][-2:] == [7, 8] and not any(k.startswith("merged/") for k in rows[-1])
+    # a step that the config which trained it made no merge point, [merge] removed since: said so, not
+    # "a rewind skipped its window, or config.toml made it a merge point" (trial RV57a F5)
+    capsys.readouterr()
+    assert gristmill(["export", str(window), "--step", "5", "--merged"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "step 5 is not a merge point: merge.every = 4 reads the merged weights at its multiples" in line, (
+        line
+    )
 
 
 def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):

@@ -43,6 +43,7 @@ from training.contract.run_layout import (
     abandoned_copies,
     checkpoint_dir,
     complete_steps,
+    config_history,
     incomplete_reason,
     list_steps,
     named_step,
@@ -503,8 +504,12 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
 
     if step == 0:
         return "step 0 is the base model, before any trained step: merged weights average trained steps"
+    # The config that trained the step (a resume may have changed [merge] since: the last one's
+    # reason blamed a rewind for a step that was never a merge point, trial RV57a F5)
+    history = config_history(run_dir)
+    trained = history[max(n for n in history if n <= step)] if any(n <= step for n in history) else None
     try:
-        cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
+        cfg = load_config(TrainConfig, trained or run_dir / CONFIG_TOML)
         m, last = cfg.merge, resolve(cfg).last_step
     except (GristmillError, OSError):
         return None
