@@ -166,7 +166,7 @@ def read_prefix(
             if hashlib.sha256(data).digest() == want:
                 break
         else:
-            raise PrefixError(f"chunk {c} (bytes {lo:,}–{hi:,}) does not hash as heldout_sha256.bin records")
+            raise PrefixError(f"chunk {c} (bytes {lo:,}–{hi - 1:,}) does not hash as heldout_sha256.bin says")
         entries = np.frombuffer(data, ENTRY)
         held = row_hash(entries["row"]) < limit
         parts.append(entries[held])
