@@ -207,7 +207,8 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self.poll() is None:
-            raise _TimedOut(self.args, timeout, output=self.output()[0])
+            out, err = self.output()
+            raise _TimedOut(self.args, timeout, output=out, stderr=err)
         return self.returncode
 
     def output(self) -> tuple[str, str]:
@@ -235,7 +236,8 @@ class _TimedOut(subprocess.TimeoutExpired):
     rare hang in CI otherwise says nothing of where the run stood."""
 
     def __str__(self) -> str:
-        return f"{super().__str__()}; its output ends:\n{(self.output or '')[-4000:]}"
+        said = f"{super().__str__()}; its output ends:\n{(self.output or '')[-4000:]}"
+        return said + (f"\nits stderr ends:\n{self.stderr[-4000:]}" if self.stderr else "")
 
 
 def popen(args, **kw) -> Forked:

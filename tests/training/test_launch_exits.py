@@ -577,6 +577,21 @@ def test_a_signal_within_the_handling_of_another_never_hangs_the_rank():
     assert handled > 10 and waited >= 4, done.stdout  # the rounds reached the handler's lines and the wait's
 
 
+def test_a_stop_flag_s_stale_wake_is_no_wake():
+    """STOP_FETCHING's pipe holding a byte with the flag unset (a set() that raced a clear()): every
+    wait returned at once, and a fetch's backoff retried with none (review RV57c 2). The byte is
+    drained and the wait waits; a wait without a timeout ends at the flag's set."""
+    from training.contract.object_store import _StopFlag
+
+    flag = _StopFlag()
+    os.write(flag._pipe[1], b"\0")
+    for _ in range(2):
+        t0 = time.monotonic()
+        assert flag.wait(0.3) is False and time.monotonic() - t0 >= 0.25
+    threading.Timer(0.1, flag.set).start()
+    assert flag.wait(None) is True
+
+
 @pytest.mark.parametrize("server", ["libuv", "legacy"])
 def test_a_stop_reaches_the_other_rank_and_the_stop_s_threads_end_with_the_loop(tmp_path, server):
     """Each rank of a distributed run waits in the job's c10d store for another's stop: one request for

@@ -110,11 +110,17 @@ class _StopFlag:
         return ends[0], ends[1]
 
     def _after_fork(self) -> None:
-        """A pipe of the child's own: its set() must not wake its parent's waits (a loader worker's stop)."""
+        """A pipe of the child's own: its set() must not wake its parent's waits (a loader worker's stop).
+        Made before the parent's are closed: a failure (no descriptor left) leaves none (-1: a set()
+        writes nothing, a wait only times out), never numbers another file may take (review RV57c)."""
+        try:
+            pipe = self._new_pipe()
+        except OSError:
+            pipe = (-1, -1)
         for fd in self._pipe:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._pipe = self._new_pipe()
+        self._pipe = pipe
         if self._set:
             self.set()
 
@@ -132,12 +138,24 @@ class _StopFlag:
             while os.read(self._pipe[0], 4096):
                 pass
 
-    def wait(self, timeout: float) -> bool:
-        """Whether the flag is set, waiting up to `timeout` seconds for it."""
-        if not self._set:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the flag is set, waiting up to `timeout` seconds (None: until it is) for it. A byte
+        with the flag unset (a set() that raced a clear()) is drained, not taken for a wake: left in
+        the pipe, every later wait returned at once, and a fetch's backoff spun (review RV57c 2)."""
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while not self._set:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            if self._pipe[0] < 0:  # none (_after_fork): the flag looked at five times a second
+                time.sleep(0.2 if left is None else min(left, 0.2))
+                continue
             poll = select.poll()
             poll.register(self._pipe[0], select.POLLIN)
-            poll.poll(max(0.0, timeout) * 1000)
+            if poll.poll(None if left is None else min(left * 1000, 2**31 - 1)) and not self._set:
+                with contextlib.suppress(OSError):
+                    while os.read(self._pipe[0], 4096):
+                        pass
         return self._set
 
 
