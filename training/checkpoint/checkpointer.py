@@ -855,10 +855,8 @@ class Checkpointer:
         state = state_dict_of(self.states) if staged else None
         bad = self._nonfinite_anywhere()  # the trainer's guard should make this impossible: the last line
         if bad is not None:
-            raise NonFiniteError(
-                f"refusing to save step {step}: the state holds non-finite values ({bad}). Last complete "
-                f"checkpoint: {self.newest_complete()}"
-            )
+            cause = f"refusing to save step {step}: the state holds non-finite values ({bad})"
+            raise NonFiniteError(f"{cause}. Last complete checkpoint: {self.newest_complete()}", cause=cause)
         if staged and self.staging is not None and self.staging.before_optimizer_state(state):
             self.staging.close()  # the previous write is done (above): its buffers are free
             self.staging = None

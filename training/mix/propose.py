@@ -42,6 +42,7 @@ from training.mix.proxies import (
     Pool,
     Proxy,
     base_identity,
+    check_held_out,
     check_supply,
     clear,
     find_stale,
@@ -218,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for proxy in swarm:  # every proxy's plan checked before the first trains
         check_supply(cfg, proxy, tables)
+    check_held_out(cfg, swarm[0], tables)
     # one search per --out: a second one cleared the first one's proxies while they trained and
     # wrote its outputs beside the other's config.toml (review R16a F4)
     with RunLock(out, SEARCH) as lock:

@@ -261,16 +261,8 @@ def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
         # the base's, checked with it.
         if not probe.model.init_from:
             resolve_model_config(probe.model, tables[0].info, spec.seq_lens)
-        # a held-out split too small for proxy.val_batches, refused by every proxy's trainer (or in
-        # a commands.sh of runs the trainer refuses: trial RV57a F3); the same for every mixture
-        shapes = batch_shapes(probe, spec, 1)
-        validation_of(
-            probe, spec, shapes, build_plan(probe, spec, tables), last_step=spec.last_step,
-            vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=1,
-            settings={"rank": 0, "world_size": 1},
-        )  # fmt: skip
-    except (ConfigError, LoaderConfigError) as e:
-        raise ConfigError(in_search_keys(str(e), cfg), key=getattr(e, "key", None)) from None
+    except ConfigError as e:
+        raise ConfigError(in_search_keys(str(e), cfg), key=e.key) from None
     return tables
 
 
@@ -306,6 +298,29 @@ def check_supply(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) -> N
         raise ConfigError(
             f"proxy.tokens = {cfg.proxy.tokens:g} at the mixture of {proxy.label(names(cfg))}: {e}",
             key="proxy.tokens",
+        ) from None
+
+
+def check_held_out(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) -> None:
+    """A held-out split too small for proxy.val_batches, refused before any proxy trains (every
+    proxy's trainer refused it once the search had started, and --write-commands wrote runs the
+    trainer refuses: trial RV57a F3); the same for every mixture, so checked at one (`proxy`, within
+    the bounds: a mixture outside them was the plan's refusal, in the trainer's keys, review RV57c 1)."""
+    tc = train_config(cfg, proxy)
+    spec = check_config(tc, 1)
+    try:
+        validation_of(
+            tc, spec, batch_shapes(tc, spec, 1), build_plan(tc, spec, tables), last_step=spec.last_step,
+            vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=1,
+            settings={"rank": 0, "world_size": 1},
+        )  # fmt: skip
+    except LoaderConfigError as e:
+        said = str(e)
+        # the loader's advice is the trainer's (turning validation off is none of a proxy's)
+        said = said[: said.find("; raise val_fraction")] if "; raise val_fraction" in said else said
+        raise ConfigError(
+            f"{in_search_keys(said, cfg)}; lower proxy.val_batches or raise data.val_fraction",
+            key="proxy.val_batches",
         ) from None
 
 

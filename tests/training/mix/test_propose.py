@@ -604,6 +604,13 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
         # every proxy's trainer refused it, once the search had started (trial RV57a F3)
         (["proxy.val_batches=100000"], "source 'web': proxy.val_batches = 100000: split 'val' of "),
+        (["proxy.val_batches=100000"], "; lower proxy.val_batches or raise data.val_fraction"),
+        # the held-out check's plan, at a mixture outside the bounds, refused it first in the trainer's
+        # keys (review RV57c 1)
+        (
+            ["proxy.global_batch_tokens=32", "proxy.micro_batch=1"],
+            "proxy.global_batch_tokens = 32 holds 1 sequences of proxy.seq_len = 32 a step",
+        ),
     ],
 )
 def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsys, sets, says):
