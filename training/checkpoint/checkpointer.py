@@ -414,6 +414,9 @@ class Checkpointer:
         self.lost = lost or (lambda: None)
         self.completed = completed or (lambda step: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
+        # rank 0, after a resume: the complete checkpoints newer than the resumed one, set aside (a timeline
+        # the resume left: its rows and batch records are kept apart too, training/run/record.py)
+        self.left_behind: list[Path] = []
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
@@ -541,7 +544,7 @@ class Checkpointer:
                 config if isinstance(config, dict) else None,
             )
             if self.resumed_here:
-                self._set_aside_newer(step, f"the resumed step {step}")
+                self.left_behind = self._set_aside_newer(step, f"the resumed step {step}")
         return step
 
     def finish_missed(self, step: int | None) -> None:
@@ -738,16 +741,18 @@ class Checkpointer:
             "directory: another run.output_dir)"
         )
 
-    def _set_aside_newer(self, step: int, what: str) -> None:
+    def _set_aside_newer(self, step: int, what: str) -> list[Path]:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)
         belong to an abandoned timeline: incomplete ones are deleted, complete ones renamed
-        `abandoned-step-N` (never deleted)."""
+        `abandoned-step-N` (never deleted); returns where those went."""
         for s in list_steps(self.root):
             path = checkpoint_dir(self.run_dir, s)
             if s > step and not is_complete_checkpoint(path):
                 shutil.rmtree(path)
-        for path, target in set_aside_after(self.root, step):
+        moved = set_aside_after(self.root, step)
+        for path, target in moved:
             self.log(f"note: {path.name} is newer than {what}; moved it to {target.name}")
+        return [target for _, target in moved]
 
     # -- save --
     def poll(self) -> None:

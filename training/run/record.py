@@ -7,7 +7,8 @@ artifact lists a discarded step as the run's and none is written twice for one f
 
 - metrics.jsonl: one row per logged step (`log`; also the row's stdout line and the trackers'). A
   rewind marks the discarded attempt's rows `discarded_by_rewind: N` (kept, as history) and the file
-  is rewritten whole; a resume keeps the rows up to its checkpoint. The summary reads kept rows only.
+  is rewritten whole; a resume keeps the rows up to its checkpoint (one from an older checkpoint,
+  whose newer ones it set aside, keeps the file as it was beside it). The summary reads kept rows only.
 - consumption.parquet: at each row of a kept step (after step 0), at a rewind and at the end, never
   twice unchanged (not at the row of a step a rewind is about to discard).
 - batches.bin: each trained step's global-batch digest (training/contract/batch_record.py), handed
@@ -145,12 +146,15 @@ class RunRecord:
         metrics: MetricsSection,
         config: dict,
         datasets: dict[str, str],
+        left_behind: list[Path],
     ) -> None:
         """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
         the trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name ->
         dataset, for their runs); then what a discarded or redone future left (steps after `resumed`)
         set aside; the plan recorded and drawn with the timeline's skips, consumption.parquet at its
-        step; metrics.jsonl kept up to the checkpoint (or started over)."""
+        step; metrics.jsonl kept up to the checkpoint (or started over). `left_behind`: the complete
+        checkpoints newer than `resumed` that the resume set aside (a timeline it left: the files as they
+        were are kept beside, its rows and records were dropped without a trace, trial RV57b F6)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
@@ -172,8 +176,8 @@ class RunRecord:
             # at the timeline's start: what the file held was a future set aside, or an earlier run's,
             # which the audit answered from until this run's first logged row (review R15e F1)
             self._consumption(resumed or 0)
-            self._open_log(mine, logged)
-            self._open_batches(mine)
+            self._open_log(mine, logged, left_behind)
+            self._open_batches(mine, left_behind)
             self.config = to_toml(config)
             self._record_config((resumed or 0) + 1, earlier_run=mine is None)
         except BaseException:
@@ -327,10 +331,10 @@ class RunRecord:
         return rows
 
     @_writes(METRICS_JSONL)
-    def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None) -> None:
+    def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[Path]) -> None:
         """metrics.jsonl opened for appending; a resume keeps the rows (`logged`, as _logged_rows read
         them) up to its checkpoint and drops those of the steps it will redo (written after the
-        checkpoint by the interrupted run)."""
+        checkpoint by the interrupted run, or by a timeline the resume `left`: kept aside)."""
         path = self.run_dir / METRICS_JSONL
         if logged is not None:
             # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
@@ -338,6 +342,8 @@ class RunRecord:
             self.rows = [
                 r for r in logged if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
             ]
+            if left and len(self.rows) < len(logged):
+                _keep_left(path, "rows", [r["step"] for r in logged if r not in self.rows], left)
             write_atomic(path, _jsonl(self.rows))
         elif resumed is None and path.exists() and path.stat().st_size:  # a fresh run starts the log over
             _keep_earlier(path)  # (an empty one, a start that failed before its first row, is no record)
@@ -354,7 +360,7 @@ class RunRecord:
         os.close(old)  # it would keep appending to the replaced file
 
     @_writes(BATCHES_BIN)
-    def _open_batches(self, resumed: int | None) -> None:
+    def _open_batches(self, resumed: int | None, left: list[Path]) -> None:
         """batches.bin opened for appending. A resume keeps the records up to its checkpoint (the steps
         it redoes were recorded by the interrupted run) and, in batches-discarded.bin, those of the
         rewinds the checkpoint knows (a later rewind it does not know is redone); a fresh run starts
@@ -369,6 +375,8 @@ class RunRecord:
         else:
             entries = self._read_batches(path)
             kept, damaged = kept_on_resume(entries, resumed)
+            if left and (later := [e.step for e in entries if e.step > resumed]):
+                _keep_left(path, "records", later, left)
             self._say_dropped(path, entries, kept, damaged, resumed)
             write_atomic(path, batch_file(kept))
             if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
@@ -504,6 +512,19 @@ def _keep_earlier(path: Path) -> None:
     kept = abandoned_name(path)
     path.rename(kept)
     say(f"note: {path} is from an earlier run in this directory; moved it to {kept.name}")
+
+
+def _keep_left(path: Path, what: str, steps: list[int], left: list[Path]) -> None:
+    """The file as it was, kept beside it (abandoned-NAME), before a resume from an older checkpoint of
+    the run drops its `what` of `steps`: those of the timeline the resume left, whose checkpoints
+    (`left`) were set aside. They went without a trace, and verify could not check those checkpoints
+    against any row or record (trial RV57b F6)."""
+    kept = abandoned_name(path)
+    write_atomic(kept, path.read_bytes())
+    say(
+        f"note: {path.name}'s {what} of steps {min(steps)}–{max(steps)} are of the timeline the resume "
+        f"left ({', '.join(p.name for p in left)}); the file as it was: {kept.name}"
+    )
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> str:

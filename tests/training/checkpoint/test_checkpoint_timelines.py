@@ -246,6 +246,35 @@ def test_the_checkpoint_records_its_model_and_resume_and_export_use_it(dataset, 
     assert [m["step"] for m in metrics(r)][-1] == 5
 
 
+def test_a_resume_from_an_older_checkpoint_keeps_the_left_timeline_s_rows_and_records_aside(
+    dataset, tmp_path, capsys
+):
+    """--resume of the run's step 4 while step 8 is complete: step 8 is set aside (abandoned-step-8),
+    and metrics.jsonl's rows and batches.bin's records of steps 5-8 were dropped without a trace, so
+    nothing held that timeline's losses and verify could check its checkpoint against nothing (trial
+    RV57b F6). The files as they were are kept beside them, with a note each; a resume from the newest
+    checkpoint (a preempted run's: the steps after it are redone) keeps nothing aside."""
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
+    rows_before, records_before = (r / "metrics.jsonl").read_bytes(), (r / "batches.bin").read_bytes()
+    capsys.readouterr()
+    resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
+    assert run(dataset, r, "run.max_steps=6", "checkpoint.keep_last=0", "optim.grad_clip=0.05", resume4) == 0
+    out = capsys.readouterr().out
+    for name, what in (("metrics.jsonl", "rows"), ("batches.bin", "records")):
+        note = (
+            f"note: {name}'s {what} of steps 5–8 are of the timeline the resume left (abandoned-step-000008)"
+        )
+        assert f"{note}; the file as it was: abandoned-{name}" in out, out
+    assert (r / "abandoned-metrics.jsonl").read_bytes() == rows_before
+    assert (r / "abandoned-batches.bin").read_bytes() == records_before
+    assert [m["step"] for m in metrics(r)] == [1, 2, 3, 4, 5, 6]
+    capsys.readouterr()
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0", 'checkpoint.resume="auto"') == 0
+    assert "of the timeline the resume left" not in capsys.readouterr().out
+    assert not (r / "abandoned-metrics.jsonl.2").exists() and not (r / "abandoned-batches.bin.2").exists()
+
+
 def test_a_checkpoint_whose_loader_is_a_step_ahead_resumes_at_its_trained_step(
     dataset, tmp_path, capsys, monkeypatch
 ):
