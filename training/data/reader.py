@@ -42,6 +42,7 @@ from training.contract.dataset_format import (
     tokenizer_problem,
 )
 from training.contract.dataset_index import (
+    DOC_OFFSETS,
     HELDOUT_SHA,
     INDEX_DIR,
     SAMPLE_DIGEST,
@@ -320,9 +321,21 @@ class DocumentTable:
         first = self.index.offsets[docs].astype(np.int64) // self.dtype.itemsize + starts
         shards = self.index.shard_of(docs)
         maps = self._maps(np.unique(shards).tolist())  # the batch's shards, looked up at once
-        for shard, a, n, pos in zip(shards.tolist(), first.tolist(), counts.tolist(), at.tolist()):
-            out[pos : pos + n] = maps[shard][a : a + n]
+        for doc, shard, a, n, pos in zip(
+            docs.tolist(), shards.tolist(), first.tolist(), counts.tolist(), at.tolist()
+        ):
+            piece = maps[shard][a : a + n]
+            if len(piece) != n:  # an offset past its shard's end: a numpy broadcast error mid-run (RV57d F2)
+                raise self._past_end(doc, shard)
+            out[pos : pos + n] = piece
         return out
+
+    def _past_end(self, doc: int, shard: int) -> DatasetError:
+        offsets, name = self.root / INDEX_DIR / DOC_OFFSETS, self.shard_names[shard]
+        return DatasetError(
+            f"{offsets} places manifest row {doc}'s ids past the end of shards/{name}: the index was damaged "
+            f"or replaced; {self.index.fix}"
+        )
 
     def document(self, row: int) -> np.ndarray:
         """All tokens of the document at manifest row `row`, its separator included."""

@@ -44,6 +44,7 @@ from training.contract.dataset_index import (
 from training.data import cache as order_cache
 from training.data import order as epoch_order
 from training.data.loader import LoaderStateError, batch_sha256, dataset_loader
+from training.data.reader import DocumentTable
 from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -219,6 +220,12 @@ def test_damaged_index_is_named_and_repaired(corpus, tmp_path):
     path.write_bytes(data[:-4] + b"\xff\xff\xff\x7f")  # right size, wrong content
     report = validate_dataset(root, progress=False, write=False)
     assert [p.shard for p in report.problems] == [f"{INDEX_DIR}/{DOC_OFFSETS}"]
+    # read there: the last row's ids past its shard's end, a numpy broadcast error mid-run (trial RV57d F2)
+    table = DocumentTable(root)
+    last = table.documents - 1
+    past = rf"{path} places manifest row {last}'s ids past the end of shards/.*gristmill data index"
+    with pytest.raises(DatasetError, match=past):
+        table.document(last)
     (root / "index.tmp").mkdir()  # a killed earlier `data index`
     assert cli(["data", "index", str(root)]) == 0
     assert not (root / "index.tmp").exists()
