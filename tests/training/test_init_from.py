@@ -51,6 +51,7 @@ from training.checkpoint.hf_import import (
     base_sha256,
     check_base_data,
     load_base_weights,
+    read_base_config,
 )
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import read_complete_record
@@ -397,6 +398,18 @@ def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset
         BaseModelError, match=r"tokenizer_config\.json is not valid JSON \(.*\): fix it or remove"
     ):
         check_base_data(base, built_dataset, info, vocab_size)
+    # valid JSON but no object: an AttributeError traceback (trial RV57d F1)
+    for text, kind in (("[1]", "a list"), ('"x"', "a string"), ("null", "null")):
+        (base / "tokenizer_config.json").write_text(text)
+        with pytest.raises(
+            BaseModelError, match=rf"tokenizer_config\.json holds {kind}, not a JSON object: fix it"
+        ):
+            check_base_data(base, built_dataset, info, vocab_size)
+    config = (base / "config.json").read_text()
+    (base / "config.json").write_text("[1]")
+    with pytest.raises(ConfigError, match=r"model.init_from: .*config\.json holds a list, not a JSON object"):
+        read_base_config(base)
+    (base / "config.json").write_text(config)
 
 
 EOT = {"content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,

@@ -99,7 +99,7 @@ def read_base_config(base: str | Path) -> dict[str, Any]:
             "model.init_from",
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         # a run's directory or checkpoint: its weights are exported first, or resumed (review R22f U4)
         run = next((p for p in (Path(base), *Path(base).parents[:2]) if is_training_run(p)), None)
@@ -115,6 +115,11 @@ def read_base_config(base: str | Path) -> dict[str, Any]:
         ) from None
     except ValueError as e:
         raise ConfigError(f"model.init_from: {path} is not valid JSON ({e})", "model.init_from") from None
+    if not isinstance(config, dict):  # an AttributeError traceback where it was read (trial RV57d F1)
+        raise ConfigError(
+            f"model.init_from: {path} holds {_json_kind(config)}, not a JSON object", "model.init_from"
+        )
+    return config
 
 
 def _refuse(path: Path, key: str, value: Any, why: str) -> ConfigError:
@@ -639,6 +644,18 @@ def base_json(path: Path) -> dict:
     does not parse is one line naming it (a JSONDecodeError traceback before step 1: reviews RV28f F3,
     and RV29e F3 for a copy edited by hand as a refusal advises)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise BaseModelError(f"{path} is not valid JSON ({e}): fix it or remove it from the base") from None
+    if not isinstance(value, dict):  # an AttributeError traceback where it was read (trial RV57d F1)
+        raise BaseModelError(
+            f"{path} holds {_json_kind(value)}, not a JSON object: fix it or remove it from the base"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value that should have been an object is, in a refusal's words."""
+    return {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(
+        type(value), "a number"
+    )
