@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,11 +102,15 @@ def default_glob(cfg: SourceConfig) -> str:
 
 def offline_message(folder: str, cfg: SourceConfig, err: BaseException) -> str:
     detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    # the source's repository, at the commit a begun build pinned: without --repo the command fetched
+    # FineWeb-Edu's files whatever the source was (trial RV57d F3)
+    repo = re.match(r"^hf://datasets/([^/]+/[^/]+)", folder)
+    fetch = f"gristmill data download{f' --repo {repo[1]}' if repo else ''} --subset {cfg.subset} --to DIR"
     return (
         f"the hub source {folder} is unreachable ({detail}). To build without network, fetch the "
-        f"files where there is network with `gristmill data download --subset {cfg.subset} --to DIR`, "
-        f"copy DIR here, and build from it with `--set source.kind=parquet --set "
-        f"source.path=DIR/{cfg.subset}` (or use the offline demo: --config configs/data/demo.toml)"
+        f"files where there is network with `{fetch}`, copy DIR here, and build from it with `--set "
+        f"source.kind=parquet --set source.path=DIR/{cfg.subset}` (into a new output where a build from "
+        "the hub began; or use the offline demo: --config configs/data/demo.toml)"
     )
 
 

@@ -202,17 +202,17 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("repo", ["HuggingFaceFW/fineweb-edu", "someorg/other"])
+def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch, repo):
+    """The advice fetches the source's repository: without --repo it fetched FineWeb-Edu's files
+    whatever the source was (trial RV57d F3)."""
     _, _, config = build_fixture
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network, anywhere
     msg = one_error(
-        capsys,
-        build_argv(
-            config, tmp_path / "o", "source.kind=hub", "source.path=hf://datasets/HuggingFaceFW/fineweb-edu"
-        ),
+        capsys, build_argv(config, tmp_path / "o", "source.kind=hub", f"source.path=hf://datasets/{repo}")
     )
-    assert "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT is unreachable" in msg
-    assert "gristmill data download --subset sample/10BT" in msg
+    assert f"hf://datasets/{repo}/sample/10BT is unreachable" in msg
+    assert f"`gristmill data download --repo {repo} --subset sample/10BT --to DIR`" in msg
     assert "--set source.kind=parquet --set source.path=DIR/sample/10BT" in msg
 
 
