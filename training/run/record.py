@@ -339,11 +339,13 @@ class RunRecord:
         if logged is not None:
             # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
             known = len(self.timeline.skips) + 1
-            self.rows = [
-                r for r in logged if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
-            ]
-            if left and len(self.rows) < len(logged):
-                _keep_left(path, "rows", [r["step"] for r in logged if r not in self.rows], left)
+
+            def kept(r: dict[str, Any]) -> bool:
+                return r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
+
+            self.rows = [r for r in logged if kept(r)]
+            if left and (dropped := [r["step"] for r in logged if not kept(r)]):
+                _keep_left(path, "rows", dropped, left)
             write_atomic(path, _jsonl(self.rows))
         elif resumed is None and path.exists() and path.stat().st_size:  # a fresh run starts the log over
             _keep_earlier(path)  # (an empty one, a start that failed before its first row, is no record)
