@@ -319,6 +319,28 @@ def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
         assert (run / name).read_bytes() == (reference[0] / name).read_bytes(), name
 
 
+def test_a_resume_from_before_a_rewind_keeps_the_left_timeline_s_discarded_records_aside(
+    tmp_path, dataset, monkeypatch, capsys
+):
+    """A resume from step 5 of a run that rewound at step 17 (back to 10): batches-discarded.bin's
+    records of the rewind's attempt (steps 11-17) were rewritten away, kept nowhere, where batches.bin
+    and metrics.jsonl are kept as they were (review RV57e 1). Kept beside it too, with a note."""
+    r = tmp_path / "run"
+    sets = rewind_sets(dataset, r, "checkpoint.keep_last=0")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, SPIKE))
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    monkeypatch.delenv(SPIKE_WINDOW)
+    discarded = r / "batches-discarded.bin"
+    before = discarded.read_bytes()
+    assert len(before) > len(batch_file([]))  # the rewind's attempt recorded
+    capsys.readouterr()
+    resume5 = f"checkpoint.resume={json.dumps(str(r / 'checkpoints' / 'step-000005'))}"
+    assert main(["--config", TINY, "--set", *sets, resume5, "run.max_steps=6"]) == 0
+    out = capsys.readouterr().out
+    assert "note: batches-discarded.bin's records of steps 11–17 are of the timeline the resume left" in out
+    assert (r / "abandoned-batches-discarded.bin").read_bytes() == before
+
+
 def test_max_rewinds_ends_the_run_naming_every_rewind(tmp_path, dataset, monkeypatch, capsys):
     run = tmp_path / "run"
     sets = rewind_sets(dataset, run, "run.rewind.max_rewinds=1", "run.rewind.skip_steps=2")

@@ -98,9 +98,16 @@ from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
 from training.contract.errors import GristmillError, NonFiniteError
-from training.contract.integrity import EXPORT_META, checkpoint_identity, file_records, record_saved
+from training.contract.integrity import (
+    EXPORT_META,
+    checkpoint_identity,
+    file_records,
+    record_saved,
+    saved_identity,
+)
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
+    CHECKPOINTS_JSONL,
     COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
@@ -414,9 +421,6 @@ class Checkpointer:
         self.lost = lost or (lambda: None)
         self.completed = completed or (lambda step: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
-        # rank 0, after a resume: the complete checkpoints newer than the resumed one, set aside (a timeline
-        # the resume left: its rows and batch records are kept apart too, training/run/record.py)
-        self.left_behind: list[Path] = []
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
@@ -544,8 +548,24 @@ class Checkpointer:
                 config if isinstance(config, dict) else None,
             )
             if self.resumed_here:
-                self.left_behind = self._set_aside_newer(step, f"the resumed step {step}")
+                self._set_aside_newer(step, f"the resumed step {step}")
         return step
+
+    def _record_saved(self, step: int) -> None:
+        """RUN/checkpoints.jsonl's line of complete checkpoint `step`, unless its last line of the step
+        is it already (a resume repairs a line a kill between COMPLETE and it left out: the step's line
+        of an earlier timeline then called the run's own export another checkpoint's, review RV57e 3).
+        A line that cannot be written is a warning: the checkpoint is complete."""
+        identity = checkpoint_identity(checkpoint_dir(self.run_dir, step))
+        if identity is None or saved_identity(self.run_dir, step) == identity:
+            return
+        try:
+            record_saved(self.run_dir, step, identity)
+        except OSError as e:
+            self.log(
+                f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): an export of step {step} "
+                "whose checkpoint retention deletes cannot be told from another run's"
+            )
 
     def finish_missed(self, step: int | None) -> None:
         """Rank 0, after a resume of this run's own checkpoint `step` (None: no resume) and after the
@@ -558,6 +578,7 @@ class Checkpointer:
         `step`). Then the exports."""
         if step is None or self.rank != 0 or not self.resumed_here:
             return
+        self._record_saved(step)
         self._retain(step)
         self._join_retention()
         merged = self.merged_export is not None and self.merged_export(step)
@@ -741,18 +762,16 @@ class Checkpointer:
             "directory: another run.output_dir)"
         )
 
-    def _set_aside_newer(self, step: int, what: str) -> list[Path]:
+    def _set_aside_newer(self, step: int, what: str) -> None:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)
         belong to an abandoned timeline: incomplete ones are deleted, complete ones renamed
-        `abandoned-step-N` (never deleted); returns where those went."""
+        `abandoned-step-N` (never deleted)."""
         for s in list_steps(self.root):
             path = checkpoint_dir(self.run_dir, s)
             if s > step and not is_complete_checkpoint(path):
                 shutil.rmtree(path)
-        moved = set_aside_after(self.root, step)
-        for path, target in moved:
+        for path, target in set_aside_after(self.root, step):
             self.log(f"note: {path.name} is newer than {what}; moved it to {target.name}")
-        return [target for _, target in moved]
 
     # -- save --
     def poll(self) -> None:
@@ -1031,9 +1050,9 @@ class Checkpointer:
             )
             for rank in range(self.world_size):
                 (path / RANK_RECORD.format(rank)).unlink(missing_ok=True)
-            record_saved(self.run_dir, step, checkpoint_identity(path))
         except (OSError, TimeoutError, ValueError) as e:
             self._failed(step, e)
+        self._record_saved(step)
         seconds = time.perf_counter() - t0
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")

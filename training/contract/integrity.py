@@ -46,19 +46,20 @@ def record_saved(run_dir: Path, step: int, identity: str) -> None:
     checkpointer's, rank 0): retention deletes checkpoints and keeps their exports, and an export of
     another run's step N put in their place was then verified as the run's (trial RV57a F1)."""
     line = json.dumps({"step": step, CHECKPOINT_IDENTITY: identity}) + "\n"
-    fd = os.open(Path(run_dir) / CHECKPOINTS_JSONL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(Path(run_dir) / CHECKPOINTS_JSONL, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line.encode())
+        size = os.fstat(fd).st_size  # a line cut short by a kill is ended first: this one stays whole
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (b"\n" if torn else b"") + line.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def saved_identity(run_dir: Path, step: int) -> str | None:
-    """The COMPLETE sha256 of the run's step `step` as RUN/checkpoints.jsonl last records it (a rewind
-    or a resume from an older step saves a step again); None where it records none (a run from
-    before the record, a step never saved). A line cut short by a kill is no record."""
-    found = None
+def _saved_lines(run_dir: Path) -> list[tuple[int, str]]:
+    """RUN/checkpoints.jsonl's (step, COMPLETE sha256) in the order the saves were made; a line cut
+    short by a kill, or not of that form, is no record."""
+    lines = []
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8") as f:
             for line in f:
@@ -66,13 +67,28 @@ def saved_identity(run_dir: Path, step: int) -> str | None:
                     row = json.loads(line)
                 except ValueError:
                     continue
-                if not isinstance(row, dict) or row.get("step") != step:
-                    continue
-                if isinstance(row.get(CHECKPOINT_IDENTITY), str):
-                    found = row[CHECKPOINT_IDENTITY]
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    if isinstance(row.get(CHECKPOINT_IDENTITY), str):
+                        lines.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except (OSError, UnicodeDecodeError):
-        return None
-    return found
+        return []
+    return lines
+
+
+def saved_identity(run_dir: Path, step: int) -> str | None:
+    """The COMPLETE sha256 of the run's step `step` as RUN/checkpoints.jsonl last records it (a rewind
+    or a resume from an older step saves a step again); None where it records none (a run from
+    before the record, a step never saved)."""
+    return next((i for s, i in reversed(_saved_lines(run_dir)) if s == step), None)
+
+
+def saved_after(run_dir: Path, step: int, identity: str) -> list[int]:
+    """The steps after `step` whose checkpoints were saved after checkpoint `step` (of COMPLETE sha256
+    `identity`) was last: a timeline that went on past it, which a resume from it leaves (RV57e 1, 2:
+    known from the record, not from what this invocation set aside). [] where it records none."""
+    lines = _saved_lines(run_dir)
+    at = max((k for k, (s, i) in enumerate(lines) if s == step and i == identity), default=None)
+    return [] if at is None else sorted({s for s, _ in lines[at + 1 :] if s > step})
 
 
 def exported_with_checksums(export: str | Path) -> bool:

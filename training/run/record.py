@@ -54,6 +54,7 @@ from training.contract.batch_record import (
 from training.contract.config_loader import to_toml
 from training.contract.errors import GristmillError
 from training.contract.eval_table import eval_lock, rebuild_eval_table
+from training.contract.integrity import checkpoint_identity, saved_after
 from training.contract.run_layout import (
     BATCHES_BIN,
     CONFIGS_DIR,
@@ -68,6 +69,7 @@ from training.contract.run_layout import (
     METRICS_JSONL,
     PLAN_PNG,
     abandoned_name,
+    checkpoint_dir,
     config_from_step,
     config_history,
     kept_rows,
@@ -146,15 +148,12 @@ class RunRecord:
         metrics: MetricsSection,
         config: dict,
         datasets: dict[str, str],
-        left_behind: list[Path],
     ) -> None:
         """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
         the trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name ->
         dataset, for their runs); then what a discarded or redone future left (steps after `resumed`)
         set aside; the plan recorded and drawn with the timeline's skips, consumption.parquet at its
-        step; metrics.jsonl kept up to the checkpoint (or started over). `left_behind`: the complete
-        checkpoints newer than `resumed` that the resume set aside (a timeline it left: the files as they
-        were are kept beside, its rows and records were dropped without a trace, trial RV57b F6)."""
+        step; metrics.jsonl kept up to the checkpoint (or started over)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
@@ -176,8 +175,12 @@ class RunRecord:
             # at the timeline's start: what the file held was a future set aside, or an earlier run's,
             # which the audit answered from until this run's first logged row (review R15e F1)
             self._consumption(resumed or 0)
-            self._open_log(mine, logged, left_behind)
-            self._open_batches(mine, left_behind)
+            # A timeline that went on past the checkpoint, saving checkpoints since (a resume from an
+            # older one): its rows and records were dropped without a trace (trial RV57b F6), kept aside
+            resumed_id = None if mine is None else checkpoint_identity(checkpoint_dir(self.run_dir, mine))
+            left = [] if resumed_id is None else saved_after(self.run_dir, mine, resumed_id)
+            self._open_log(mine, logged, left)
+            self._open_batches(mine, left)
             self.config = to_toml(config)
             self._record_config((resumed or 0) + 1, earlier_run=mine is None)
         except BaseException:
@@ -331,7 +334,7 @@ class RunRecord:
         return rows
 
     @_writes(METRICS_JSONL)
-    def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[Path]) -> None:
+    def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[int]) -> None:
         """metrics.jsonl opened for appending; a resume keeps the rows (`logged`, as _logged_rows read
         them) up to its checkpoint and drops those of the steps it will redo (written after the
         checkpoint by the interrupted run, or by a timeline the resume `left`: kept aside)."""
@@ -362,7 +365,7 @@ class RunRecord:
         os.close(old)  # it would keep appending to the replaced file
 
     @_writes(BATCHES_BIN)
-    def _open_batches(self, resumed: int | None, left: list[Path]) -> None:
+    def _open_batches(self, resumed: int | None, left: list[int]) -> None:
         """batches.bin opened for appending. A resume keeps the records up to its checkpoint (the steps
         it redoes were recorded by the interrupted run) and, in batches-discarded.bin, those of the
         rewinds the checkpoint knows (a later rewind it does not know is redone); a fresh run starts
@@ -383,7 +386,10 @@ class RunRecord:
             write_atomic(path, batch_file(kept))
             if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
                 known = self.timeline.attempt
-                write_atomic(apart, batch_file(e for e in self._read_batches(apart) if e.attempt < known))
+                discarded = self._read_batches(apart)
+                if left and (later := [e.step for e in discarded if e.attempt >= known]):  # RV57e 1
+                    _keep_left(apart, "records", later, left)
+                write_atomic(apart, batch_file(e for e in discarded if e.attempt < known))
         self.batches_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
 
     def _say_dropped(
@@ -516,16 +522,17 @@ def _keep_earlier(path: Path) -> None:
     say(f"note: {path} is from an earlier run in this directory; moved it to {kept.name}")
 
 
-def _keep_left(path: Path, what: str, steps: list[int], left: list[Path]) -> None:
+def _keep_left(path: Path, what: str, steps: list[int], left: list[int]) -> None:
     """The file as it was, kept beside it (abandoned-NAME), before a resume from an older checkpoint of
-    the run drops its `what` of `steps`: those of the timeline the resume left, whose checkpoints
-    (`left`) were set aside. They went without a trace, and verify could not check those checkpoints
-    against any row or record (trial RV57b F6)."""
+    the run drops its `what` of `steps`: those of the timeline the resume left, which saved the
+    checkpoints of steps `left` after it. They went without a trace, and verify could not check those
+    checkpoints against any row or record (trial RV57b F6)."""
     kept = abandoned_name(path)
     write_atomic(kept, path.read_bytes())
+    saved = ", ".join(map(str, left))
     say(
         f"note: {path.name}'s {what} of steps {min(steps)}–{max(steps)} are of the timeline the resume "
-        f"left ({', '.join(p.name for p in left)}); the file as it was: {kept.name}"
+        f"left (it saved step(s) {saved}); the file as it was: {kept.name}"
     )
 
 

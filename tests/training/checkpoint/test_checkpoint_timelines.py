@@ -257,14 +257,15 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_left_timeline_s_rows_and_re
     r = tmp_path / "run"
     assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
     rows_before, records_before = (r / "metrics.jsonl").read_bytes(), (r / "batches.bin").read_bytes()
+    # as an attempt refused after it set step 8 aside leaves it (a tracker that would not start): the
+    # retry, which sets nothing aside itself, dropped the rows silently (review RV57e 2)
+    checkpoint_dir(r, 8).rename(checkpoint_dir(r, 8).with_name("abandoned-step-000008"))
     capsys.readouterr()
     resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
     assert run(dataset, r, "run.max_steps=6", "checkpoint.keep_last=0", "optim.grad_clip=0.05", resume4) == 0
     out = capsys.readouterr().out
     for name, what in (("metrics.jsonl", "rows"), ("batches.bin", "records")):
-        note = (
-            f"note: {name}'s {what} of steps 5–8 are of the timeline the resume left (abandoned-step-000008)"
-        )
+        note = f"note: {name}'s {what} of steps 5–8 are of the timeline the resume left (it saved step(s) 8)"
         assert f"{note}; the file as it was: abandoned-{name}" in out, out
     assert (r / "abandoned-metrics.jsonl").read_bytes() == rows_before
     assert (r / "abandoned-batches.bin").read_bytes() == records_before
@@ -273,6 +274,26 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_left_timeline_s_rows_and_re
     assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0", 'checkpoint.resume="auto"') == 0
     assert "of the timeline the resume left" not in capsys.readouterr().out
     assert not (r / "abandoned-metrics.jsonl.2").exists() and not (r / "abandoned-batches.bin.2").exists()
+
+
+def test_a_checkpoint_s_line_a_kill_left_out_of_checkpoints_jsonl_is_written_by_the_resume(
+    dataset, tmp_path, capsys
+):
+    """A kill between a checkpoint's COMPLETE and its line in RUN/checkpoints.jsonl: the step's line of
+    an earlier timeline was then the run's, and once retention deleted the checkpoint, verify called
+    the run's own export another checkpoint's (review RV57e 3). The resume writes the line."""
+    r = tmp_path / "run"
+    per = ("checkpoint.keep_last=0", "checkpoint.export_interval=8")
+    assert run(dataset, r, "run.max_steps=8", *per) == 0
+    resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
+    assert run(dataset, r, "run.max_steps=8", "optim.grad_clip=0.05", resume4, *per) == 0
+    ledger = r / "checkpoints.jsonl"
+    lines = ledger.read_text().splitlines(keepends=True)
+    ledger.write_text("".join(lines[:-1]) + lines[-1][:20])  # step 8's line, cut short by the kill
+    assert run(dataset, r, "run.max_steps=8", 'checkpoint.resume="auto"', *per) == 0
+    shutil.rmtree(checkpoint_dir(r, 8))  # retention
+    capsys.readouterr()
+    assert gristmill(["verify", str(r)]) == 0, capsys.readouterr().out
 
 
 def test_a_checkpoint_whose_loader_is_a_step_ahead_resumes_at_its_trained_step(
