@@ -104,12 +104,14 @@ def offline_message(folder: str, cfg: SourceConfig, err: BaseException) -> str:
     detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     # the source's repository, at the commit a begun build pinned: without --repo the command fetched
     # FineWeb-Edu's files whatever the source was (trial RV57d F3)
-    repo = re.match(r"^hf://datasets/([^/]+/[^/]+)", folder)
-    fetch = f"gristmill data download{f' --repo {repo[1]}' if repo else ''} --subset {cfg.subset} --to DIR"
+    # (and the folder under it: a source.path below the repository's root, RV57e)
+    repo = re.match(r"^hf://datasets/([^/]+/[^/]+)/?", folder)
+    subset = folder[repo.end() :].strip("/") if repo else cfg.subset
+    fetch = f"gristmill data download{f' --repo {repo[1]}' if repo else ''} --subset {subset} --to DIR"
     return (
         f"the hub source {folder} is unreachable ({detail}). To build without network, fetch the "
         f"files where there is network with `{fetch}`, copy DIR here, and build from it with `--set "
-        f"source.kind=parquet --set source.path=DIR/{cfg.subset}` (into a new output where a build from "
+        f"source.kind=parquet --set source.path=DIR/{subset}` (into a new output where a build from "
         "the hub began; or use the offline demo: --config configs/data/demo.toml)"
     )
 

@@ -202,18 +202,20 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("repo", ["HuggingFaceFW/fineweb-edu", "someorg/other"])
-def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch, repo):
-    """The advice fetches the source's repository: without --repo it fetched FineWeb-Edu's files
-    whatever the source was (trial RV57d F3)."""
+@pytest.mark.parametrize(
+    "repo, under", [("HuggingFaceFW/fineweb-edu", ""), ("someorg/other", ""), ("someorg/other", "data/")]
+)
+def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch, repo, under):
+    """The advice fetches the source's repository and folder: without --repo it fetched FineWeb-Edu's
+    files whatever the source was (trial RV57d F3), and a folder under the repository's root was left
+    out (review RV57e)."""
     _, _, config = build_fixture
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network, anywhere
-    msg = one_error(
-        capsys, build_argv(config, tmp_path / "o", "source.kind=hub", f"source.path=hf://datasets/{repo}")
-    )
-    assert f"hf://datasets/{repo}/sample/10BT is unreachable" in msg
-    assert f"`gristmill data download --repo {repo} --subset sample/10BT --to DIR`" in msg
-    assert "--set source.kind=parquet --set source.path=DIR/sample/10BT" in msg
+    path = f"source.path=hf://datasets/{repo}/{under}".rstrip("/")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "source.kind=hub", path))
+    assert f"hf://datasets/{repo}/{under}sample/10BT is unreachable" in msg
+    assert f"`gristmill data download --repo {repo} --subset {under}sample/10BT --to DIR`" in msg
+    assert f"--set source.kind=parquet --set source.path=DIR/{under}sample/10BT" in msg
 
 
 def test_tokenizer_without_separator_fails_before_any_task(build_fixture, tmp_path, capsys):

@@ -325,7 +325,9 @@ class DocumentTable:
             docs.tolist(), shards.tolist(), first.tolist(), counts.tolist(), at.tolist()
         ):
             piece = maps[shard][a : a + n]
-            if len(piece) != n:  # an offset past its shard's end: a numpy broadcast error mid-run (RV57d F2)
+            # an offset past its shard's end: a numpy broadcast error mid-run (RV57d F2); one of 2^63 or
+            # more (8-byte offsets) is negative here, and its slice would be the shard's last ids (RV57e 5)
+            if a < 0 or len(piece) != n:
                 raise self._past_end(doc, shard)
             out[pos : pos + n] = piece
         return out
