@@ -636,7 +636,11 @@ def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool, 
     command = ["gristmill", "mix", "propose", "--config", args.config, "--out", args.out]
     if args.overrides:
         command += ["--set", *args.overrides]
-    head = f"# {shlex.join(command)}\n# validation: {runs}\n" + "".join(f"# warning: {x}\n" for x in warnings)
+    # relative paths are the working directory's: named, or the line ran nowhere else (trial RV57a F6)
+    where = "" if all(Path(x).is_absolute() for x in (args.config, args.out)) else f"# in {Path.cwd()}\n"
+    head = f"# {shlex.join(command)}\n{where}# validation: {runs}\n" + "".join(
+        f"# warning: {x}\n" for x in warnings
+    )
     if passed:
         return (
             head + f"# the proposal beat both baselines on every seed\nmix = {_toml_mix(sources, proposal)}\n"

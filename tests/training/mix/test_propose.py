@@ -736,8 +736,14 @@ def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources)
     were fitted, proposed from and gated in silence, as if they measured the mixtures (trial RV57a F6).
     A warning on screen and in proposal.toml; a search whose proxies learned says nothing of it."""
     config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
-    done = propose(config, out, "--set", "proxy.lr=3.0", "proxy.min_lr=0")
+    # run from tmp_path with relative paths: proposal.toml names where (its command ran nowhere else)
+    argv = [*command(Path(config.name), Path(out.name)), "--set", "proxy.lr=3.0", "proxy.min_lr=0"]
+    done = forked.run(argv, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "proposal.toml").read_text().splitlines()[:2] == [
+        f"# gristmill mix propose --config {config.name} --out {out.name} --set proxy.lr=3.0 proxy.min_lr=0",
+        f"# in {tmp_path}",
+    ]
     said = re.search(r"warning: (the best proxy's target loss, [\d.]+, is no better than .*)", done.stdout)
     assert said and "(ln 256 = 5.5452): the proxies learned nothing" in said[1], done.stdout
     assert f"# warning: {said[1]}\n" in (out / "proposal.toml").read_text()
