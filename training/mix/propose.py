@@ -237,16 +237,19 @@ def run(args: argparse.Namespace) -> int:
         warnings = []
         if len(cfg.validation.seeds) == 1:  # said now: the search can still be stopped and rerun
             warnings.append(_warn(ONE_SEED.format(seeds=cfg.validation.seeds)))
+        # what each trains: proxy.tokens rounds down to whole steps (it said "30,000 tokens" of proxies
+        # that trained 14 × 2,048 = 28,672, review R25c 5)
+        steps = int(cfg.proxy.tokens // cfg.proxy.global_batch_tokens)
+        if cfg.proxy.warmup_steps >= steps:  # accepted in silence (trial RV57a F6)
+            warnings.append(_warn(
+                f"proxy.warmup_steps = {cfg.proxy.warmup_steps} is not shorter than a proxy ({steps} steps): "
+                "every proxy trains in its warmup, below proxy.lr"
+            ))  # fmt: skip
         runs = len(swarm) + 3 * len(cfg.validation.seeds)
         workers = parallelism(cfg, runs)
         with Pool(workers, cfg, fingerprints) as pool:
             model = f"from the base {base['init_from']}" if base else cfg.proxy.preset
-            # what each trains: proxy.tokens rounds down to whole steps (it said "30,000 tokens" of
-            # proxies that trained 14 × 2,048 = 28,672, review R25c 5)
-            steps, batch = (
-                int(cfg.proxy.tokens // cfg.proxy.global_batch_tokens),
-                cfg.proxy.global_batch_tokens,
-            )
+            batch = cfg.proxy.global_batch_tokens
             _say(
                 f"swarm: {len(swarm)} proxies of {steps} steps × {batch:,} = {steps * batch:,} tokens "
                 f"({model}), {workers} at a time; then {runs - len(swarm)} validation runs"

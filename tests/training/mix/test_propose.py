@@ -751,6 +751,17 @@ def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources)
     assert best > 5.5452 and f"loss, {best:.4f}," in said[1]
 
 
+@pytest.mark.parametrize("warmup, said", [(2, False), (6, True)])
+def test_a_warmup_as_long_as_a_proxy_is_said(tmp_path, shared_sources, capsys, warmup, said):
+    """proxy.warmup_steps not shorter than a proxy (6 steps here): every proxy trains below proxy.lr,
+    accepted in silence (trial RV57a F6)."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    argv = ["mix", "propose", "--config", str(config), "--out", str(out), "--write-commands"]
+    assert gristmill([*argv, "--set", f"proxy.warmup_steps={warmup}"]) == 0
+    line = f"warning: proxy.warmup_steps = {warmup} is not shorter than a proxy (6 steps): every proxy trains"
+    assert (line in capsys.readouterr().out) is said
+
+
 def test_a_search_under_a_test_fault_says_so_and_is_other_evidence(
     tmp_path, shared_sources, capsys, monkeypatch
 ):
