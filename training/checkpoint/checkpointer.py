@@ -102,6 +102,7 @@ from training.contract.integrity import (
     EXPORT_META,
     checkpoint_identity,
     file_records,
+    record_began,
     record_saved,
     saved_identity,
 )
@@ -111,6 +112,7 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
+    abandoned_name,
     checkpoint_dir,
     complete_steps,
     export_dir,
@@ -421,6 +423,7 @@ class Checkpointer:
         self.lost = lost or (lambda: None)
         self.completed = completed or (lambda step: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
+        self.set_aside_steps: list[int] = []  # rank 0: the complete checkpoints the resume set aside
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
@@ -548,8 +551,27 @@ class Checkpointer:
                 config if isinstance(config, dict) else None,
             )
             if self.resumed_here:
-                self._set_aside_newer(step, f"the resumed step {step}")
+                self.set_aside_steps = self._set_aside_newer(step, f"the resumed step {step}")
         return step
+
+    def open_ledger(self, step: int | None) -> None:
+        """Rank 0, once the resume is chosen (`step`: the step resumed, None: a fresh run): RUN/
+        checkpoints.jsonl a record of this run's saves. A fresh run, or one from another run's
+        checkpoint, sets an earlier run's aside (abandoned-checkpoints.jsonl: its lines vouched for that
+        run's exports, put back, as this run's: trial RV58b F1) and begins its own at step 0 or the step
+        resumed; a resume of a run from before the record begins it at its step."""
+        if self.rank != 0:
+            return
+        path = self.run_dir / CHECKPOINTS_JSONL
+        if (step is None or not self.resumed_here) and path.exists():
+            kept = abandoned_name(path)
+            path.rename(kept)
+            self.log(f"note: {path} is an earlier run's in this directory; moved it to {kept.name}")
+        if not path.exists():
+            try:
+                record_began(self.run_dir, step or 0)
+            except OSError as e:
+                self.log(f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e})")
 
     def _record_saved(self, step: int) -> None:
         """RUN/checkpoints.jsonl's line of complete checkpoint `step`, unless its last line of the step
@@ -762,16 +784,18 @@ class Checkpointer:
             "directory: another run.output_dir)"
         )
 
-    def _set_aside_newer(self, step: int, what: str) -> None:
+    def _set_aside_newer(self, step: int, what: str) -> list[int]:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)
         belong to an abandoned timeline: incomplete ones are deleted, complete ones renamed
-        `abandoned-step-N` (never deleted)."""
+        `abandoned-step-N` (never deleted); returns their steps."""
         for s in list_steps(self.root):
             path = checkpoint_dir(self.run_dir, s)
             if s > step and not is_complete_checkpoint(path):
                 shutil.rmtree(path)
-        for path, target in set_aside_after(self.root, step):
+        moved = set_aside_after(self.root, step)
+        for path, target in moved:
             self.log(f"note: {path.name} is newer than {what}; moved it to {target.name}")
+        return [step_of(path) for path, _ in moved]
 
     # -- save --
     def poll(self) -> None:

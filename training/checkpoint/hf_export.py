@@ -107,6 +107,7 @@ from training.contract.integrity import (
     damaged_files,
     exported_with_checksums,
     file_records,
+    saved_by_none,
     saved_identity,
 )
 from training.contract.run_layout import (
@@ -1514,8 +1515,12 @@ def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     is the one RUN/checkpoints.jsonl records (an export of another run put in its place was verified
     as the run's: trial RV57a F1); an export of before the record, or of a step it lacks, says nothing."""
     recorded = _recorded_identity(export)
-    now = checkpoint_identity(ckpt) or saved_identity(ckpt.parent.parent, step_of(ckpt))
-    return recorded is not None and now is not None and recorded != now
+    if recorded is None:
+        return False
+    run, step = ckpt.parent.parent, step_of(ckpt)
+    now = checkpoint_identity(ckpt) or saved_identity(run, step)
+    # no checkpoint of the step recorded: where the record holds every save, none of this run's (RV58b F1)
+    return recorded != now if now is not None else saved_by_none(run, step, recorded)
 
 
 def not_the_run_s(run_dir: Path, step: int, merged: bool) -> str:
@@ -1527,10 +1532,11 @@ def not_the_run_s(run_dir: Path, step: int, merged: bool) -> str:
         return (
             f"{said} (one a resume or a rewind set aside since); `{again}` sets it aside, exports the run's"
         )
-    # retention deleted the run's, which checkpoints.jsonl records: nothing to export it from
+    # the run's checkpoint of the step is gone (retention), or it never saved one: nothing to export from
     return (
-        f"{said} (set aside by a resume or a rewind, or another run's; {CHECKPOINTS_JSONL} records the "
-        "run's, which retention deleted): move it aside; the run's export of the step is only in a copy"
+        f"{said} (set aside by a resume or a rewind, or another run's: {CHECKPOINTS_JSONL}, the run's "
+        "record of its saves, holds another of the step or none, and no checkpoint of it is left): move it "
+        "aside; the run's export of the step, if it had one, is only in a copy"
     )
 
 

@@ -41,38 +41,69 @@ def checkpoint_identity(ckpt: Path) -> str | None:
         return None
 
 
-def record_saved(run_dir: Path, step: int, identity: str) -> None:
-    """A line of RUN/checkpoints.jsonl for checkpoint `step` once its COMPLETE is written (the
-    checkpointer's, rank 0): retention deletes checkpoints and keeps their exports, and an export of
-    another run's step N put in their place was then verified as the run's (trial RV57a F1)."""
-    line = json.dumps({"step": step, CHECKPOINT_IDENTITY: identity}) + "\n"
+def _append_line(run_dir: Path, row: dict[str, Any]) -> None:
+    """One line appended to RUN/checkpoints.jsonl, made durable; a line cut short by a kill is ended
+    first, so this one stays whole."""
     fd = os.open(Path(run_dir) / CHECKPOINTS_JSONL, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        size = os.fstat(fd).st_size  # a line cut short by a kill is ended first: this one stays whole
+        size = os.fstat(fd).st_size
         torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        os.write(fd, (b"\n" if torn else b"") + line.encode())
+        os.write(fd, (b"\n" if torn else b"") + (json.dumps(row) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _saved_lines(run_dir: Path) -> list[tuple[int, str]]:
-    """RUN/checkpoints.jsonl's (step, COMPLETE sha256) in the order the saves were made; a line cut
-    short by a kill, or not of that form, is no record."""
-    lines = []
+def record_saved(run_dir: Path, step: int, identity: str) -> None:
+    """A line of RUN/checkpoints.jsonl for checkpoint `step` once its COMPLETE is written (the
+    checkpointer's, rank 0): retention deletes checkpoints and keeps their exports, and an export of
+    another run's step N put in their place was then verified as the run's (trial RV57a F1)."""
+    _append_line(run_dir, {"step": step, CHECKPOINT_IDENTITY: identity})
+
+
+def record_began(run_dir: Path, step: int) -> None:
+    """RUN/checkpoints.jsonl's first line: it records every save after step `step` (0: a fresh run's
+    whole timeline; a resume of a run from before the record, or of another run's checkpoint: after
+    the step resumed), so an export of a later step that no line records is none of this run's
+    (trial RV58b F1)."""
+    _append_line(run_dir, {BEGAN: step})
+
+
+BEGAN = "began"  # checkpoints.jsonl's first line: {"began": step}
+
+
+def _ledger(run_dir: Path) -> tuple[int | None, list[tuple[int, str]]]:
+    """RUN/checkpoints.jsonl's beginning (None: no such line, a record from before it) and its
+    (step, COMPLETE sha256) in the order the saves were made. A line that is not one (cut short by a
+    kill, damaged) is skipped, never the file (one stray byte made every export unchecked: RV58b F2)."""
+    began, lines = None, []
     try:
-        with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8") as f:
+        with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     row = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: a deep nest (RV58b F3)
                     continue
-                if isinstance(row, dict) and isinstance(row.get("step"), int):
-                    if isinstance(row.get(CHECKPOINT_IDENTITY), str):
-                        lines.append((row["step"], row[CHECKPOINT_IDENTITY]))
-    except (OSError, UnicodeDecodeError):
-        return []
-    return lines
+                if not isinstance(row, dict):
+                    continue
+                if isinstance(row.get(BEGAN), int) and began is None and not lines:
+                    began = row[BEGAN]
+                elif isinstance(row.get("step"), int) and isinstance(row.get(CHECKPOINT_IDENTITY), str):
+                    lines.append((row["step"], row[CHECKPOINT_IDENTITY]))
+    except OSError:
+        return None, []
+    return began, lines
+
+
+def _saved_lines(run_dir: Path) -> list[tuple[int, str]]:
+    return _ledger(run_dir)[1]
+
+
+def saved_by_none(run_dir: Path, step: int, identity: str) -> bool:
+    """Whether RUN/checkpoints.jsonl, recording every save after its beginning, records no checkpoint
+    of COMPLETE sha256 `identity` at a `step` past that beginning: an export of it is another run's."""
+    began, lines = _ledger(run_dir)
+    return began is not None and step > began and (step, identity) not in lines
 
 
 def saved_identity(run_dir: Path, step: int) -> str | None:

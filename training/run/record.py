@@ -148,12 +148,14 @@ class RunRecord:
         metrics: MetricsSection,
         config: dict,
         datasets: dict[str, str],
+        set_aside: list[int],
     ) -> None:
         """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
         the trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name ->
         dataset, for their runs); then what a discarded or redone future left (steps after `resumed`)
         set aside; the plan recorded and drawn with the timeline's skips, consumption.parquet at its
-        step; metrics.jsonl kept up to the checkpoint (or started over)."""
+        step; metrics.jsonl kept up to the checkpoint (or started over). `set_aside`: the steps of the
+        complete checkpoints the resume set aside (a timeline it left, as checkpoints.jsonl tells too)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
@@ -176,9 +178,12 @@ class RunRecord:
             # which the audit answered from until this run's first logged row (review R15e F1)
             self._consumption(resumed or 0)
             # A timeline that went on past the checkpoint, saving checkpoints since (a resume from an
-            # older one): its rows and records were dropped without a trace (trial RV57b F6), kept aside
+            # older one): its rows and records were dropped without a trace (trial RV57b F6), kept aside;
+            # known by the record of the saves or by what this resume set aside (a run without the
+            # record: its rows were dropped, RV58b F2)
             resumed_id = None if mine is None else checkpoint_identity(checkpoint_dir(self.run_dir, mine))
-            left = [] if resumed_id is None else saved_after(self.run_dir, mine, resumed_id)
+            saved = [] if resumed_id is None else saved_after(self.run_dir, mine, resumed_id)
+            left = sorted({*saved, *set_aside}) if mine is not None else []
             self._open_log(mine, logged, left)
             self._open_batches(mine, left)
             self.config = to_toml(config)
@@ -529,10 +534,9 @@ def _keep_left(path: Path, what: str, steps: list[int], left: list[int]) -> None
     checkpoints against any row or record (trial RV57b F6)."""
     kept = abandoned_name(path)
     write_atomic(kept, path.read_bytes())
-    saved = ", ".join(map(str, left))
     say(
         f"note: {path.name}'s {what} of steps {min(steps)}–{max(steps)} are of the timeline the resume "
-        f"left (it saved step(s) {saved}); the file as it was: {kept.name}"
+        f"left (its checkpoints went past the step resumed); the file as it was: {kept.name}"
     )
 
 

@@ -206,6 +206,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checked.base_dir if resumed is None else None,
         checkpointer.resumed_from,
     )
+    checkpointer.open_ledger(resumed)
     checkpointer.finish_missed(resumed)
     _outputs(
         resolved,
@@ -218,6 +219,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checked.base_dir,
         checkpointer.resumed_from,
         checkpointer.resumed_here,
+        checkpointer.set_aside_steps,
     )
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
@@ -453,13 +455,15 @@ def _outputs(
     base_dir: Path | None,
     resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None,
     own: bool,
+    set_aside: list[int],
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     a new run's base (RUN/base/: the base as loaded from `base_dir`, for its exports), the run record
     started (what a discarded future left set aside, the plan's record and plot, metrics.jsonl, the
     trackers), then RUN/config.toml (after a resume's note of what changed). `resumed_from`: the
     checkpoint resumed, the config hash and config it records (Checkpointer.resumed_from); `own`: it is this
-    run directory's (Checkpointer.resumed_here)."""
+    run directory's (Checkpointer.resumed_here); `set_aside`: the steps of the complete checkpoints the
+    resume set aside (Checkpointer.set_aside_steps)."""
     if env.rank != 0:
         return
     applied = applied_config(resolved, spec)
@@ -484,7 +488,9 @@ def _outputs(
                 "its run to carry it"
             )
     datasets = {src.name: src.dataset for src in spec.sources}
-    record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
+    record.started(
+        resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets, set_aside=set_aside
+    )
     # After the record started, whose trackers may still refuse the resume (an unreadable
     # trackers.json, wandb that cannot start): a refused attempt's overrides written here became the
     # run's, and `--config RUN/config.toml --resume auto` trained with them (review R14b M1).

@@ -246,8 +246,9 @@ def test_the_checkpoint_records_its_model_and_resume_and_export_use_it(dataset, 
     assert [m["step"] for m in metrics(r)][-1] == 5
 
 
+@pytest.mark.parametrize("before", ["a refused attempt", "no record"])
 def test_a_resume_from_an_older_checkpoint_keeps_the_left_timeline_s_rows_and_records_aside(
-    dataset, tmp_path, capsys
+    dataset, tmp_path, capsys, before
 ):
     """--resume of the run's step 4 while step 8 is complete: step 8 is set aside (abandoned-step-8),
     and metrics.jsonl's rows and batches.bin's records of steps 5-8 were dropped without a trace, so
@@ -257,16 +258,19 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_left_timeline_s_rows_and_re
     r = tmp_path / "run"
     assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
     rows_before, records_before = (r / "metrics.jsonl").read_bytes(), (r / "batches.bin").read_bytes()
-    # as an attempt refused after it set step 8 aside leaves it (a tracker that would not start): the
-    # retry, which sets nothing aside itself, dropped the rows silently (review RV57e 2)
-    checkpoint_dir(r, 8).rename(checkpoint_dir(r, 8).with_name("abandoned-step-000008"))
+    if before == "a refused attempt":
+        # as an attempt refused after it set step 8 aside leaves it (a tracker that would not start):
+        # the retry, which sets nothing aside itself, dropped the rows silently (review RV57e 2)
+        checkpoint_dir(r, 8).rename(checkpoint_dir(r, 8).with_name("abandoned-step-000008"))
+    else:  # a run from before checkpoints.jsonl: what the resume sets aside tells (trial RV58b F2)
+        (r / "checkpoints.jsonl").unlink()
     capsys.readouterr()
     resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
     assert run(dataset, r, "run.max_steps=6", "checkpoint.keep_last=0", "optim.grad_clip=0.05", resume4) == 0
     out = capsys.readouterr().out
     for name, what in (("metrics.jsonl", "rows"), ("batches.bin", "records")):
-        note = f"note: {name}'s {what} of steps 5–8 are of the timeline the resume left (it saved step(s) 8)"
-        assert f"{note}; the file as it was: abandoned-{name}" in out, out
+        note = f"note: {name}'s {what} of steps 5–8 are of the timeline the resume left (its checkpoints went"
+        assert f"{note} past the step resumed); the file as it was: abandoned-{name}" in out, out
     assert (r / "abandoned-metrics.jsonl").read_bytes() == rows_before
     assert (r / "abandoned-batches.bin").read_bytes() == records_before
     assert [m["step"] for m in metrics(r)] == [1, 2, 3, 4, 5, 6]
@@ -443,7 +447,7 @@ def test_an_export_of_another_run_in_place_of_one_whose_checkpoint_is_gone_is_ne
     assert "exported from another checkpoint of step 8 than the run's (set aside by a resume or a " in out, (
         out
     )
-    assert "checkpoints.jsonl records the run's, which retention deleted): move it aside" in out, out
+    assert "checkpoints.jsonl, the run's record of its saves, holds another of the step or none" in out, out
     assert (
         gristmill(["export", str(ours), "--step", "8", "--out", str(tmp_path / "bf16"), "--dtype", "bf16"])
         == 2
@@ -453,6 +457,25 @@ def test_an_export_of_another_run_in_place_of_one_whose_checkpoint_is_gone_is_ne
         line
     )
     assert not (tmp_path / "bf16").exists() and export_dir(ours, 8).is_dir()  # said, left as it is
+    # a stray byte or a deep nest in the record skips its line, never the record (it made every export
+    # unchecked, or a RecursionError traceback: trial RV58b F2, F3)
+    with open(ours / "checkpoints.jsonl", "ab") as f:
+        f.write(b"\xff\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    assert gristmill(["verify", str(ours)]) == 1
+
+    # A fresh run in a directory whose checkpoints were deleted: the earlier run's record vouched for
+    # its exports put back, as the fresh run's, at a step the fresh run never saved (trial RV58b F1)
+    fresh = tmp_path / "fresh"
+    assert (
+        run(dataset, fresh, "run.max_steps=8", "checkpoint.keep_last=0", "checkpoint.export_interval=8") == 0
+    )
+    shutil.rmtree(fresh / "checkpoints")
+    assert run(dataset, fresh, "run.max_steps=4", "checkpoint.keep_last=0", "optim.grad_clip=0.05") == 0
+    assert "checkpoints.jsonl is an earlier run's in this directory" in capsys.readouterr().out
+    shutil.copytree(export_dir(fresh, 8).with_name("abandoned-step-000008"), export_dir(fresh, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(fresh)]) == 1
+    assert "exported from another checkpoint of step 8 than the run's" in capsys.readouterr().out
 
 
 def test_an_export_of_a_checkpoint_set_aside_while_it_ran_is_never_the_run_s(
