@@ -86,7 +86,7 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.faults import COMPLETE, data_fault, fault_warnings, kill_point, sigterm_point
+from training.run.faults import COMPLETE, RELEASED, data_fault, fault_warnings, kill_point, sigterm_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
@@ -267,6 +267,7 @@ def loop(run: Run) -> dict[str, Any]:
         return _loop(run, shutdown)
     finally:
         shutdown.release()
+        sigterm_point(RELEASED)
 
 
 def _skipped_save(run: Run) -> str | None:

@@ -160,18 +160,26 @@ def test_a_nonfinite_stop_under_torchrun_exits_3_with_the_workers_line(dataset, 
     assert f"Last complete checkpoint: {run / 'checkpoints'}" in line
 
 
-def test_a_sigterm_once_the_run_is_complete_exits_0(dataset, tmp_path):
+@pytest.mark.parametrize(
+    "point, note",
+    [
+        ("complete", "note: SIGTERM after the run completed: exiting"),
+        ("released", "note: SIGTERM after the last step: the run finishes its records"),
+    ],
+)
+def test_a_sigterm_once_the_run_is_complete_exits_0(dataset, tmp_path, point, note):
     """A SIGTERM to a worker after its run completed, during its teardown (seconds: a scheduler's time
     limit there): the signal's default action, "killed by SIGTERM" and 143 for a complete run (trial
-    RV55b 1). Now a note and 0; the workers are fresh interpreters, as under a user's torchrun."""
+    RV55b 1); also once the loop gave the signals back, in the process group's teardown (RV58a F1).
+    Now a note and 0; the workers are fresh interpreters, as under a user's torchrun."""
     run = tmp_path / "run"
-    env = {**ENV, "GRISTMILL_FAULT_SIGTERM": "complete"}
+    env = {**ENV, "GRISTMILL_FAULT_SIGTERM": point}
     proc = launch(
         2, sets(dataset, run, "parallel.shard=2", "schedule.steps=2", "schedule.warmup_steps=1"), env=env
     )
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
-    assert "note: SIGTERM after the run completed: exiting" in err, err[-3000:]
+    assert note in err, err[-3000:]
     assert (checkpoint_dir(run, 2) / COMPLETE_FILE).is_file()
 
 

@@ -26,7 +26,8 @@ sends itself SIGTERM as step STEP starts (a preemption at a known step: the run 
 saves and stops; on one rank, a `kill` of one trainer's pid: the others learn of it from the stop's
 agreement); with `awaited:`, while step STEP's data is awaited (its wait ends, as a signal's during an
 outage does: the run saves the step before it and stops); "complete": once `python -m training.train`'s
-run is complete, before its teardown (`sigterm_point`).
+run is complete, before its teardown (`sigterm_point`); "released": once the loop gave the signals back,
+before the process group's teardown.
 
 GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
@@ -99,6 +100,7 @@ def kill_point(point: str) -> None:
 
 AWAITED = "awaited:"
 COMPLETE = "complete"  # GRISTMILL_FAULT_SIGTERM's point once a run is complete (sigterm_point)
+RELEASED = "released"  # and once the loop gave the signals back, before the process group's teardown
 
 
 def sigterm_point(point: str) -> None:
@@ -167,7 +169,9 @@ class LossFaults:
         self.plan = plan
         self.factor = 1.0
         spec = os.environ.get(SIGTERM, "")
-        self.sigterm_step = 0 if spec.startswith(AWAITED) or spec == COMPLETE else _step_named(spec, rank)
+        self.sigterm_step = (
+            0 if spec.startswith(AWAITED) or spec in (COMPLETE, RELEASED) else _step_named(spec, rank)
+        )
         if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 

@@ -239,7 +239,11 @@ class GracefulStop:
         # there is still the loop's handler's (the default one killed a rank whose loop failed, its
         # error unsaid: RV48b M1).
         stopping = self.received  # a signal during the joins below is none of the loop's
-        if exc_type is None and not stopping:  # complete
+        # A torchrun worker (a process of its own) keeps the note's handlers after a stop's save too: a
+        # job's SIGTERM reaches each process in its own time, and one in this rank's teardown killed it,
+        # 143 after a clean save (trial RV58a F1)
+        own_process = "TORCHELASTIC_RUN_ID" in os.environ
+        if exc_type is None and (not stopping or own_process):  # complete, or stopped and saved
             for sig in _SIGNALS:
                 if sig in self._previous:
                     self._after[sig] = self._previous.pop(sig)
@@ -291,9 +295,12 @@ class GracefulStop:
     def release(self) -> None:
         """The run's records written (or failed): SIGINT and SIGTERM as they were before the run, so an
         in-process caller (the demo, the mixture search's workers, a test) gets them back; called in a
-        `finally` (an error after the loop left the note's handler in place: R18i A2)."""
+        `finally` (an error after the loop left the note's handler in place: R18i A2). A torchrun
+        worker, a process of its own, keeps the note's: given back, a SIGTERM in its teardown (the
+        process group's, seconds) killed a complete rank, 143 (trial RV58a F1)."""
+        own_process = "TORCHELASTIC_RUN_ID" in os.environ
         for sig, handler in self._after.items():
-            if signal.getsignal(sig) == self._after_loop:
+            if signal.getsignal(sig) == self._after_loop and not own_process:
                 signal.signal(sig, handler)
         self._after.clear()
 
