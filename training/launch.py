@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,7 @@ def _run(args: argparse.Namespace) -> int:
 
 # `python -m training.launch torchrun ARGS`: the launcher's child, torchrun with the workers' exit status.
 AGENT_COMMAND = "torchrun"
+_AGAIN_S = 2.0  # a second SIGTERM to the agent within this of the first is the same stop, passed on
 
 
 def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, list[str]]:
@@ -353,19 +355,23 @@ def agent_main(argv: list[str]) -> int:
     # 30 s later, mid step or mid save at 1-8B, and ends 143 after a clean save. Here SIGTERM and
     # SIGINT are passed to the workers, which finish the step, save and exit (0), and a terminal's
     # SIGHUP is ignored, as the workers do; torchrun handles only SIGQUIT.
-    # Before the workers start, and at a second SIGTERM (a worker hung in a step never reaches its
-    # save), torchrun's own stop remains: SIGTERM to the workers, SIGKILL 30 s later.
+    # Before the workers start, and at a second SIGTERM over 2 s after the first (a worker hung in a
+    # step never reaches its save), torchrun's own stop remains: SIGTERM to the workers, SIGKILL 30 s later.
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun's --signals-to-handle
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # what it sets, read where it has no option
     os.environ[AGENT_PID_VAR] = str(os.getpid())  # the workers watch this agent (shutdown.exit_with_agent)
-    relayed: set[int] = set()
+    relayed: dict[int, float] = {}  # signal: when it was first passed on
 
     def relay(signum: int, frame) -> None:
-        again = signum == signal.SIGTERM and signum in relayed
+        # a second SIGTERM is a hung worker's escape only past _AGAIN_S: one a moment after the first is
+        # the same stop (a scheduler's signal sent twice, every process signalled): torchrun's stop
+        # there ended a clean save 143 with a traceback (trial RV58a F2)
+        first = relayed.get(signum)
+        again = signum == signal.SIGTERM and first is not None and time.monotonic() - first > _AGAIN_S
         if again or not _signal_children(os.getpid(), signum):
             sigval = signal.Signals(signum)
             raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
-        relayed.add(signum)
+        relayed.setdefault(signum, time.monotonic())
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, relay)

@@ -171,20 +171,24 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     assert_same_checkpoint(run_dir, reference, STEPS)
 
 
-@pytest.mark.parametrize("to", ["the launcher", "every process"])
+@pytest.mark.parametrize("to", ["the launcher", "every process", "the agent twice"])
 def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path, to):
     """A scheduler's SIGTERM to `gristmill train --nproc-per-node 2` (the launcher, not a worker):
     passed on to torchrun, relayed to the workers, which finish the step, save and exit 0 — not
     killed with their launcher. To every process of the job (Slurm's cancel or time limit), after a
     closed terminal's SIGHUP: the SIGHUP changes nothing (it killed the launcher, and so the run,
     nothing saved), and torchrun's agent passes the SIGTERM on rather than stopping the workers
-    itself (SIGKILL 30 s later, and exit 143 after a clean save)."""
+    itself (SIGKILL 30 s later, and exit 143 after a clean save). Twice to the agent within a moment
+    (a scheduler's signal sent twice): the same stop, not the hung worker's escape that ended a clean
+    save 143 with a traceback (trial RV58a F2)."""
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
     sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=200", "checkpoint.interval=100")
     proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, 2)
     job = [proc.pid]
+    if to == "the agent twice":
+        job = child_pids(proc.pid)[:1] * 2  # torchrun's agent, the launcher's one child
     if to == "every process":
         job += descendants(proc.pid)  # the launcher, torchrun's agent, its workers
         for pid in job:
@@ -192,6 +196,7 @@ def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path,
         wait_for_step(proc, run_dir, metrics(run_dir)[-1]["step"] + 2)  # trains on
     for pid in job:
         os.kill(pid, signal.SIGTERM)
+        time.sleep(0.05)  # two to one process: each its own (sent at once, the kernel keeps one)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     stopped = metrics(run_dir)[-1]["step"]
