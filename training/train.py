@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import os
 import re
 import signal
 import sys
@@ -73,6 +72,7 @@ from training.contract.errors import (
     unwritable,
     wrapped,
 )
+from training.contract.lifetime import torchrun_worker
 from training.contract.object_store import FETCH_STOPPED
 from training.contract.run_layout import BATCHES_BIN, check_saved_config_place, checkpoint_dir, complete_steps
 from training.metrics import (
@@ -717,7 +717,7 @@ def main(
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)
     args = parser.parse_args(argv)
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the launcher
+    if torchrun_worker():  # never outlive the launcher
         exit_with_agent()
     try:
         overrides = with_resume(args.overrides, args.resume)
@@ -725,7 +725,7 @@ def main(
         check_saved_config_place(args.config, cfg.run.output_dir, overrides)
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker's (not an in-process caller's)
+        if torchrun_worker():  # (not an in-process caller's)
             rank = DistEnv.from_environ().rank  # its teardown is all that is left
             exit_on_signal_with(0, "the run completed" if rank == 0 else None)
             sigterm_point(COMPLETE)

@@ -102,9 +102,9 @@ from training.contract.integrity import (
     EXPORT_META,
     checkpoint_identity,
     file_records,
+    read_ledger,
     record_began,
     record_saved,
-    saved_identity,
 )
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
@@ -579,7 +579,7 @@ class Checkpointer:
         of an earlier timeline then called the run's own export another checkpoint's, review RV57e 3).
         A line that cannot be written is a warning: the checkpoint is complete."""
         identity = checkpoint_identity(checkpoint_dir(self.run_dir, step))
-        if identity is None or saved_identity(self.run_dir, step) == identity:
+        if identity is None or read_ledger(self.run_dir).last(step) == identity:
             return
         try:
             record_saved(self.run_dir, step, identity)

@@ -107,8 +107,7 @@ from training.contract.integrity import (
     damaged_files,
     exported_with_checksums,
     file_records,
-    saved_by_none,
-    saved_identity,
+    read_ledger,
 )
 from training.contract.run_layout import (
     BASE_DIR,
@@ -1517,10 +1516,10 @@ def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     recorded = _recorded_identity(export)
     if recorded is None:
         return False
-    run, step = ckpt.parent.parent, step_of(ckpt)
-    now = checkpoint_identity(ckpt) or saved_identity(run, step)
+    ledger, step = read_ledger(ckpt.parent.parent), step_of(ckpt)
+    now = checkpoint_identity(ckpt) or ledger.last(step)
     # no checkpoint of the step recorded: where the record holds every save, none of this run's (RV58b F1)
-    return recorded != now if now is not None else saved_by_none(run, step, recorded)
+    return recorded != now if now is not None else ledger.by_none(step, recorded)
 
 
 def not_the_run_s(run_dir: Path, step: int, merged: bool) -> str:

@@ -20,6 +20,7 @@ import os
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,9 @@ def record_saved(run_dir: Path, step: int, identity: str) -> None:
     _append_line(run_dir, {"step": step, CHECKPOINT_IDENTITY: identity})
 
 
+BEGAN = "began"  # checkpoints.jsonl's first line: {"began": step}
+
+
 def record_began(run_dir: Path, step: int) -> None:
     """RUN/checkpoints.jsonl's first line: it records every save after step `step` (0: a fresh run's
     whole timeline; a resume of a run from before the record, or of another run's checkpoint: after
@@ -69,14 +73,36 @@ def record_began(run_dir: Path, step: int) -> None:
     _append_line(run_dir, {BEGAN: step})
 
 
-BEGAN = "began"  # checkpoints.jsonl's first line: {"began": step}
+@dataclass(frozen=True)
+class Ledger:
+    """RUN/checkpoints.jsonl as read once: from which step it holds every save (None: no such line, a
+    record from before it) and the (step, COMPLETE sha256) of the saves, in the order they were made."""
+
+    began: int | None
+    saves: list[tuple[int, str]]
+
+    def last(self, step: int) -> str | None:
+        """The COMPLETE sha256 of step `step` as last recorded (a rewind or a resume from an older step
+        saves a step again); None where none is (a run from before the record, a step never saved)."""
+        return next((i for s, i in reversed(self.saves) if s == step), None)
+
+    def by_none(self, step: int, identity: str) -> bool:
+        """Whether no save of the run made checkpoint `identity` at `step`, past the record's beginning:
+        an export of it is another run's."""
+        return self.began is not None and step > self.began and (step, identity) not in self.saves
+
+    def after(self, step: int, identity: str) -> list[int]:
+        """The steps after `step` whose checkpoints were saved after checkpoint `step` (`identity`) last
+        was: a timeline that went on past it, which a resume from it leaves (RV57e 1, 2: known from the
+        record, not from what this invocation set aside). [] where none is recorded."""
+        at = max((k for k, (s, i) in enumerate(self.saves) if s == step and i == identity), default=None)
+        return [] if at is None else sorted({s for s, _ in self.saves[at + 1 :] if s > step})
 
 
-def _ledger(run_dir: Path) -> tuple[int | None, list[tuple[int, str]]]:
-    """RUN/checkpoints.jsonl's beginning (None: no such line, a record from before it) and its
-    (step, COMPLETE sha256) in the order the saves were made. A line that is not one (cut short by a
-    kill, damaged) is skipped, never the file (one stray byte made every export unchecked: RV58b F2)."""
-    began, lines = None, []
+def read_ledger(run_dir: Path) -> Ledger:
+    """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
+    the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
+    began, saves = None, []
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -86,40 +112,13 @@ def _ledger(run_dir: Path) -> tuple[int | None, list[tuple[int, str]]]:
                     continue
                 if not isinstance(row, dict):
                     continue
-                if isinstance(row.get(BEGAN), int) and began is None and not lines:
+                if isinstance(row.get(BEGAN), int) and began is None and not saves:
                     began = row[BEGAN]
                 elif isinstance(row.get("step"), int) and isinstance(row.get(CHECKPOINT_IDENTITY), str):
-                    lines.append((row["step"], row[CHECKPOINT_IDENTITY]))
+                    saves.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except OSError:
-        return None, []
-    return began, lines
-
-
-def _saved_lines(run_dir: Path) -> list[tuple[int, str]]:
-    return _ledger(run_dir)[1]
-
-
-def saved_by_none(run_dir: Path, step: int, identity: str) -> bool:
-    """Whether RUN/checkpoints.jsonl, recording every save after its beginning, records no checkpoint
-    of COMPLETE sha256 `identity` at a `step` past that beginning: an export of it is another run's."""
-    began, lines = _ledger(run_dir)
-    return began is not None and step > began and (step, identity) not in lines
-
-
-def saved_identity(run_dir: Path, step: int) -> str | None:
-    """The COMPLETE sha256 of the run's step `step` as RUN/checkpoints.jsonl last records it (a rewind
-    or a resume from an older step saves a step again); None where it records none (a run from
-    before the record, a step never saved)."""
-    return next((i for s, i in reversed(_saved_lines(run_dir)) if s == step), None)
-
-
-def saved_after(run_dir: Path, step: int, identity: str) -> list[int]:
-    """The steps after `step` whose checkpoints were saved after checkpoint `step` (of COMPLETE sha256
-    `identity`) was last: a timeline that went on past it, which a resume from it leaves (RV57e 1, 2:
-    known from the record, not from what this invocation set aside). [] where it records none."""
-    lines = _saved_lines(run_dir)
-    at = max((k for k, (s, i) in enumerate(lines) if s == step and i == identity), default=None)
-    return [] if at is None else sorted({s for s, _ in lines[at + 1 :] if s > step})
+        return Ledger(None, [])
+    return Ledger(began, saves)
 
 
 def exported_with_checksums(export: str | Path) -> bool:

@@ -36,6 +36,13 @@ import time
 AGENT_PID_VAR = "GRISTMILL_TORCHRUN_AGENT"  # set by training.launch's agent_main for its workers
 
 
+def torchrun_worker() -> bool:
+    """Whether this process is a torchrun worker (TORCHELASTIC_RUN_ID): a process of its own, whose
+    signals and exit are the trainer's, not an in-process caller's (the demo, a test, the mixture
+    search's workers)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def exit_with(pid: int | None = None, poll_s: float = 0.05, forked_by: int | None = None) -> None:
     """Kill this process (and its process group when it leads one: torchrun makes each worker a
     group leader, and its DataLoader workers go with it) once process `pid` (None: the parent) ends.

@@ -134,6 +134,9 @@ class _StopFlag:
 
     def clear(self) -> None:
         self._set = False
+        self._drain()
+
+    def _drain(self) -> None:
         with contextlib.suppress(OSError):  # BlockingIOError: emptied
             while os.read(self._pipe[0], 4096):
                 pass
@@ -153,9 +156,7 @@ class _StopFlag:
             poll = select.poll()
             poll.register(self._pipe[0], select.POLLIN)
             if poll.poll(None if left is None else min(left * 1000, 2**31 - 1)) and not self._set:
-                with contextlib.suppress(OSError):
-                    while os.read(self._pipe[0], 4096):
-                        pass
+                self._drain()
         return self._set
 
 

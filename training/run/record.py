@@ -54,7 +54,7 @@ from training.contract.batch_record import (
 from training.contract.config_loader import to_toml
 from training.contract.errors import GristmillError
 from training.contract.eval_table import eval_lock, rebuild_eval_table
-from training.contract.integrity import checkpoint_identity, saved_after
+from training.contract.integrity import checkpoint_identity, read_ledger
 from training.contract.run_layout import (
     BATCHES_BIN,
     CONFIGS_DIR,
@@ -182,7 +182,7 @@ class RunRecord:
             # known by the record of the saves or by what this resume set aside (a run without the
             # record: its rows were dropped, RV58b F2)
             resumed_id = None if mine is None else checkpoint_identity(checkpoint_dir(self.run_dir, mine))
-            saved = [] if resumed_id is None else saved_after(self.run_dir, mine, resumed_id)
+            saved = [] if resumed_id is None else read_ledger(self.run_dir).after(mine, resumed_id)
             left = sorted({*saved, *set_aside}) if mine is not None else []
             self._open_log(mine, logged, left)
             self._open_batches(mine, left)

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from training.contract.errors import INTERRUPTED_EXIT
-from training.contract.lifetime import AGENT_PID_VAR, exit_with
+from training.contract.lifetime import AGENT_PID_VAR, exit_with, torchrun_worker
 from training.contract.object_store import STOP_FETCHING
 from training.data.loader import stop_workers_waiting
 
@@ -242,8 +242,7 @@ class GracefulStop:
         # A torchrun worker (a process of its own) keeps the note's handlers after a stop's save too: a
         # job's SIGTERM reaches each process in its own time, and one in this rank's teardown killed it,
         # 143 after a clean save (trial RV58a F1)
-        own_process = "TORCHELASTIC_RUN_ID" in os.environ
-        if exc_type is None and (not stopping or own_process):  # complete, or stopped and saved
+        if exc_type is None and (not stopping or torchrun_worker()):  # complete, or stopped and saved
             for sig in _SIGNALS:
                 if sig in self._previous:
                     self._after[sig] = self._previous.pop(sig)
@@ -298,9 +297,8 @@ class GracefulStop:
         `finally` (an error after the loop left the note's handler in place: R18i A2). A torchrun
         worker, a process of its own, keeps the note's: given back, a SIGTERM in its teardown (the
         process group's, seconds) killed a complete rank, 143 (trial RV58a F1)."""
-        own_process = "TORCHELASTIC_RUN_ID" in os.environ
         for sig, handler in self._after.items():
-            if signal.getsignal(sig) == self._after_loop and not own_process:
+            if signal.getsignal(sig) == self._after_loop and not torchrun_worker():
                 signal.signal(sig, handler)
         self._after.clear()
 
