@@ -381,11 +381,13 @@ class _WorkerError:
 
 
 def _worker_start(trainer: int, _: int) -> None:
-    """A DataLoader worker's first act: SIGTERM is its trainer's to act on. A scheduler signals every
-    process of a job (Slurm's preemption, scancel), torch's handler let the worker die by it, and the
-    trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated") instead of
-    saving and exiting 0 (SIGINT torch ignores in workers already). The worker is forked with SIGTERM
-    blocked (_workers_started), so one sent before this point waits, and is dropped here as ignored.
+    """A DataLoader worker's first act: SIGTERM and SIGINT are its trainer's to act on. A scheduler
+    signals every process of a job (Slurm's preemption, scancel), torch's handler let the worker die by
+    it, and the trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated")
+    instead of saving and exiting 0. A terminal's Ctrl-C reaches a one-process run's workers too, which
+    ran the trainer's handler they were forked with: a second Ctrl-C printed its line once per process
+    (trial RV58a F3). The worker is forked with both blocked (_workers_started), so one sent before
+    this point waits, and is taken here by the worker's own handler.
     The worker still ends at the loader's shutdown (its queue's sentinel), and within a moment of its
     trainer's death however it died (exit_with: torch's own watchdog looks every 5 s, so a rank the
     OOM killer took left its workers running ~4 s past it and its launcher: review R18b 4).
@@ -395,9 +397,13 @@ def _worker_start(trainer: int, _: int) -> None:
     only ends the worker's wait for data (object_store.STOP_FETCHING, as in its trainer: a step's
     fetch retrying through an outage for data.fetch_timeout_s held the trainer's save back, RV43a
     F1): the worker hands its trainer FetchStopped, which stops as after the step trained last."""
-    signal.signal(signal.SIGTERM, lambda *_: STOP_FETCHING.set())
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    for sig in _TRAINERS_SIGNALS:
+        signal.signal(sig, lambda *_: STOP_FETCHING.set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _TRAINERS_SIGNALS)
     exit_with(forked_by=trainer)
+
+
+_TRAINERS_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # a worker leaves them to its trainer (_worker_start)
 
 
 # How workers start: forked by the trainer itself, its own children, as torch's watchdog and
@@ -413,14 +419,14 @@ PREFETCH_FACTOR = 2
 
 
 def _workers_started(loader: DataLoader) -> Any:
-    """`iter(loader)`, its workers forked with SIGTERM blocked. Between its fork and _worker_start a
-    worker had torch's handler, which died by the job-wide SIGTERM of a preemption: the trainer lost
-    its save (1 in 5 kills as the workers started). The trainer's own SIGTERM is not lost: while
-    this thread blocks it another thread takes it, or it waits until the mask is restored."""
+    """`iter(loader)`, its workers forked with SIGTERM and SIGINT blocked. Between its fork and
+    _worker_start a worker had torch's handler, which died by the job-wide SIGTERM of a preemption: the
+    trainer lost its save (1 in 5 kills as the workers started). The trainer's own signal is not lost:
+    while this thread blocks it another thread takes it, or it waits until the mask is restored."""
     if not loader.num_workers:
         return iter(loader)
     _deaths_seen_at_the_fetch()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _TRAINERS_SIGNALS)
     try:
         return iter(loader)
     finally:
