@@ -424,6 +424,9 @@ class Checkpointer:
         self.completed = completed or (lambda step: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
         self.set_aside_steps: list[int] = []  # rank 0: the complete checkpoints the resume set aside
+        # rank 0: (step, COMPLETE sha256) of saves whose line of RUN/checkpoints.jsonl could not be
+        # written yet; written first at the next save's (_record_saved)
+        self._unrecorded: list[tuple[int, str]] = []
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
@@ -577,17 +580,24 @@ class Checkpointer:
         """RUN/checkpoints.jsonl's line of complete checkpoint `step`, unless its last line of the step
         is it already (a resume repairs a line a kill between COMPLETE and it left out: the step's line
         of an earlier timeline then called the run's own export another checkpoint's, review RV57e 3).
-        A line that cannot be written is a warning: the checkpoint is complete."""
+        A line that cannot be written is a warning: the checkpoint is complete. It is kept, and written
+        before the next save's: retention may delete its checkpoint meanwhile, and without the line
+        verify called the step's export another run's (DAMAGED)."""
         identity = checkpoint_identity(checkpoint_dir(self.run_dir, step))
-        if identity is None or read_ledger(self.run_dir).last(step) == identity:
-            return
-        try:
-            record_saved(self.run_dir, step, identity)
-        except OSError as e:
-            self.log(
-                f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): an export of step {step} "
-                "whose checkpoint retention deletes cannot be told from another run's"
-            )
+        if identity is not None and read_ledger(self.run_dir).last(step) != identity:
+            self._unrecorded.append((step, identity))
+        while self._unrecorded:
+            missed, identity = self._unrecorded[0]
+            try:
+                record_saved(self.run_dir, missed, identity)
+            except OSError as e:
+                self.log(
+                    f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): written with the next "
+                    f"save's; if the run stops first, an export of step {missed} whose checkpoint "
+                    "retention deletes cannot be told from another run's"
+                )
+                return
+            del self._unrecorded[0]
 
     def finish_missed(self, step: int | None) -> None:
         """Rank 0, after a resume of this run's own checkpoint `step` (None: no resume) and after the

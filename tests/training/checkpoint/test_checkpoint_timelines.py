@@ -300,6 +300,33 @@ def test_a_checkpoint_s_line_a_kill_left_out_of_checkpoints_jsonl_is_written_by_
     assert gristmill(["verify", str(r)]) == 0, capsys.readouterr().out
 
 
+def test_a_checkpoint_s_line_not_written_is_written_with_the_next_save(
+    dataset, tmp_path, capsys, monkeypatch
+):
+    """A line of RUN/checkpoints.jsonl that could not be written (a disk full for a moment): retention
+    then deleted its checkpoint and kept its export, which verify called another run's (DAMAGED). The
+    line is kept and written before the next save's."""
+    import errno
+
+    import training.checkpoint.checkpointer as checkpointer
+
+    written, failed = checkpointer.record_saved, []
+
+    def once_full(run_dir, step, identity):
+        if step == 4 and not failed:
+            failed.append(step)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written(run_dir, step, identity)
+
+    monkeypatch.setattr(checkpointer, "record_saved", once_full)
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=1", "checkpoint.export_interval=4") == 0
+    said = capsys.readouterr().out
+    assert failed and not checkpoint_dir(r, 4).exists() and export_dir(r, 4, False).is_dir()
+    assert gristmill(["verify", str(r)]) == 0, capsys.readouterr().out
+    assert "checkpoints.jsonl not written (No space left on device): written with the next save's" in said
+
+
 def test_a_checkpoint_whose_loader_is_a_step_ahead_resumes_at_its_trained_step(
     dataset, tmp_path, capsys, monkeypatch
 ):
