@@ -18,7 +18,8 @@ of every document that passed the filters, in order), datatrove's signatures/,
 buckets/ and clusters/ (minhash), and drop/NNNNN.parquet (per task: the position, id and kept
 copy's id of each document to drop, and how many documents the task's first pass counted), with
 decisions.json, the sha256 of the first pass's text hashes and of the drop tables (an s3:// build's
-task records it: pipelines/task_upload.py).
+task records it: pipelines/task_upload.py) and of each drop table alone, which the build's pass checks
+its task's against (a table replaced after the stages ran kept a known duplicate, validated OK).
 "First" is input order: task, then position in the task. Documents are named by their position
 among those that passed the filters, which is how datatrove's MinHash stages name them too; both
 passes run the same reader and filters, and DedupFilter checks every document's text hash, the id
@@ -61,7 +62,8 @@ from training.contract.dataset_format import LOGS_DIR
 from training.contract.errors import GristmillError
 
 DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
-DECISIONS_JSON = "decisions.json"  # in it: the sha256 of every drop table's content (decisions_sha256)
+# in it: the sha256 of every drop table's content (decisions_sha256), and of each ("tables": {rank: …})
+DECISIONS_JSON = "decisions.json"
 FILTER_NAME = "dedup"  # the excluded/ rows' filter, the end table's and the audit's row
 DOCS_SCHEMA = pa.schema([("id", pa.string()), ("hash_hi", pa.uint64()), ("hash_lo", pa.uint64())])
 DROP_SCHEMA = pa.schema([("position", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())])
@@ -130,6 +132,16 @@ def decisions_sha256(out: str | Path) -> str | None:
         ) from None
 
 
+def _recorded_table(root: Path, rank: int) -> str | None:
+    """The sha256 decisions.json records of task `rank`'s drop table; None where it records none (a
+    gristmill from before it; a decisions.json missing or damaged the build's start refused)."""
+    try:
+        tables = json.loads((root / DECISIONS_JSON).read_text()).get("tables")
+        return str(tables.get(str(rank), "")) if isinstance(tables, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _write_table(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
@@ -137,13 +149,42 @@ def _write_table(path: Path, table: pa.Table) -> None:
 
 
 def _read_table(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    return _read(path, what, lambda p: pq.read_table(p, columns=columns))
+
+
+def _read(path: Path, what: str, read):
+    """`read(path)` of a dedup working table; one line where it is missing or cannot be read."""
     if not path.is_file():
-        out = path.parents[2]  # OUTPUT/dedup/<docs|drop>/NNNNN.parquet
-        raise DedupError(
-            f"{path} is missing ({what}): dedup files were removed after their stage finished; "
-            f"delete {out / LOGS_DIR / DEDUP_DIR} and rerun the same command (the dedup stages are redone)"
-        )
-    return pq.read_table(path, columns=columns)
+        raise _redo_stages(path, what, "is missing", "dedup files were removed after their stage finished")
+    try:
+        return read(path)
+    except (OSError, pa.ArrowException) as e:  # a zero-byte table gave a task's traceback, rerun after rerun
+        raise _redo_stages(path, what, f"cannot be read ({str(e).splitlines()[0]})", "damaged") from None
+
+
+def _redo_stages(path: Path, what: str, state: str, why: str) -> DedupError:
+    """One line for a working file of the dedup stages (OUTPUT/dedup/<docs|drop>/NNNNN.parquet) that a
+    rerun of them rewrites: deleting their completion markers redoes them."""
+    logs = path.parents[2] / LOGS_DIR / DEDUP_DIR
+    return DedupError(
+        f"{path} {state} ({what}): {why}; delete {logs} and rerun the same command "
+        "(the dedup stages are redone)"
+    )
+
+
+def _drop_table_parts(rank: int, table: pa.Table) -> list[bytes]:
+    """What decisions.json's digests take of task `rank`'s drop table: its content, not its bytes
+    (pyarrow's version is in them). No JSON of every row: ~10^8 of them at FineWeb-Edu's size."""
+    documents = int(table.schema.metadata[DOCUMENTS_KEY])
+    return [
+        np.asarray([rank, documents, table.num_rows], np.int64).tobytes(),
+        np.asarray(table.column("position").to_numpy(), np.int64).tobytes(),
+        *("\0".join(table.column(c).to_pylist()).encode() + b"\1" for c in ("id", "kept_id")),
+    ]
+
+
+def _table_sha256(rank: int, table: pa.Table) -> str:
+    return hashlib.sha256(b"".join(_drop_table_parts(rank, table))).hexdigest()
 
 
 class DocRecord(PipelineStep):
@@ -199,6 +240,7 @@ def _write_drops(
     kept = np.maximum.accumulate(np.where(first, np.arange(len(group)), 0))[~first]
     task_d, position_d = task[~first], position[~first]
     kept_ids = np.empty(len(task_d), dtype=object)
+    tables: dict[str, str] = {}
     for r in range(tasks):
         docs = _read_table(_table_path(root / "docs", r), f"the ids of task {r}")
         ids = docs.column("id")
@@ -217,13 +259,12 @@ def _write_drops(
             schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(len(ids)).encode()}),
         )
         _write_table(_table_path(root / "drop", r), table)
-        decided.update(np.asarray([r, len(ids), len(pos)], np.int64).tobytes())
-        decided.update(np.asarray(position_d[sel], np.int64).tobytes())
-        for column in ("id", "kept_id"):  # (no JSON of every row: ~10^8 of them at FineWeb-Edu's size)
-            decided.update("\0".join(table.column(column).to_pylist()).encode() + b"\1")
+        for part in _drop_table_parts(r, table):
+            decided.update(part)
+        tables[str(r)] = _table_sha256(r, table)
         if r == 0:
             faults.maybe_kill(rank, "dedup_clusters")  # one drop table written, the others not yet
-    write_atomic(root / DECISIONS_JSON, json.dumps({"sha256": decided.hexdigest()}) + "\n")
+    write_atomic(root / DECISIONS_JSON, json.dumps({"sha256": decided.hexdigest(), "tables": tables}) + "\n")
     return len(task_d)
 
 
@@ -303,12 +344,27 @@ class DedupFilter(BaseFilter):
         self._hashes: tuple[np.ndarray, np.ndarray] | None = None  # per document, the first pass's text hash
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        path = _table_path(Path(self.root) / "drop", rank)
-        table = _read_table(path, f"the documents task {rank} drops as duplicates")
+        path, what = (
+            _table_path(Path(self.root) / "drop", rank),
+            f"the documents task {rank} drops as duplicates",
+        )
+        table = _read_table(path, what)
+        recorded = _recorded_table(Path(self.root), rank)
+        try:
+            same = recorded is None or _table_sha256(rank, table) == recorded
+        except (KeyError, TypeError, ValueError, pa.ArrowException):  # its metadata or columns gone
+            same = False
+        if not same:
+            raise _redo_stages(
+                path,
+                what,
+                f"differs from its sha256 in {DECISIONS_JSON}",
+                "changed since the stages wrote it",
+            )
         self._drops = table.to_pydict()
         docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"
         # (a first pass of an older gristmill recorded no hash for MinHash: its build goes on unchecked)
-        if not docs.is_file() or "hash_hi" in pq.read_schema(docs).names:
+        if not docs.is_file() or "hash_hi" in _read(docs, what, pq.read_schema).names:
             t = _read_table(docs, what, ["hash_hi", "hash_lo"])  # 16 bytes a document
             self._hashes = t.column("hash_hi").to_numpy(), t.column("hash_lo").to_numpy()
         self._rank, self._next, self._seen = rank, 0, 0

@@ -151,6 +151,43 @@ def test_missing_dedup_files_are_one_error_and_the_advice_works(built, dup_fixtu
             assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
 
 
+def test_a_drop_table_changed_or_damaged_after_the_stages_is_one_error_and_the_advice_works(
+    built, dup_fixture, tmp_path
+):
+    """A drop table emptied (its documents-count metadata kept) after the stages ran: a redone task read
+    it, kept its known duplicates, and the build validated OK (trial RV59b 1); a zero-byte one failed the
+    task with pyarrow's error, rerun after rerun (RV59b 2). Each is one line; its advice redoes the
+    stages and the build is the uninterrupted one's."""
+    config, _, _ = dup_fixture
+    cfg_of = lambda out: load_config(DataConfig, config, [f"output={out}", "dedup.kind=exact"])
+    drops = sorted((built["exact"] / "dedup" / "drop").glob("*.parquet"))
+    name = next(p.name for p in drops if pq.read_metadata(p).num_rows)
+    for damage, said in [
+        (
+            lambda t: pq.write_table(pq.read_table(t).slice(0, 0), t),
+            "differs from its sha256 in decisions.json",
+        ),
+        (lambda t: t.write_bytes(b""), "cannot be read"),
+    ]:
+        out = tmp_path / f"ds-{len(said)}"
+        shutil.copytree(built["exact"], out)
+        damage(out / "dedup" / "drop" / name)
+        (out / "logs" / "completions" / name.split(".")[0]).unlink()
+        (out / "dataset.json").unlink()
+        logs = out / "logs" / "dedup"
+        with pytest.raises(
+            DedupError, match=rf"drop/{name} {said} .* delete {logs} and rerun the same command"
+        ):
+            build(cfg_of(out), **QUIET)
+        shutil.rmtree(logs)
+        assert build(cfg_of(out), **QUIET).ok
+        for sub in ("shards", "manifest", "excluded", "dedup"):
+            for p in sorted((built["exact"] / sub).rglob("*.parquet")) + sorted(
+                (built["exact"] / sub).glob("*.tar")
+            ):
+                assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
+
+
 def test_damaged_dedup_stats_get_advice_that_repairs_them(built, dup_fixture, tmp_path):
     """A dedup stage's datatrove stats (recorded in dataset.json, read by the audit's stats view)
     damaged: the advice was "delete dataset.json and rerun", which recorded the damaged file and
