@@ -402,9 +402,10 @@ def git_commit(where: Path = Path(__file__).parent) -> str | None:
 
 
 def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
-    """RUN/trackers.json for a resume, or {} when absent. Unreadable (truncated, not JSON) while wandb
-    or trackio is used: an error, as going on would silently start new runs of them; it names the
-    wandb run found in RUN/wandb and the line that continues it."""
+    """RUN/trackers.json for a resume, or {} when absent. Unreadable (truncated, not JSON, or the record
+    of a tracker used not one: `{"wandb": 5}` started a new run and overwrote the id, trial RV59a F1)
+    while wandb or trackio is used: an error, as going on would silently start new runs of them; it
+    names the wandb run found in RUN/wandb and the line that continues it."""
     path = Path(run_dir) / TRACKERS_JSON
     if not path.exists():
         return {}
@@ -412,6 +413,10 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
         state = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         if not isinstance(state, dict):
             raise ValueError(f"a JSON {type(state).__name__}, not an object")
+        for name in using:
+            if name in _RECORD_KEYS and name in state and not _a_record(name, state[name]):
+                keys = " and ".join(f'"{k}"' for k in _RECORD_KEYS[name])
+                raise ValueError(f'its "{name}" is not an object whose {keys} are text')
     except (OSError, ValueError) as e:
         continued = [t for t in using if t in ("wandb", "trackio")]
         if not continued:
@@ -439,6 +444,16 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
             "delete it to start new tracker runs"
         ) from None
     return state
+
+
+_RECORD_KEYS = {"wandb": ("id", "project"), "trackio": ("name", "project")}  # what a resume continues by
+
+
+def _a_record(name: str, record: Any) -> bool:
+    """Whether `record` names the run of tracker `name` that a resume continues."""
+    return isinstance(record, dict) and all(
+        isinstance(record.get(k), str) and record[k] for k in _RECORD_KEYS[name]
+    )
 
 
 def _wandb_runs(run_dir: Path) -> dict[str, str]:

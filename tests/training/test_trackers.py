@@ -375,6 +375,13 @@ def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, 
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"{run_dir / 'trackers.json'} is unreadable" in err and wandb_id in err
     assert "delete it to start new tracker runs" in err
+    # JSON whose record is not a run's started a new run and recorded its id in place (trial RV59a F1)
+    for record in ("5", '{"project": "gm-test"}'):
+        (run_dir / "trackers.json").write_text(f'{{"wandb": {record}}}')
+        assert run_training(dataset, run_dir, ["wandb"], *changed) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and wandb_id in err, err
+        assert 'unreadable (its "wandb" is not an object whose "id" and "project" are text)' in err, err
     assert offline_ids(run_dir) == [wandb_id]  # no new wandb run was started
     # nor its records: rows and batches of the steps it would redo were dropped, its plan recorded
     # (beside config.toml kept, read as an edited config: review R14d F2)
