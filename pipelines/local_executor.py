@@ -10,13 +10,15 @@ redoes only the rest). Everything else is datatrove's `run()`, unchanged.
 
 Every process it starts ends with the build, also after a kill -9 of the build that runs none of
 its cleanup (training/contract/lifetime.py): the pool's workers (forked by multiprocess's
-forkserver, so they watch the build's pid, not their parent) and datatrove's manager process. The
+forkserver, so they watch the build's pid, not their parent) and the manager process of datatrove's
+queue (with one worker too, whose tasks run in the build's process). The
 forkserver and multiprocess's resource tracker then end by themselves (their pipes close).
 """
 
 from __future__ import annotations
 
 import os
+from copy import deepcopy
 from functools import partial
 
 import multiprocess
@@ -38,7 +40,7 @@ class WorkerDied(BuildError):
 class WatchedLocalExecutor(LocalPipelineExecutor):
     def run(self):
         preload_task_modules(self)
-        if self.workers == 1 or self.depends:  # in-process tasks (no pool), or datatrove's dependency wait
+        if self.depends:  # datatrove's dependency wait
             return super().run()
         self._launched = True
         ranks = range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)
@@ -55,17 +57,26 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
                 ranks_q.put(i)
             ranks_to_run = self.get_incomplete_ranks(ranks)
             skipped = self.local_tasks - len(ranks_to_run)
-            completed = mg.Value("i", skipped)
-            completed_lock = mg.Lock()
-            ctx = multiprocess.get_context(self.start_method)
-            with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
-                run_rank = partial(
-                    self._launch_run_for_rank,
-                    ranks_q=ranks_q,
-                    completed=completed,
-                    completed_lock=completed_lock,
-                )
-                stats = self._collect(pool, pool.imap_unordered(run_rank, ranks_to_run), len(ranks_to_run))
+            if self.workers == 1:  # in-process tasks, as datatrove runs them (its manager did not end
+                # with a build killed -9, and held the log and the build's lock: trial RV59b 3)
+                pipeline, stats = self.pipeline, []
+                for rank in ranks_to_run:
+                    self.pipeline = deepcopy(pipeline)
+                    stats.append(self._launch_run_for_rank(rank, ranks_q))
+            else:
+                completed = mg.Value("i", skipped)
+                completed_lock = mg.Lock()
+                ctx = multiprocess.get_context(self.start_method)
+                with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
+                    run_rank = partial(
+                        self._launch_run_for_rank,
+                        ranks_q=ranks_q,
+                        completed=completed,
+                        completed_lock=completed_lock,
+                    )
+                    stats = self._collect(
+                        pool, pool.imap_unordered(run_rank, ranks_to_run), len(ranks_to_run)
+                    )
             stats = sum(stats, start=PipelineStats())
             with self.logging_dir.open("stats.json", "wt") as statsfile:
                 stats.save_to_disk(statsfile)

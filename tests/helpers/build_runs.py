@@ -139,11 +139,13 @@ def _parked(staging: Path) -> bool:
         return False
 
 
-def assert_kill_9_leaves_no_process(config: Path, staging: Path, env: dict[str, str], *sets: str) -> None:
+def assert_kill_9_leaves_no_process(
+    config: Path, staging: Path, env: dict[str, str], *sets: str, started_at_least: int = 3
+) -> None:
     """`python -m pipelines.build` (in a session of its own) is killed with SIGKILL, itself alone,
     while task 1 is parked mid-shard in `staging` (the output, or a bucket build's workdir): every
-    process it had started (pool workers, datatrove's manager, the forkserver, the resource tracker)
-    is gone within 5 s, checked by PID."""
+    process it had started (pool workers, datatrove's manager, the forkserver, the resource tracker;
+    `started_at_least` of them) is gone within 5 s, checked by PID."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", *sets],
         cwd=ROOT,
@@ -159,7 +161,7 @@ def assert_kill_9_leaves_no_process(config: Path, staging: Path, env: dict[str, 
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         started = [pid for pid in session_processes(proc.pid) if pid != proc.pid]
-        assert len(started) >= 3, started  # at least the manager, the forkserver and a worker
+        assert len(started) >= started_at_least, started  # with a pool: the manager, the forkserver, a worker
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 5
