@@ -84,6 +84,7 @@ from training.contract.eval_table import (
     settings_holders,
     write_eval_table,
 )
+from training.contract.integrity import read_ledger
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -1416,10 +1417,23 @@ def watch(
     last_new = time.time()
     failures: list[NonFiniteMetricsError] = []
     _log(f"watching {run_dir} every {poll_s:g} s (Ctrl-C stops)")
+    before, seen, said = set(read_ledger(run_dir).saves), set(), set()
     try:
         while True:
+            seen |= set(available_steps(run_dir))
             if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose):
                 last_new = time.time()
+            seen |= set(available_steps(run_dir))
+            # RUN/checkpoints.jsonl's saves since the watch began that no look found: deleted while it
+            # scored another step, they went by without a line (trial RV59a F4)
+            missed = sorted({s for s, i in read_ledger(run_dir).saves if (s, i) not in before} - seen - said)
+            if missed:
+                said |= set(missed)
+                _log(
+                    f"step{'s' if len(missed) > 1 else ''} {', '.join(map(str, missed))} skipped: saved and "
+                    "gone (a running run's checkpoint.keep_last, or a rewind that set them aside) before the "
+                    "watch looked; checkpoint.export_interval keeps exports for a lagging eval"
+                )
             if idle_exit_s and time.time() - last_new > idle_exit_s:
                 break
             time.sleep(poll_s)

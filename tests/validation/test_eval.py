@@ -768,6 +768,34 @@ def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     assert (eval_dir(run, 10) / "results.json").is_file() and not eval_dir(run, 5).exists()
 
 
+def test_watch_names_the_steps_saved_and_gone_while_it_scored_another(
+    built_dataset, tmp_path, monkeypatch, capsys
+):
+    """Steps a running trainer saved and its retention deleted while the watch scored another step were
+    never seen by a look, and went by without a line (trial RV59a F4): RUN/checkpoints.jsonl names them."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+    from training.contract.integrity import record_saved
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5, 10])
+    record_saved(run, 5, "a" * 64)  # saved before the watch began: not the watch's to name
+    real = eval_module.evaluate_step
+
+    def trainer_meanwhile(run_dir, step, *args, **kwargs):
+        if step == 5:  # saved and deleted (keep_last) while step 5 is scored
+            for saved in (6, 7):
+                record_saved(run_dir, saved, f"{saved}" * 64)
+        return real(run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(eval_module, "evaluate_step", trainer_meanwhile)
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
+    assert main(watch) == 0
+    err = capsys.readouterr().err
+    assert err.count("skipped: saved and gone") == 1, err
+    assert "steps 6, 7 skipped: saved and gone (a running run's checkpoint.keep_last" in err, err
+
+
 def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     eval_run, tmp_path, monkeypatch, capsys
 ):
