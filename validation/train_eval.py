@@ -176,6 +176,9 @@ class TrainingEval:
         c = self.checkpoint
         which = f"--step {step}" + (" --merged" if merged else "")
         defaults = EvalConfig()
+        # a whole eval's failure: the run's tasks, where they are not the command's own (its defaults
+        # scored a task the run does not: trial RV59a F6)
+        tasks = tasks or (list(self.cfg.tasks) if list(self.cfg.tasks) != defaults.tasks else None)
         sets = [
             f"{key}={getattr(self.cfg, key)}"
             for key in SCORE_SETTINGS

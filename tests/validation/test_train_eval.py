@@ -294,6 +294,24 @@ class _FollowsTheExportAdviceAtStep2(TrainingEval):
         return metrics
 
 
+def test_a_whole_eval_s_failure_names_the_run_s_tasks_in_its_command(built_dataset, tmp_path):
+    """An eval that failed whole (no task named) advised `gristmill eval RUN --step N`, whose default
+    tasks are not the run's eval.tasks: it scored a task the run does not (trial RV59a F6)."""
+    run = tmp_path / "run"
+    sets = [*_sets(built_dataset, run), 'eval.tasks=["heldout_ppl"]', "checkpoint.export_interval=2"]
+    evaluator = TrainingEval(load_train_config(TINY, sets))
+    evaluator.run_dir = run  # (the run's start sets it)
+    assert (
+        evaluator._later(2, False)
+        == f"`gristmill eval {run} --step 2 --tasks heldout_ppl --set limit={LIMIT}`"
+    )
+    assert "--tasks heldout_cloze " in evaluator._later(
+        2, False, ["heldout_cloze"]
+    )  # a task's failure: its own
+    default = TrainingEval(load_train_config(TINY, [*sets[:-2], *sets[-1:]]))
+    assert "--tasks" not in default._later(2, False)
+
+
 @pytest.mark.parametrize("merge", [False, True])
 def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, capsys, merge):
     """The advice after a failed task named `gristmill eval RUN --step 2 --tasks …`, whose checkpoint
