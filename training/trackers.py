@@ -135,6 +135,17 @@ class Trackers:
             held[name] = prev.get("sent_through") if prev else None
             if held[name] is not None and resume_step is not None and held[name] > resume_step:
                 self.skip_through[name] = held[name]
+            if isinstance(held[name], int) and resume_step is not None and held[name] < resume_step:
+                # never sent later: its record read as if every step were (trial RV59a F2)
+                gap = (
+                    f"step {resume_step}"
+                    if held[name] + 1 == resume_step
+                    else f"steps {held[name] + 1}–{resume_step}"
+                )
+                say(
+                    f"note: {name}'s run {t.id} holds steps through {held[name]}; {gap} (trained without it, "
+                    "or not taken before a stop) are not in it: metrics.jsonl has them"
+                )
         # Each record says how far its tracker was sent ("sent_through": the highest step it took,
         # kept current while an invocation has it open, so a kill leaves it short, never ahead: rows
         # queued for a tracker when the process died were not taken, review R26a F1). An invocation
@@ -199,17 +210,21 @@ class Trackers:
         failed = sys.exc_info()[0] is not None
         bound = tracker_timeout()
         deadline = time.monotonic() + bound  # all of them together: a SIGTERM's grace is short
+        asked = {}
         for name, feed in list(self.trackers.items()):
             if why := feed.trouble():  # a log since the last row's check failed or hung: not waited for
                 self._give_up(name, why)
                 continue
-            tracker = feed.tracker
             # a call already under way has had part of its bound: a fresh one each exited a SIGTERM
             # past a scheduler's 30 s grace (review RV26a R4)
             busy = feed.busy
             until = deadline if busy is None else min(deadline, busy[1] + bound)
+            asked[name] = feed.ask_finish(failed, until), until
+        for name, (item, until) in asked.items():
+            feed = self.trackers[name]
+            tracker = feed.tracker
             try:
-                done = feed.finish(failed, until)
+                done = feed.finished(item, until)
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
                 done = True
@@ -356,13 +371,20 @@ class _Feed:
             return f"is {FEED_ROWS} rows behind at step {step} (hung or too slow)"
         return None
 
-    def finish(self, failed: bool, deadline: float) -> bool:
-        """The rows queued, then the tracker's finish, waited for until `deadline` (monotonic): False
-        when it has not returned by then; what it raised is raised here."""
+    def ask_finish(self, failed: bool, deadline: float) -> _Finish | None:
+        """The tracker's finish queued after its rows (None: not taken by `deadline`, monotonic). Every
+        tracker is asked before any is waited for: they finish together, and one that hangs does not
+        spend the others' time (a healthy tensorboard was called "not answering": trial RV59a F5)."""
         item = _Finish(failed)
         try:
             self._queue.put(item, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
+            return None
+        return item
+
+    def finished(self, item: _Finish | None, deadline: float) -> bool:
+        """Whether the finish `item` returned by `deadline` (monotonic); what it raised is raised here."""
+        if item is None:
             return False
         # in slices: a log of the last rows that raises ends the thread before it takes the finish
         while not item.done.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic()))):

@@ -356,6 +356,26 @@ def test_git_commit_outside_git_is_none_and_silent(tmp_path, capfd):
     assert capfd.readouterr() == ("", "")
 
 
+def test_steps_trained_without_wandb_are_named_at_the_resume_that_takes_it_back(
+    env, dataset, tmp_path, capsys
+):
+    """Steps trained by an invocation without wandb are never sent to its run, and the resume that
+    continued it said nothing, its record then read as if every step were sent (trial RV59a F2)."""
+    run_dir, steps = tmp_path / "run", "schedule.steps=12"
+    assert run_training(dataset, run_dir, ["wandb"], steps, "run.max_steps=4") == 0
+    wandb_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]["id"]
+    resume = 'checkpoint.resume="auto"'
+    assert run_training(dataset, run_dir, ["tensorboard"], steps, "run.max_steps=8", resume) == 0
+    capsys.readouterr()
+    assert run_training(dataset, run_dir, ["wandb"], steps, resume) == 0
+    out = capsys.readouterr().out
+    assert f"wandb tracker: continued run {wandb_id}" in out, out
+    assert (
+        f"note: wandb's run {wandb_id} holds steps through 4; steps 5–8 (trained without it, or not taken "
+        "before a stop) are not in it: metrics.jsonl has them"
+    ) in out, out
+
+
 def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, dataset, tmp_path, capsys):
     """A truncated RUN/trackers.json must not silently start a new wandb run on resume: one line
     says what happened, which run it was (from RUN/wandb) and how to continue it."""
@@ -809,6 +829,37 @@ def test_a_tracker_ended_by_a_base_exception_is_said_as_one_that_raised(
     )
     assert said in out and "does not answer" not in out, out
     assert "Traceback" not in err and "Exception in thread" not in err, err
+
+
+def test_a_tracker_whose_finish_hangs_spends_no_other_tracker_s_time(env, tmp_path, monkeypatch, capsys):
+    """The trackers' finishes shared one bound one after the other: a wandb that hung at the end spent
+    it all, and a healthy tensorboard after it was called "not answering" (trial RV59a F5). They are
+    asked together; only the hung one is said."""
+    import threading
+
+    from training.trackers import Tensorboard, Trackers, Wandb
+
+    monkeypatch.setenv("GRISTMILL_TRACKER_TIMEOUT", "3")
+    released, own = threading.Event(), Tensorboard.finish
+    monkeypatch.setattr(Wandb, "finish", lambda self, failed=False: released.wait(30))  # its service hung
+
+    def slow(self, failed=False):  # a finish that takes a second: a large event file's flush
+        time.sleep(1)
+        own(self, failed)
+
+    monkeypatch.setattr(Tensorboard, "finish", slow)
+    run = tmp_path / "run"
+    run.mkdir()
+    section = MetricsSection(trackers=["wandb", "tensorboard"], project="gm-test")
+    trackers = Trackers(run, section, config={}, datasets={}, resume_step=None)
+    trackers.log({"step": 1, "loss": 1.0})
+    try:
+        trackers.close()
+    finally:
+        released.set()
+    out = capsys.readouterr().out
+    assert "WARNING: wandb did not finish its run" in out, out
+    assert "tensorboard did not finish" not in out, out
 
 
 def test_a_tracker_paused_shorter_than_the_bound_keeps_every_row(env, tmp_path, capsys):
