@@ -65,6 +65,7 @@ from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
+from pipelines.decontam.ngram import FILTER_NAME as DECONTAM_FILTER
 from pipelines.dedup import (
     DEDUP_DIR,
     DedupError,
@@ -1070,8 +1071,16 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )
         # Texts the tokenizer encodes to no token are its doing, not a filter's (tokenize_shard.py).
-        no_tokens = excluded.get(TOKENS_FILTER, 0)
-        causes = ["loosen [filters] or check source.text_key"] if sum(excluded.values()) > no_tokens else []
+        no_tokens, overlaps = excluded.get(TOKENS_FILTER, 0), excluded.get(DECONTAM_FILTER, 0)
+        filtered = sum(excluded.values()) - no_tokens - overlaps
+        causes = ["loosen [filters] or check source.text_key"] if filtered else []
+        if overlaps:  # not a filter's doing: its advice named only [filters] (trial RV59b 4)
+            d = cfg.decontaminate
+            of = ", ".join(d.tasks) if d.tasks else f"the index {d.index}"
+            causes.append(
+                f"check [decontaminate]: {overlaps:,} documents share a {d.ngram}-word n-gram with the "
+                f"evaluation documents of {of} (a larger decontaminate.ngram, or fewer tasks?)"
+            )
         if no_tokens:
             causes.append(
                 f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token with "

@@ -870,6 +870,31 @@ def test_a_contaminated_page_is_never_the_copy_dedup_keeps(decontam, build_fixtu
     assert dropped == {"contaminated": "decontaminate"}
 
 
+def test_a_build_decontamination_empties_names_decontamination(decontam, build_fixture, tmp_path):
+    """Every document dropped as contaminated: the advice named only [filters] and source.text_key
+    (trial RV59b 4); it names [decontaminate] and its count."""
+    _, out, _, _, _ = decontam
+    _, tokenizer, _ = build_fixture
+    texts = {"contaminated-1": _page(9, QA[2][0]), "contaminated-2": _page(3, QA[1][0])}
+    corpus = _fineweb_corpus(tmp_path / "corpus", texts)
+    config = tmp_path / "data.toml"
+    index = out / "decontam"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "dataset")
+        + f'\n[decontaminate]\nindex = "{index}"\n'
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1"])
+    with pytest.raises(BuildError) as e:
+        build(cfg, **QUIET)
+    said = str(e.value)
+    assert "no document survived (2 read, excluded by: decontaminate 2)" in said, said
+    assert (
+        "; check [decontaminate]: 2 documents share a 13-word n-gram with the evaluation documents of "
+        f"the index {index} (a larger decontaminate.ngram, or fewer tasks?)"
+    ) in said, said
+    assert "loosen [filters]" not in said, said
+
+
 def test_a_damaged_index_copy_is_never_trusted(decontam, build_fixture, tmp_path):
     """Issue 29 item 2, the fault as found: after a finished build with `index = DIR`, the copy in
     OUTPUT/decontam/ is altered in place (same size, every hash + 1). `data validate` names it; the
