@@ -189,12 +189,34 @@ def test_a_signal_in_the_command_s_teardown_keeps_its_status(tmp_path):
     RV55b 1). The status decided stands."""
     hook = "import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))"
     for argv, code in (("['gristmill', '--help']", 0), ("['gristmill', 'no-such-command']", 2)):
-        script = f"{hook}; import sys; sys.argv = {argv}; from pipelines.cli import entry; entry()"
+        # (registered after gristmill's import: its own last callback ignores SIGTERM from there on)
+        script = f"from pipelines.cli import entry; {hook}; import sys; sys.argv = {argv}; entry()"
         proc = subprocess.run(
             [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True
         )
         assert proc.returncode == code, proc.stderr[-2000:]
         assert f"note: SIGTERM after the command ended: exiting with {code}" in proc.stderr, proc.stderr
+
+
+def test_a_sigterm_in_the_modules_teardown_keeps_the_status(tmp_path):
+    """After the atexit callbacks Python gives SIGTERM its default action back, and the modules'
+    teardown (torch's objects: up to a second) follows: a SIGTERM there killed a complete run, 143
+    (trial RV59c 1). Here one is sent from a __main__ global's __del__, which that teardown runs."""
+    late = (
+        "import os, signal, time\n"
+        "class Late:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)  # the signal's delivery\n"
+        "        os.write(1, b'survived\\n')\n"
+        "late = Late()\n"
+        "import sys; sys.argv = ['gristmill', '--help']\n"
+        "from pipelines.cli import entry\n"
+        "entry()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", late], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.endswith("survived\n"), proc.stdout[-500:]
 
 
 def test_a_rendezvous_port_in_use_is_one_line(tmp_path):

@@ -1,6 +1,7 @@
 """User-facing errors: every stage raises a subclass, and the CLI prints it as one line, no traceback;
 the standard streams they go to, held open at each entry point (`hold_closed_streams`)."""
 
+import atexit
 import contextlib
 import os
 import signal
@@ -152,3 +153,18 @@ def exit_on_signal_with(code: int, what: str | None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, decided)
+    _DECIDED.append(code)
+
+
+_DECIDED: list[int] = []  # the status exit_on_signal_with decided, once it has
+
+
+@atexit.register  # at this module's import: among the last atexit callbacks to run
+def _sigterm_ignored_in_the_last_teardown() -> None:
+    """Python gives a signal it handles its default action back as its finalization begins, after the
+    atexit callbacks and before the modules' teardown (torch's objects: up to a second), where a
+    SIGTERM then killed a complete run: "killed by SIGTERM", 143 (trial RV59c 1). Ignored from here on,
+    which that leaves as it is: the status decided stands. (SIGINT keeps its default: a second Ctrl-C
+    there ends the process, as one at a terminal expects.)"""
+    if _DECIDED and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
