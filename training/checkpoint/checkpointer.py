@@ -584,17 +584,28 @@ class Checkpointer:
         before the next save's: retention may delete its checkpoint meanwhile, and without the line
         verify called the step's export another run's (DAMAGED)."""
         identity = checkpoint_identity(checkpoint_dir(self.run_dir, step))
-        if identity is not None and read_ledger(self.run_dir).last(step) != identity:
-            self._unrecorded.append((step, identity))
+        line = (step, identity)
+        if (
+            identity is not None
+            and line not in self._unrecorded
+            and read_ledger(self.run_dir).last(step) != identity
+        ):
+            self._unrecorded.append(line)
+        self._write_unrecorded(last=False)
+
+    def _write_unrecorded(self, last: bool) -> None:
+        """The lines of RUN/checkpoints.jsonl not written yet, in order; `last`: the run's last chance
+        (its end, after retention freed room: a disk still full at the last save lost them, review
+        RV59d 1)."""
         while self._unrecorded:
             missed, identity = self._unrecorded[0]
             try:
                 record_saved(self.run_dir, missed, identity)
             except OSError as e:
+                then = "" if last else "written with the next save's; if the run stops first, "
                 self.log(
-                    f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): written with the next "
-                    f"save's; if the run stops first, an export of step {missed} whose checkpoint "
-                    "retention deletes cannot be told from another run's"
+                    f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): {then}an export of step "
+                    f"{missed} whose checkpoint retention deletes cannot be told from another run's"
                 )
                 return
             del self._unrecorded[0]
@@ -822,6 +833,7 @@ class Checkpointer:
         lock go, never raising."""
         with contextlib.suppress(BaseException):
             self._join_retention()
+            self._write_unrecorded(last=self.pending is None)
         if self.pending is None:
             return
         fut, self.pending = self.pending.future, None
@@ -840,6 +852,7 @@ class Checkpointer:
         try:
             self.finish()
             self._join_retention()
+            self._write_unrecorded(last=True)
         finally:
             if self.staging is not None:
                 self.staging.close()
