@@ -436,9 +436,11 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
         if not isinstance(state, dict):
             raise ValueError(f"a JSON {type(state).__name__}, not an object")
         for name in using:
-            if name in _RECORD_KEYS and name in state and not _a_record(name, state[name]):
-                keys = " and ".join(f'"{k}"' for k in _RECORD_KEYS[name])
-                raise ValueError(f'its "{name}" is not an object whose {keys} are text')
+            if name in _RUN_KEY and name in state and not _a_record(name, state[name]):
+                raise ValueError(
+                    f'its "{name}" is not an object whose "{_RUN_KEY[name]}" and "project" are text (and '
+                    '"sent_through", if any, a step number)'
+                )
     except (OSError, ValueError) as e:
         continued = [t for t in using if t in ("wandb", "trackio")]
         if not continued:
@@ -468,13 +470,20 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
     return state
 
 
-_RECORD_KEYS = {"wandb": ("id", "project"), "trackio": ("name", "project")}  # what a resume continues by
+_RUN_KEY = {"wandb": "id", "trackio": "name"}  # what a resume continues a tracker's run by
 
 
 def _a_record(name: str, record: Any) -> bool:
-    """Whether `record` names the run of tracker `name` that a resume continues."""
-    return isinstance(record, dict) and all(
-        isinstance(record.get(k), str) and record[k] for k in _RECORD_KEYS[name]
+    """Whether `record` names the run of tracker `name` that a resume continues (its project may be
+    "", as metrics.project may: review RV59d 2), and how far it was sent, if it says."""
+    if not isinstance(record, dict):
+        return False
+    sent = record.get("sent_through")  # text there was a traceback after wandb resumed (RV59d 3)
+    return (
+        isinstance(record.get(_RUN_KEY[name]), str)
+        and bool(record[_RUN_KEY[name]])
+        and isinstance(record.get("project"), str)
+        and (sent is None or (isinstance(sent, int) and not isinstance(sent, bool)))
     )
 
 

@@ -376,6 +376,16 @@ def test_steps_trained_without_wandb_are_named_at_the_resume_that_takes_it_back(
     ) in out, out
 
 
+def test_a_record_of_an_empty_project_is_a_run_s(tmp_path):
+    """metrics.project = "" is a project wandb takes, and gristmill records it: its run resumes (the
+    record's check refused it, and advised writing back the same record: review RV59d 2)."""
+    from training.trackers import read_state
+
+    state = {"wandb": {"id": "abc123", "project": "", "mode": "offline", "sent_through": 4}}
+    (tmp_path / "trackers.json").write_text(json.dumps(state))
+    assert read_state(tmp_path, ["wandb"], "") == state
+
+
 def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, dataset, tmp_path, capsys):
     """A truncated RUN/trackers.json must not silently start a new wandb run on resume: one line
     says what happened, which run it was (from RUN/wandb) and how to continue it."""
@@ -396,12 +406,20 @@ def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, 
     assert f"{run_dir / 'trackers.json'} is unreadable" in err and wandb_id in err
     assert "delete it to start new tracker runs" in err
     # JSON whose record is not a run's started a new run and recorded its id in place (trial RV59a F1)
-    for record in ("5", '{"project": "gm-test"}'):
+    # (and a sent_through that is no step: a traceback after wandb resumed, review RV59d 3)
+    for record in (
+        "5",
+        '{"project": "gm-test"}',
+        f'{{"id": "{wandb_id}", "project": "gm-test", "sent_through": "4"}}',
+    ):
         (run_dir / "trackers.json").write_text(f'{{"wandb": {record}}}')
         assert run_training(dataset, run_dir, ["wandb"], *changed) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and wandb_id in err, err
-        assert 'unreadable (its "wandb" is not an object whose "id" and "project" are text)' in err, err
+        said = (
+            'unreadable (its "wandb" is not an object whose "id" and "project" are text (and "sent_through"'
+        )
+        assert said in err, err
     assert offline_ids(run_dir) == [wandb_id]  # no new wandb run was started
     # nor its records: rows and batches of the steps it would redo were dropped, its plan recorded
     # (beside config.toml kept, read as an edited config: review R14d F2)
