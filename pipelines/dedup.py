@@ -117,12 +117,20 @@ def decisions_sha256(out: str | Path) -> str | None:
     pipelines/build.py `_dedup_done_in_bucket`). Drop tables without it (deleted, or written by a
     gristmill from before it) are refused: with none to compare, records of other decisions were kept
     (trial RV56a 2)."""
+    decisions = _decisions(out)
+    return None if decisions is None else decisions["sha256"]
+
+
+def _decisions(out: str | Path) -> dict | None:
+    """OUTPUT/dedup/decisions.json (decisions_sha256 says when it is None, and when refused)."""
     root = Path(out) / DEDUP_DIR
     path = root / DECISIONS_JSON
     if not path.is_file() and not (root / "drop").is_dir():
         return None
     try:
-        return str(json.loads(path.read_text())["sha256"])
+        decisions = json.loads(path.read_text())
+        decisions["sha256"] = str(decisions["sha256"])
+        return decisions
     except (OSError, ValueError, KeyError, TypeError):
         # the whole folder: the driver reads the file before any stage (review RV55e 2), and drop
         # tables without it are refused (trial RV56a 3)
@@ -130,16 +138,6 @@ def decisions_sha256(out: str | Path) -> str | None:
             f"{path} is missing or cannot be read (the dedup decisions every task's output follows): "
             f"delete {root} and {Path(out) / LOGS_DIR / DEDUP_DIR} and rerun the same command"
         ) from None
-
-
-def _recorded_table(root: Path, rank: int) -> str | None:
-    """The sha256 decisions.json records of task `rank`'s drop table; None where it records none (a
-    gristmill from before it; a decisions.json missing or damaged the build's start refused)."""
-    try:
-        tables = json.loads((root / DECISIONS_JSON).read_text()).get("tables")
-        return str(tables.get(str(rank), "")) if isinstance(tables, dict) else None
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
@@ -159,7 +157,7 @@ def _read(path: Path, what: str, read):
     try:
         return read(path)
     except (OSError, pa.ArrowException) as e:  # a zero-byte table gave a task's traceback, rerun after rerun
-        raise _redo_stages(path, what, f"cannot be read ({str(e).splitlines()[0]})", "damaged") from None
+        raise _redo_stages(path, what, f"cannot be read: {str(e).splitlines()[0]}", "damaged") from None
 
 
 def _redo_stages(path: Path, what: str, state: str, why: str) -> DedupError:
@@ -183,8 +181,9 @@ def _drop_table_parts(rank: int, table: pa.Table) -> list[bytes]:
     ]
 
 
-def _table_sha256(rank: int, table: pa.Table) -> str:
-    return hashlib.sha256(b"".join(_drop_table_parts(rank, table))).hexdigest()
+def _table_sha256(parts: list[bytes]) -> str:
+    """decisions.json's "tables" entry of a drop table: the sha256 of its _drop_table_parts."""
+    return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
 class DocRecord(PipelineStep):
@@ -259,9 +258,10 @@ def _write_drops(
             schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(len(ids)).encode()}),
         )
         _write_table(_table_path(root / "drop", r), table)
-        for part in _drop_table_parts(r, table):
+        parts = _drop_table_parts(r, table)
+        for part in parts:
             decided.update(part)
-        tables[str(r)] = _table_sha256(r, table)
+        tables[str(r)] = _table_sha256(parts)
         if r == 0:
             faults.maybe_kill(rank, "dedup_clusters")  # one drop table written, the others not yet
     write_atomic(root / DECISIONS_JSON, json.dumps({"sha256": decided.hexdigest(), "tables": tables}) + "\n")
@@ -349,18 +349,18 @@ class DedupFilter(BaseFilter):
             f"the documents task {rank} drops as duplicates",
         )
         table = _read_table(path, what)
-        recorded = _recorded_table(Path(self.root), rank)
-        try:
-            same = recorded is None or _table_sha256(rank, table) == recorded
-        except (KeyError, TypeError, ValueError, pa.ArrowException):  # its metadata or columns gone
-            same = False
-        if not same:
-            raise _redo_stages(
-                path,
-                what,
-                f"differs from its sha256 in {DECISIONS_JSON}",
-                "changed since the stages wrote it",
-            )
+        # (decisions.json of a gristmill from before "tables": its tables go unchecked)
+        tables = (_decisions(Path(self.root).parent) or {}).get("tables")
+        if isinstance(tables, dict):
+            recorded, state = tables.get(str(rank)), f"differs from its sha256 in {DECISIONS_JSON}"
+            if not isinstance(recorded, str):
+                recorded, state = None, f"has no sha256 in {DECISIONS_JSON}"
+            try:
+                same = recorded == _table_sha256(_drop_table_parts(rank, table))
+            except (KeyError, TypeError, ValueError, pa.ArrowException):  # its metadata or columns gone
+                same = False
+            if not same:
+                raise _redo_stages(path, what, state, "changed since the stages wrote it")
         self._drops = table.to_pydict()
         docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"
         # (a first pass of an older gristmill recorded no hash for MinHash: its build goes on unchecked)
