@@ -6,18 +6,19 @@ waits forever. This executor waits for results with a timeout and, between waits
 pool's worker processes: the pool starts exactly `workers` of them and only replaces a dead one,
 so a pid beyond those is a death. The stage then stops with one line; the pool's context
 terminates the other workers, and the tasks that finished keep their completion markers (a rerun
-redoes only the rest). Everything else is datatrove's `run()`, unchanged.
+redoes only the rest). Otherwise it runs tasks as datatrove's `run()` does: with one worker, in the
+build's process, one after the other, and with no process of its own.
 
 Every process it starts ends with the build, also after a kill -9 of the build that runs none of
 its cleanup (training/contract/lifetime.py): the pool's workers (forked by multiprocess's
-forkserver, so they watch the build's pid, not their parent) and the manager process of datatrove's
-queue (with one worker too, whose tasks run in the build's process). The
-forkserver and multiprocess's resource tracker then end by themselves (their pipes close).
+forkserver, so they watch the build's pid, not their parent) and the manager process of its queue.
+The forkserver and multiprocess's resource tracker then end by themselves (their pipes close).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 from copy import deepcopy
 from functools import partial
 
@@ -48,6 +49,34 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             logger.info(f"Not doing anything as all {self.local_tasks} tasks have already been completed.")
             return None
         self.save_executor_as_json()
+        ranks_to_run = self.get_incomplete_ranks(ranks)
+        if (skipped := self.local_tasks - len(ranks_to_run)) > 0:
+            logger.info(f"Skipping {skipped} already completed tasks")
+        if self.workers == 1:
+            stats = self._in_process(ranks_to_run)
+        else:
+            stats = self._in_pool(ranks_to_run, skipped)
+        stats = sum(stats, start=PipelineStats())
+        with self.logging_dir.open("stats.json", "wt") as statsfile:
+            stats.save_to_disk(statsfile)
+        logger.success(stats.get_repr(f"All {self.local_tasks} tasks"))
+        return stats
+
+    def _in_process(self, ranks_to_run: list[int]) -> list:
+        """One worker's tasks, in the build's process as datatrove runs them, without the manager process
+        datatrove starts for its queue of worker slots: it did not end with a build killed -9, and held
+        the build's log and lock files for good (trial RV59b 3)."""
+        slots = queue.SimpleQueue()
+        slots.put(0)
+        pipeline, stats = self.pipeline, []
+        for rank in ranks_to_run:
+            self.pipeline = deepcopy(
+                pipeline
+            )  # each task's steps start fresh, as datatrove's loop gives them
+            stats.append(self._launch_run_for_rank(rank, slots))
+        return stats
+
+    def _in_pool(self, ranks_to_run: list[int], skipped: int) -> list:
         build = os.getpid()
         mg = SyncManager(ctx=multiprocess.get_context())  # multiprocess.Manager(), ending with the build
         mg.start(exit_with, (build,))
@@ -55,33 +84,17 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             ranks_q = mg.Queue()
             for i in range(self.workers):
                 ranks_q.put(i)
-            ranks_to_run = self.get_incomplete_ranks(ranks)
-            skipped = self.local_tasks - len(ranks_to_run)
-            if self.workers == 1:  # in-process tasks, as datatrove runs them (its manager did not end
-                # with a build killed -9, and held the log and the build's lock: trial RV59b 3)
-                pipeline, stats = self.pipeline, []
-                for rank in ranks_to_run:
-                    self.pipeline = deepcopy(pipeline)
-                    stats.append(self._launch_run_for_rank(rank, ranks_q))
-            else:
-                completed = mg.Value("i", skipped)
-                completed_lock = mg.Lock()
-                ctx = multiprocess.get_context(self.start_method)
-                with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
-                    run_rank = partial(
-                        self._launch_run_for_rank,
-                        ranks_q=ranks_q,
-                        completed=completed,
-                        completed_lock=completed_lock,
-                    )
-                    stats = self._collect(
-                        pool, pool.imap_unordered(run_rank, ranks_to_run), len(ranks_to_run)
-                    )
-            stats = sum(stats, start=PipelineStats())
-            with self.logging_dir.open("stats.json", "wt") as statsfile:
-                stats.save_to_disk(statsfile)
-            logger.success(stats.get_repr(f"All {self.local_tasks} tasks"))
-            return stats
+            completed = mg.Value("i", skipped)
+            completed_lock = mg.Lock()
+            ctx = multiprocess.get_context(self.start_method)
+            with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
+                run_rank = partial(
+                    self._launch_run_for_rank,
+                    ranks_q=ranks_q,
+                    completed=completed,
+                    completed_lock=completed_lock,
+                )
+                return self._collect(pool, pool.imap_unordered(run_rank, ranks_to_run), len(ranks_to_run))
         finally:
             mg.shutdown()
 
