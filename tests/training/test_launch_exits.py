@@ -437,6 +437,25 @@ def two_ctrl_cs(folder: Path, setup: str, indent: str) -> subprocess.CompletedPr
     return done
 
 
+def test_a_ctrl_c_and_a_sigterm_taken_together_are_one_stop_by_the_first(tmp_path):
+    """A Ctrl-C and a SIGTERM pending together (a terminal's and a scheduler's within one bytecode):
+    Python runs SIGINT's handler first, and the SIGTERM's then wrote over the stop's signal, which the
+    stop's lines name (trial RV58a F5). The first one stands; neither is a second Ctrl-C."""
+    script = (
+        "import os, signal\n"
+        "from training.run.shutdown import GracefulStop\n"
+        "with GracefulStop(0, 1) as stop:\n"
+        "    both = {signal.SIGINT, signal.SIGTERM}\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, both)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, both)\n"
+        "    print(signal.Signals(stop.received).name)\n"
+    )
+    done = run_code(tmp_path, script)
+    assert (done.returncode, done.stdout) == (0, "SIGINT\n"), done.stderr
+
+
 def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
     """An in-training eval points fd 2 at its eval.log while it scores: a second Ctrl-C then exited
     130 with its one line in RUN/eval/step-N/eval.log and nothing on the terminal (review R18d 2c)."""

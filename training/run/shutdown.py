@@ -315,7 +315,9 @@ class GracefulStop:
     def _handle(self, signum: int, frame) -> None:
         if self.received and signum == signal.SIGINT:
             self._stop_now()
-        self.received = signum
+        # the first signal is the stop's: a SIGTERM taken with a Ctrl-C (Python runs SIGINT's handler
+        # first) wrote over it (trial RV58a F5)
+        self.received = self.received or signum
         _end_data_waits()
 
     def _client(self):
