@@ -21,3 +21,8 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - mix/              `gristmill mix propose`: a mixture chosen from proxy training runs, gated
 - contract/         what every package shares: errors, config loading, the formats, the run layout
 """
+
+# First, before torch and multiprocessing register theirs: errors.py's atexit callback then runs after
+# every other, so the decided exit's handler covers them all (a SIGTERM there is a note and the status
+# decided) and only the interpreter's finalization, where no handler runs, has SIGTERM ignored.
+from training.contract import errors as _errors  # noqa: E402, F401

@@ -12,3 +12,7 @@
 - eval_results.py   results.json and eval.parquet on disk, the decontamination marks, eval.png
 - train_eval.py     eval during training (`[eval] interval = N`)
 """
+
+# First, before torch registers its atexit callbacks (`python -m validation.train_eval`, a torchrun
+# worker): see training/__init__.py.
+from training.contract import errors as _errors  # noqa: E402, F401

@@ -186,16 +186,39 @@ def test_a_sigterm_once_the_run_is_complete_exits_0(dataset, tmp_path, point, no
 def test_a_signal_in_the_command_s_teardown_keeps_its_status(tmp_path):
     """`gristmill` in its own process: a SIGTERM after its command ended, during the interpreter's
     teardown (here from an atexit hook), killed it, 143 for a complete one-process training (trial
-    RV55b 1). The status decided stands."""
+    RV55b 1). The status decided stands: with a note where the hook runs before gristmill's last
+    callback (torch's, multiprocessing's: registered after gristmill's first import), without one
+    after it (there SIGTERM is ignored: review RV59f 1)."""
     hook = "import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))"
     for argv, code in (("['gristmill', '--help']", 0), ("['gristmill', 'no-such-command']", 2)):
-        # (registered after gristmill's import: its own last callback ignores SIGTERM from there on)
-        script = f"from pipelines.cli import entry; {hook}; import sys; sys.argv = {argv}; entry()"
-        proc = subprocess.run(
-            [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True
-        )
-        assert proc.returncode == code, proc.stderr[-2000:]
-        assert f"note: SIGTERM after the command ended: exiting with {code}" in proc.stderr, proc.stderr
+        for first, noted in (("from pipelines.cli import entry", True), (hook, False)):
+            second = hook if noted else "from pipelines.cli import entry"
+            script = f"{first}; {second}; import sys; sys.argv = {argv}; entry()"
+            proc = subprocess.run(
+                [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True
+            )
+            assert proc.returncode == code, proc.stderr[-2000:]
+            note = f"note: SIGTERM after the command ended: exiting with {code}"
+            assert (note in proc.stderr) == noted, proc.stderr
+
+
+@pytest.mark.parametrize("entry", ["training.train", "validation.train_eval", "pipelines.cli"])
+def test_the_decided_exit_s_last_callback_is_registered_first(entry):
+    """atexit runs its callbacks last registered first: errors.py's, which ignores SIGTERM, registered
+    after torch's and multiprocessing's ran before them, and a SIGTERM in theirs (a worker's teardown)
+    was ignored without a note, a hang there ended only by a SIGKILL (review RV59f 1)."""
+    probe = (
+        "import atexit, importlib, sys\n"
+        "names, register = [], atexit.register\n"
+        "def noted(f, *a, **k):\n"
+        "    names.append(getattr(f, '__qualname__', ''))\n"
+        "    return register(f, *a, **k)\n"
+        "atexit.register = noted\n"
+        f"importlib.import_module({entry!r})\n"
+        "print(names[0])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert proc.stdout.strip() == "_sigterm_ignored_in_the_last_teardown", proc.stdout + proc.stderr[-2000:]
 
 
 def test_a_sigterm_in_the_modules_teardown_keeps_the_status(tmp_path):
