@@ -1423,10 +1423,14 @@ def watch(
             seen |= set(available_steps(run_dir))
             if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose):
                 last_new = time.time()
-            seen |= set(available_steps(run_dir))
             # RUN/checkpoints.jsonl's saves since the watch began that no look found: deleted while it
-            # scored another step, they went by without a line (trial RV59a F4)
-            missed = sorted({s for s, i in read_ledger(run_dir).saves if (s, i) not in before} - seen - said)
+            # scored another step, they went by without a line (trial RV59a F4). Read before the look
+            # (a save between them is no miss), less a rewind's saves of earlier weights and the steps
+            # the run's own [eval] scored (review RV59f 2).
+            saved = {s for s, i in read_ledger(run_dir).saves if (s, i) not in before}
+            seen |= set(available_steps(run_dir)) | untrained_steps(run_dir)
+            scored = {s for s in saved if (eval_dir(run_dir, s) / RESULTS_JSON).is_file()}
+            missed = sorted(saved - seen - scored - said)
             if missed:
                 said |= set(missed)
                 _log(
