@@ -219,7 +219,14 @@ class Trackers:
             # past a scheduler's 30 s grace (review RV26a R4)
             busy = feed.busy
             until = deadline if busy is None else min(deadline, busy[1] + bound)
-            asked[name] = feed.ask_finish(failed, until), until
+            asked[name] = feed.ask_finish(failed), until
+        # Every tracker is asked before any is waited for, one whose queue is full (behind, hung) again
+        # until its time is up: they finish together, and one that hangs spends none of the others'
+        # time (a healthy tensorboard was called "not answering": trial RV59a F5, review RV59f 3).
+        while full := [n for n, (item, until) in asked.items() if item is None and time.monotonic() < until]:
+            time.sleep(0.01)
+            for name in full:
+                asked[name] = self.trackers[name].ask_finish(failed), asked[name][1]
         for name, (item, until) in asked.items():
             feed = self.trackers[name]
             tracker = feed.tracker
@@ -371,13 +378,12 @@ class _Feed:
             return f"is {FEED_ROWS} rows behind at step {step} (hung or too slow)"
         return None
 
-    def ask_finish(self, failed: bool, deadline: float) -> _Finish | None:
-        """The tracker's finish queued after its rows (None: not taken by `deadline`, monotonic). Every
-        tracker is asked before any is waited for: they finish together, and one that hangs does not
-        spend the others' time (a healthy tensorboard was called "not answering": trial RV59a F5)."""
+    def ask_finish(self, failed: bool) -> _Finish | None:
+        """The tracker's finish queued after its rows; None while its queue is full (Trackers.close asks
+        again)."""
         item = _Finish(failed)
         try:
-            self._queue.put(item, timeout=max(0.0, deadline - time.monotonic()))
+            self._queue.put_nowait(item)
         except queue.Full:
             return None
         return item
@@ -431,6 +437,7 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
     path = Path(run_dir) / TRACKERS_JSON
     if not path.exists():
         return {}
+    state: Any = None
     try:
         state = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         if not isinstance(state, dict):
@@ -455,6 +462,17 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
                 record["wandb"]["mode"] = runs[found[-1]]
         if "trackio" in continued:
             record["trackio"] = {"name": "<the run's name in trackio>", "project": project}
+        for name in continued:  # a record that names its run, wrong elsewhere: its run kept (RV59f 4)
+            kept = state.get(name) if isinstance(state, dict) else None
+            if isinstance(kept, dict) and isinstance(kept.get(_RUN_KEY[name]), str) and kept[_RUN_KEY[name]]:
+                texts = {
+                    k: v
+                    for k, v in kept.items()
+                    if k in ("id", "name", "project", "mode") and isinstance(v, str)
+                }
+                if record[name].get("id") != texts.get("id", record[name].get("id")):
+                    record[name].pop("mode", None)  # the mode found was another run's
+                record[name] = {**record[name], **texts}
         seen = ""
         if "wandb" in continued:
             seen = (
