@@ -300,18 +300,31 @@ def test_a_checkpoint_s_line_a_kill_left_out_of_checkpoints_jsonl_is_written_by_
     assert gristmill(["verify", str(r)]) == 0, capsys.readouterr().out
 
 
+@pytest.mark.parametrize("last_save", ["completes", "fails"])
 def test_a_checkpoint_s_line_not_written_is_written_with_the_next_save(
-    dataset, tmp_path, capsys, monkeypatch
+    dataset, tmp_path, capsys, monkeypatch, last_save
 ):
     """A line of RUN/checkpoints.jsonl that could not be written (a disk full for a moment): retention
     then deleted its checkpoint and kept its export, which verify called another run's (DAMAGED). The
     line is kept and written before the next save's, and where that fails too (the run's last save,
-    the disk still full), at the run's end, once retention freed room (review RV59d 1)."""
+    the disk still full), at the run's end, once retention freed room (review RV59d 1), also where the
+    last save's completion failed there (the run's error path, Checkpointer.abandon: review RV59f 5)."""
     import errno
 
     import training.checkpoint.checkpointer as checkpointer
 
     written, failed = checkpointer.record_saved, []
+    if last_save == "fails":
+        close = checkpointer.Checkpointer.close
+
+        def failing_close(self):
+            def finish():
+                raise checkpointer.CheckpointError("the last save's write failed (disk full)")
+
+            self.finish = finish
+            close(self)
+
+        monkeypatch.setattr(checkpointer.Checkpointer, "close", failing_close)
 
     def once_full(run_dir, step, identity):
         if step == 4 and len(failed) < 2:  # at its save, and again at step 8's
@@ -321,7 +334,8 @@ def test_a_checkpoint_s_line_not_written_is_written_with_the_next_save(
 
     monkeypatch.setattr(checkpointer, "record_saved", once_full)
     r = tmp_path / "run"
-    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=1", "checkpoint.export_interval=4") == 0
+    code = run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=1", "checkpoint.export_interval=4")
+    assert code == (0 if last_save == "completes" else 2)
     said = capsys.readouterr().out
     assert failed == [4, 4] and not checkpoint_dir(r, 4).exists() and export_dir(r, 4, False).is_dir()
     assert gristmill(["verify", str(r)]) == 0, capsys.readouterr().out
