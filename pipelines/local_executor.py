@@ -70,9 +70,8 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
         slots.put(0)
         pipeline, stats = self.pipeline, []
         for rank in ranks_to_run:
-            self.pipeline = deepcopy(
-                pipeline
-            )  # each task's steps start fresh, as datatrove's loop gives them
+            # each task's steps start fresh, as datatrove's loop gives them
+            self.pipeline = deepcopy(pipeline)
             stats.append(self._launch_run_for_rank(rank, slots))
         return stats
 

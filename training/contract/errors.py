@@ -159,7 +159,7 @@ def exit_on_signal_with(code: int, what: str | None) -> None:
 _DECIDED: list[int] = []  # the status exit_on_signal_with decided, once it has
 
 
-@atexit.register  # at this module's import: among the last atexit callbacks to run
+@atexit.register  # at this module's import, before torch's (training/__init__.py): the last to run
 def _sigterm_ignored_in_the_last_teardown() -> None:
     """Python gives a signal it handles its default action back as its finalization begins, after the
     atexit callbacks and before the modules' teardown (torch's objects: up to a second), where a
