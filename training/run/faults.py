@@ -16,10 +16,11 @@ GRISTMILL_FAULT_KILL="POINT": the process kills itself with SIGKILL when it reac
 checkpoint loaded and the skip recorded in the timeline), "rewind-recorded" (the run directory
 brought into line with it: rows marked, batch records moved; the skip's checkpoint not yet saved),
 "rewind-saved" (the skip's checkpoint complete), "complete:N" (rank 0 wrote step N's COMPLETE; its
-exports and retention not begun), "saved:N" (step N's checkpoint saved, an async
+exports and retention not begun), "saved:N" (the loop's checkpoint of step N saved, an async
 write still in flight unless a validation or eval is due at N; its validation, eval and metrics row
-not yet done), "trained:N" (step N trained and folded into
-[merge]'s average, nothing of it saved or written). A kill -9 at a known place, for the resume tests.
+not yet done; a rewind's checkpoint is "rewind-saved"'s, never this one's: trial RV59e 1),
+"trained:N" (step N trained and folded into [merge]'s average, nothing of it saved or written). A
+kill -9 at a known place, for the resume tests.
 
 GRISTMILL_FAULT_SIGTERM="[awaited:]STEP[@RANK]": the process (of that rank only, or of every rank)
 sends itself SIGTERM as step STEP starts (a preemption at a known step: the run finishes that step,
