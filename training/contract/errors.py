@@ -9,12 +9,19 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class GristmillError(ValueError):
-    """Bad input or config. The message names the file or key and says how to fix it."""
+    """Bad input or config. The message names the file or key and says how to fix it. `cause`: what
+    happened, without the message's next steps for the command's user (a caller that runs the
+    command itself, the mixture search, words its own); the whole message where none is given."""
 
     exit_code = 2  # the CLI's exit status for it
+
+    def __init__(self, *args: Any, cause: str | None = None):
+        super().__init__(*args)
+        self.cause = cause if cause is not None else (str(args[0]) if args else "")
 
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT: a command stopped by Ctrl-C, as a shell reports it
@@ -76,15 +83,9 @@ def refuse_empty(options: dict[str, str | None], required: bool = False) -> None
 
 class NonFiniteError(GristmillError):
     """Training produced a NaN or inf (loss, gradient, weights); nothing non-finite was saved.
-    The CLI exits with `exit_code` so a scheduler can tell divergence from bad input. `cause`: what
-    happened, without the message's next steps for a `gristmill train` user (a caller that runs the
-    trainer, the mixture search, words its own)."""
+    The CLI exits with `exit_code` so a scheduler can tell divergence from bad input."""
 
     exit_code = 3
-
-    def __init__(self, message: str, cause: str | None = None):
-        super().__init__(message)
-        self.cause = message if cause is None else cause
 
 
 def hold_closed_streams() -> None:

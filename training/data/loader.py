@@ -878,14 +878,16 @@ def dataset_loader(
             if batches == 1
             else f"{batches} global batches of {batch} tokens: {batches * global_batch * (seq_len + 1):,}"
         )
+        found = f"split {split!r} of {dataset_dir} has {docs.tokens:,} tokens, fewer than {wanted}"
         raise LoaderConfigError(
-            f"split {split!r} of {dataset_dir} has {docs.tokens:,} tokens, fewer than {wanted}; "
+            f"{found}; "
             + (
                 f"raise val_fraction (now {val_fraction}), read fewer batches, or turn validation off"
                 if split == "val"
                 else "lower global_batch or seq_len, or use a bigger dataset"
                 + (f", or hold out less (val_fraction {val_fraction:g})" if val_fraction > 0 else "")
-            )
+            ),
+            cause=found,
         )
     log.info(
         "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "

@@ -314,12 +314,10 @@ def check_held_out(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) ->
             vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=1,
             settings={"rank": 0, "world_size": 1},
         )  # fmt: skip
-    except LoaderConfigError as e:
-        said = str(e)
-        # the loader's advice is the trainer's (turning validation off is none of a proxy's)
-        said = said[: said.find("; raise val_fraction")] if "; raise val_fraction" in said else said
+    except LoaderConfigError as e:  # its cause: the loader's advice is the trainer's (turning
+        # validation off is none of a proxy's)
         raise ConfigError(
-            f"{in_search_keys(said, cfg)}; lower proxy.val_batches or raise data.val_fraction",
+            f"{in_search_keys(e.cause, cfg)}; lower proxy.val_batches or raise data.val_fraction",
             key="proxy.val_batches",
         ) from None
 

@@ -115,9 +115,8 @@ class Validation:
                 except LoaderConfigError as e:
                     name = self.plan.phases[phase].name
                     where = f", phase {name!r}" if len(self.plan.phases) > 1 else ""
-                    raise LoaderConfigError(
-                        f"source {src.name!r}{where}: run.val_batches = {self.cfg.run.val_batches}: {e}"
-                    ) from None
+                    at = f"source {src.name!r}{where}: run.val_batches = {self.cfg.run.val_batches}: "
+                    raise LoaderConfigError(f"{at}{e}", cause=f"{at}{e.cause}") from None
                 self._loaders[key] = (loader, loader.state_dict())
             out.append((src.name, *self._loaders[key]))
         return out
