@@ -4,7 +4,8 @@ every step's recorded batch against the plan.
     gristmill verify runs/train/demo
 
 Checkpoints are checked against the sizes and CRC-32s in their COMPLETE record, exports (and the
-merged weights' of [merge], exports/merged-step-N) against gristmill_checksums.json (SHA-256), the
+merged weights' of [merge], exports/merged-step-N) against gristmill_checksums.json (SHA-256), and
+a run from a base model ([model] init_from) its RUN/base/ against what its checkpoints recorded: the
 same checks a resume, an export and an eval make before they trust a file. Prints one row per
 checkpoint or export; exits 1 if any is damaged (an incomplete checkpoint, an interrupted save, is
 reported but is not damage).
@@ -25,14 +26,16 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.checkpoint.base_record import check_kept_base
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import ExportError, not_the_run_s, of_another_checkpoint, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
-from training.checkpoint.record import CheckpointError
+from training.checkpoint.record import CheckpointError, newest_base_record
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
+    BASE_DIR,
     BATCHES_BIN,
     CHECKPOINTS_DIR,
     DROPPED_LINES,
@@ -84,7 +87,22 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
             except (CheckpointError, ExportError) as e:
                 status, detail = "DAMAGED", str(e)
             rows.append((kind, step, status, *_size(path), detail))
-    return rows
+    return rows + ([] if only is not None else _base_row(run_dir))
+
+
+def _base_row(run_dir: Path) -> list[tuple]:
+    """A run from a base: RUN/base/ as its checkpoints recorded it (the tokenizer and special tokens
+    every export ships; step 0's export is rebuilt from it). Deleted or edited, export and resume
+    refused the run while verify said every file was ok (trial RV59e 4). Step 0: the base."""
+    folder = run_dir / BASE_DIR
+    if not folder.exists() and newest_base_record(run_dir) is None:
+        return []  # a run from scratch
+    try:
+        check_kept_base(run_dir)
+        status, detail = "ok", ""
+    except GristmillError as e:
+        status, detail = "DAMAGED", str(e)
+    return [("base", 0, status, *(_size(folder) if folder.is_dir() else (0, fmt_bytes(0))), detail)]
 
 
 @dataclass

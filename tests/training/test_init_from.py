@@ -799,6 +799,41 @@ def test_a_runs_base_folder_deleted_or_replaced_is_refused_by_export_and_resume(
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_verify_checks_the_runs_base_folder_as_export_and_resume_do(tmp_path, straight, capsys):
+    """Trial RV59e 4: RUN/base/ deleted, edited or lacking a file it lists, export and resume refused
+    the run while `gristmill verify` said every checkpoint and export was ok, exit 0. Its row is the
+    base's (step 0), DAMAGED with the export's own line, exit 1; ok again once restored."""
+    from pipelines.cli import main as gristmill
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    kept = tmp_path / "kept"
+    shutil.copytree(run / "base", kept)
+    assert gristmill(["verify", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s*base\s+0\s+ok\b", out, re.M), out
+    listed = json.loads((run / "base" / "base.json").read_text())["files"]
+    assert listed, "the base keeps files"
+    damages = {
+        "deleted": lambda: shutil.rmtree(run / "base"),
+        "a listed file gone": lambda: (run / "base" / listed[0]).unlink(),
+        "base.json edited": lambda: (run / "base" / "base.json").write_text(
+            (kept / "base.json").read_text().replace('"files"', '"files" ', 1)
+        ),
+    }
+    for name, damage in damages.items():
+        damage()
+        assert gristmill(["verify", str(run)]) == 1, name
+        out = capsys.readouterr().out
+        assert re.search(r"^\s*base\s+0\s+DAMAGED\b", out, re.M), (name, out)
+        text = " ".join(out.split())  # the detail column wraps
+        assert "restore that folder from a copy of the run" in text and "1 damaged" in text, (name, out)
+        shutil.rmtree(run / "base", ignore_errors=True)
+        shutil.copytree(kept, run / "base")
+    assert gristmill(["verify", str(run)]) == 0
+    capsys.readouterr()
+
+
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
     # This test edits its base's config.json for a while, so it trains from a copy: the same base (one
     # identity, the same losses as `straight`). An edit of the shared one, even undone, was copied by a
