@@ -1303,6 +1303,8 @@ REPO = "gristmill-test/tiny-llama"  # made up: a request that escaped to the rea
 def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
     tmp_path, data, base, monkeypatch, capsys
 ):
+    from huggingface_hub import snapshot_download
+
     files = {p.name: p.read_bytes() for p in base.iterdir()}
     unwanted = {"README.md": b"# a tiny llama\n", "original/consolidated.00.pth": b"never fetched"}
     with HubServer() as hub:
@@ -1333,6 +1335,25 @@ def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
         assert f"the base is {REPO} at commit {commit}" in capsys.readouterr().out
         record = json.loads((run / "checkpoints/step-000008/COMPLETE").read_text())["model"]
         assert record["init_from"] == pinned
+
+        # Step 0's export offline, the base in no cache here: export takes no settings, so its advice
+        # is a hub cache brought from elsewhere, not "set model.init_from" (trial RV57d F4); followed,
+        # it exports
+        with monkeypatch.context() as offline:
+            offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+            offline.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+            with pytest.raises(GristmillError) as e:
+                export_checkpoint(run, 0)
+            line = str(e.value)
+            assert "\n" not in line and "set model.init_from" not in line, line
+            fix = f"(`hf download {REPO} --revision {commit} --cache-dir DIR`), then bring DIR here"
+            assert f"{fix} and set HF_HUB_CACHE=DIR" in line, line
+            offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+            snapshot_download(REPO, revision=commit, cache_dir=tmp_path / "elsewhere")  # `hf download`'s call
+            offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+            offline.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+            assert export_checkpoint(run, 0) == export_dir(run, 0)
+        capsys.readouterr()  # the download's progress bars
 
         # A revision or a repository the hub does not have: one line naming it, before any work
         for init, want in ((f"{REPO}@v9", f"{REPO} has no revision 'v9'"),

@@ -131,11 +131,15 @@ def hub_id(init_from: str) -> tuple[str, str | None] | None:
 
 
 def locate_base(
-    init_from: str, recorded: dict[str, Any] | None = None, say: Callable[[str], None] | None = None
+    init_from: str,
+    recorded: dict[str, Any] | None = None,
+    say: Callable[[str], None] | None = None,
+    settable: bool = True,
 ) -> BaseSource:
     """Where the base `init_from` names has its files, a hub id fetched and pinned (see the module).
     `recorded`: the model record of the checkpoint a resume continues from, if any. `say`: where a
-    line announcing a download goes."""
+    line announcing a download goes. `settable`: the command takes model.init_from (a run); False
+    for one that reads a run's recorded base (export), whose advice is the hub cache instead."""
     known = recorded if recorded and recorded.get("init_from_sha256") else None
     path = Path(init_from).expanduser().resolve()
     # The directory the checkpoint recorded stays a directory once gone: "bases/m2" (relative, one
@@ -161,7 +165,7 @@ def locate_base(
             )
             return BaseSource(str(known["init_from"]), None, known, note)
     try:
-        directory, commit = fetch_hub_base(repo, revision, say)
+        directory, commit = fetch_hub_base(repo, revision, say, settable)
     except HubRepoMissing:
         # A checkpoint that recorded a directory, resumed by a value the hub answered it does not have:
         # that directory ("bases/m2" reached through a symlink removed with it, or resumed from another
@@ -171,7 +175,7 @@ def locate_base(
         if known is None or hub_id(str(known.get("init_from", ""))) is not None or revision is not None:
             raise
         if Path(str(known.get("init_from"))).is_dir():  # there after all: read and checked, as at the start
-            return locate_base(str(known.get("init_from")), recorded, say)
+            return locate_base(str(known.get("init_from")), recorded, say, settable)
         note = (
             f"note: model.init_from = {init_from!r} is no directory here, and the hub has no repository of "
             "that name; "
@@ -183,7 +187,7 @@ def locate_base(
 
 
 def fetch_hub_base(
-    repo: str, revision: str | None, say: Callable[[str], None] | None = None
+    repo: str, revision: str | None, say: Callable[[str], None] | None = None, settable: bool = True
 ) -> tuple[Path, str]:
     """snapshot_download of `HUB_FILES` of hub model `repo` at `revision` (None: main); returns the
     snapshot directory and its commit. A missing repository, revision or config.json, a hub that
@@ -216,7 +220,7 @@ def fetch_hub_base(
         # a snapshot whose cached listing says it misses files (newer huggingface_hub): only part of it
         partial = type(e).__name__ == "IncompleteSnapshotError"
         if not offline and not partial:
-            raise ConfigError(_fetch_failed(name, repo, revision, e), "model.init_from") from None
+            raise ConfigError(_fetch_failed(name, repo, revision, e, settable), "model.init_from") from None
         snapshot = Path(getattr(e, "snapshot_path", None) or ".")
         pin = snapshot.name if _COMMIT.fullmatch(snapshot.name) else revision
         missing = _listed_missing(repo, snapshot) if partial and pin == snapshot.name else []
@@ -227,7 +231,7 @@ def fetch_hub_base(
                 if missing
                 else ("holds only part of it" if partial else "does not hold it")
             )
-            + f": {_get(repo, pin, offline)}",
+            + f": {_get(repo, pin, offline, settable)}",
             "model.init_from",
         ) from None
     except RevisionNotFoundError:
@@ -243,7 +247,7 @@ def fetch_hub_base(
             "model.init_from",
         ) from None
     except Exception as e:  # a timeout, a full disk: one line all the same
-        raise ConfigError(_fetch_failed(name, repo, revision, e), "model.init_from") from None
+        raise ConfigError(_fetch_failed(name, repo, revision, e, settable), "model.init_from") from None
     commit = path.name  # the cache's snapshots/<commit>
     if not _COMMIT.fullmatch(commit):
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
@@ -275,7 +279,7 @@ def fetch_hub_base(
         raise ConfigError(
             f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} holds only part of "
             f"{repo} at commit {commit} ({held}; no {' and no '.join(unknown)}){why}: "
-            f"{_get(repo, commit, offline)}",
+            f"{_get(repo, commit, offline, settable)}",
             "model.init_from",
         )
     if not (path / "config.json").is_file():
@@ -374,24 +378,33 @@ def _no_hub(offline: bool) -> str:
     return "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub cannot be reached"
 
 
-def _get(repo: str, pin: str | None, offline: bool) -> str:
+def _get(repo: str, pin: str | None, offline: bool, settable: bool) -> str:
     """The two ways to the base: with network, or downloaded elsewhere at `pin` (the commit or
     revision asked; `hf download` without --revision fetches main, another commit)."""
     return (
         "fetch the base with network (the same command"
         + (", HF_HUB_OFFLINE unset" if offline else " where the hub can be reached")
-        + f"), or download it elsewhere (`{_download(repo, pin)}`) and set model.init_from to that directory"
+        + f"), or {_elsewhere(repo, pin, settable)}"
     )
 
 
-def _download(repo: str, pin: str | None) -> str:
-    return f"hf download {repo}" + (f" --revision {pin}" if pin else "")
+def _elsewhere(repo: str, pin: str | None, settable: bool) -> str:
+    """A base downloaded on another machine, brought here: a run names its directory; export, which
+    takes no settings, reads the run's recorded hub id from a hub cache (it advised "set
+    model.init_from": trial RV57d F4)."""
+    get = f"hf download {repo}" + (f" --revision {pin}" if pin else "")
+    if settable:
+        return f"download it elsewhere (`{get}`) and set model.init_from to that directory"
+    return (
+        f"download it elsewhere into a hub cache (`{get} --cache-dir DIR`), then bring DIR here and set "
+        "HF_HUB_CACHE=DIR"
+    )
 
 
-def _fetch_failed(name: str, repo: str, revision: str | None, e: Exception) -> str:
+def _fetch_failed(name: str, repo: str, revision: str | None, e: Exception, settable: bool) -> str:
     first = (str(e).splitlines() or [""])[0]
     return (
         f"model.init_from = {name!r} is not a local directory, and fetching it from the Hugging Face hub "
-        f"failed ({type(e).__name__}: {first}); on a machine without network, download it elsewhere "
-        f"(`{_download(repo, revision)}`) and set model.init_from to that directory"
+        f"failed ({type(e).__name__}: {first}); on a machine without network, "
+        + _elsewhere(repo, revision, settable)
     )

@@ -1270,7 +1270,7 @@ def run_model_config(run_dir: str | Path):
     dataset, info = run_tokenizer_dataset(run_dir, spec)
     source = None
     if cfg.model.init_from:
-        source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"))
+        source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"), settable=False)
     return cfg, dataset, resolve_model_config(cfg.model, info, spec.seq_lens, source)
 
 
@@ -1630,7 +1630,7 @@ def export_base(
         # where the directory a resume named since may hold another commit of the same shape; and
         # that directory gone, the commit is where the recorded weights are (review R25e 5)
         init_from = pinned
-    source = locate_base(init_from)
+    source = locate_base(init_from, settable=False)  # a run's recorded base: export takes no settings
     try:
         mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     except GristmillError as e:
