@@ -7,8 +7,8 @@ Checkpoints are checked against the sizes and CRC-32s in their COMPLETE record, 
 merged weights' of [merge], exports/merged-step-N) against gristmill_checksums.json (SHA-256), and
 a run from a base model ([model] init_from) its RUN/base/ against what its checkpoints recorded: the
 same checks a resume, an export and an eval make before they trust a file. Prints one row per
-checkpoint or export; exits 1 if any is damaged (an incomplete checkpoint, an interrupted save, is
-reported but is not damage).
+checkpoint or export (and the base's); exits 1 if any is damaged (an incomplete checkpoint, an
+interrupted save, is reported but is not damage).
 
 The batches (`verify_batches`): RUN/batches.bin holds the digest of every step the run trained, as
 the trainer was fed it (training/contract/batch_record.py); each is compared with the batch the
@@ -26,9 +26,15 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.checkpoint.base_record import check_kept_base
+from training.checkpoint.base_record import BASE_JSON, check_kept_base
 from training.checkpoint.checkpointer import dir_size
-from training.checkpoint.hf_export import ExportError, not_the_run_s, of_another_checkpoint, verify_export
+from training.checkpoint.hf_export import (
+    ExportError,
+    not_the_run_s,
+    of_another_checkpoint,
+    run_config,
+    verify_export,
+)
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError, newest_base_record
 from training.contract.batch_record import BatchEntry, read_batches
@@ -87,22 +93,35 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
             except (CheckpointError, ExportError) as e:
                 status, detail = "DAMAGED", str(e)
             rows.append((kind, step, status, *_size(path), detail))
-    return rows + ([] if only is not None else _base_row(run_dir))
+    # Every export of a step ships RUN/base/'s files, so `--step N` shows the base too; step 0 is the
+    # base itself, rebuilt from its own files (what export checks), so its row there is only a fault's
+    base = [r for r in _base_row(run_dir) if only is None or only > 0 or r[2] != "ok"]
+    return rows + base
 
 
 def _base_row(run_dir: Path) -> list[tuple]:
-    """A run from a base: RUN/base/ as its checkpoints recorded it (the tokenizer and special tokens
-    every export ships; step 0's export is rebuilt from it). Deleted or edited, export and resume
-    refused the run while verify said every file was ok (trial RV59e 4). Step 0: the base."""
+    """A run from a base ([model] init_from): RUN/base/ as its checkpoints recorded it (the tokenizer
+    and special tokens every export ships; step 0's export is rebuilt from it). Deleted or edited,
+    export and resume refused the run while verify said every file was ok (trial RV59e 4). Step 0:
+    the base. None for a run from scratch (a stray RUN/base/ there included)."""
     folder = run_dir / BASE_DIR
-    if not folder.exists() and newest_base_record(run_dir) is None:
-        return []  # a run from scratch
     try:
-        check_kept_base(run_dir)
-        status, detail = "ok", ""
+        from_base = bool(run_config(run_dir).model.init_from)
+    except (GristmillError, OSError):  # RUN/config.toml unreadable: what the run's files say
+        from_base = (folder / BASE_JSON).exists()
+    if not from_base and newest_base_record(run_dir) is None:
+        return []
+    missing = (
+        f"{folder / BASE_JSON} is missing: the run started before gristmill kept its base's record, or it "
+        "was deleted (then restore RUN/base/ from a copy of the run)"
+    )
+    try:
+        kept = check_kept_base(run_dir)  # None: no record, and no checkpoint's to compare with
+        status, detail = ("ok", "") if kept is not None else ("unchecked", missing)
     except GristmillError as e:
         status, detail = "DAMAGED", str(e)
-    return [("base", 0, status, *(_size(folder) if folder.is_dir() else (0, fmt_bytes(0))), detail)]
+    size = _size(folder) if folder.is_dir() else (0, fmt_bytes(0))
+    return [("base", 0, status, *size, detail)]
 
 
 @dataclass

@@ -830,8 +830,23 @@ def test_verify_checks_the_runs_base_folder_as_export_and_resume_do(tmp_path, st
         assert "restore that folder from a copy of the run" in text and "1 damaged" in text, (name, out)
         shutil.rmtree(run / "base", ignore_errors=True)
         shutil.copytree(kept, run / "base")
+    # --step N shows a damaged base too: every export ships its files (review RV60d 3)
+    shutil.rmtree(run / "base")
+    assert gristmill(["verify", str(run), "--step", "8"]) == 1
+    assert re.search(r"^\s*base\s+0\s+DAMAGED\b", capsys.readouterr().out, re.M)
+    shutil.copytree(kept, run / "base")
+    # No checkpoint left to compare with (retention, a user's rm): a record of no names is one row, no
+    # traceback (review RV60d 1); base.json gone is unchecked, never ok (review RV60d 2)
+    shutil.rmtree(run / "checkpoints")
+    (run / "base" / "base.json").write_text(json.dumps({"files": [1]}))
+    assert gristmill(["verify", str(run)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "base.json is unreadable (its 'files' are not names of config.json" in text, text
+    (run / "base" / "base.json").unlink()
     assert gristmill(["verify", str(run)]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert re.search(r"^\s*base\s+0\s+unchecked\b", out, re.M), out
+    assert "the run started before gristmill kept its base's record" in " ".join(out.split()), out
 
 
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):

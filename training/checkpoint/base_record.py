@@ -223,11 +223,18 @@ def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
     """RUN/base/base.json, or None (a run from scratch, or one started before gristmill kept it)."""
     path = Path(run_dir) / BASE_DIR / BASE_JSON
     try:
-        return read_json_record(path, "files")
+        record = read_json_record(path, "files")
+        # the names it lists are of KEPT_FILES and tokenizer.json's sha256 text: `"files": [1]` was a
+        # TypeError's traceback in verify and export (review RV60d 1)
+        if record is not None and not all(isinstance(n, str) and n in KEPT_FILES for n in record["files"]):
+            raise ValueError(f"its 'files' are not names of {', '.join(KEPT_FILES)}")
+        if record is not None and not isinstance(record.get(TOKENIZER_SHA256, ""), str):
+            raise ValueError(f"its {TOKENIZER_SHA256!r} is not a sha256")
+        return record
     except ValueError as e:
         raise GristmillError(
-            f"{path} is unreadable ({e}); it is written again when the run starts over from its base "
-            "(a new run directory)"
+            f"{path} is unreadable ({e}); restore RUN/base/ from a copy of the run, or it is written "
+            "again when the run starts over from its base (a new run directory)"
         ) from None
 
 
@@ -324,12 +331,20 @@ def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -
     or whose checkpoints record no base. Then each file base.json lists, there, and tokenizer.json as
     base.json records it (TOKENIZER_SHA256; a record from before it has none to compare). Returns
     base.json (read_base_record)."""
-    recorded = newest_base_record(run_dir) if checkpoint is None else base_record_of(checkpoint)
     folder = Path(run_dir) / BASE_DIR
     restore = (
         f"and its exports take the base's tokenizer and special tokens from {folder}; restore that folder "
         "from a copy of the run"
     )
+    try:
+        return _check_kept_base(run_dir, checkpoint, folder, restore)
+    except OSError as e:  # a file there that cannot be read: a traceback in verify and export (RV60d 1)
+        where = e.filename or folder
+        raise GristmillError(f"{where} cannot be read ({e.strerror or e}): {restore}") from None
+
+
+def _check_kept_base(run_dir: str | Path, checkpoint: str | Path | None, folder: Path, restore: str):
+    recorded = newest_base_record(run_dir) if checkpoint is None else base_record_of(checkpoint)
     if recorded is not None:
         ckpt, sha = recorded
         now = base_record_sha256(run_dir)
