@@ -1313,13 +1313,12 @@ def test_the_continued_local_recipe_is_the_newcomers_day():
 
 
 REPO = "gristmill-test/tiny-llama"  # made up: a request that escaped to the real hub would fail
+ONLY = "--include '*.json' --include '*.safetensors'"  # what advised downloads fetch: no original/*.pth
 
 
 def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
     tmp_path, data, base, monkeypatch, capsys
 ):
-    from huggingface_hub import snapshot_download
-
     files = {p.name: p.read_bytes() for p in base.iterdir()}
     unwanted = {"README.md": b"# a tiny llama\n", "original/consolidated.00.pth": b"never fetched"}
     with HubServer() as hub:
@@ -1352,8 +1351,9 @@ def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
         assert record["init_from"] == pinned
 
         # Step 0's export offline, the base in no cache here: export takes no settings, so its advice
-        # is a hub cache brought from elsewhere, not "set model.init_from" (trial RV57d F4); followed,
-        # it exports
+        # is a hub cache brought from elsewhere, not "set model.init_from" (trial RV57d F4). Its
+        # command, run as written, fetches the base's files alone (not README.md, not original/: review
+        # RV60d 5), and with HF_HUB_CACHE set as it says, the export is written
         with monkeypatch.context() as offline:
             offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
             offline.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
@@ -1361,12 +1361,18 @@ def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
                 export_checkpoint(run, 0)
             line = str(e.value)
             assert "\n" not in line and "set model.init_from" not in line, line
-            fix = f"(`hf download {REPO} --revision {commit} --cache-dir DIR`), then bring DIR here"
-            assert f"{fix} and set HF_HUB_CACHE=DIR" in line, line
-            offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-            snapshot_download(REPO, revision=commit, cache_dir=tmp_path / "elsewhere")  # `hf download`'s call
-            offline.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-            offline.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+            advised = re.search(r"\(`(hf download [^`]*--cache-dir DIR)`\), then bring DIR here and set "
+                                r"HF_HUB_CACHE=DIR", line)  # fmt: skip
+            assert advised is not None and f"--revision {commit}" in advised[1], line
+            elsewhere = tmp_path / "elsewhere"
+            argv = shlex.split(advised[1].replace("DIR", str(elsewhere)))
+            assert argv[0] == "hf"  # huggingface_hub's command
+            hf = [sys.executable, "-m", "huggingface_hub.cli.hf"]
+            fetched = forked.run([*hf, *argv[1:]], env={**os.environ, **env}, timeout=120)
+            assert fetched.returncode == 0, fetched.stderr[-2000:]
+            snapshot = next(elsewhere.glob("models--*/snapshots/*"))
+            assert {p.name for p in snapshot.iterdir()} == set(files), list(snapshot.iterdir())
+            offline.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(elsewhere))
             assert export_checkpoint(run, 0) == export_dir(run, 0)
         capsys.readouterr()  # the download's progress bars
 
@@ -1841,7 +1847,7 @@ def test_offline_a_hub_cache_holding_only_the_tokenizer_is_said_to_hold_part_of_
         assert f"holds only part of {REPO} at commit {commit} (tokenizer.json; no config.json and no " in line
         assert "not a transformers model" not in line
         assert "the same command, HF_HUB_OFFLINE unset" in line
-        assert f"`hf download {REPO} --revision {commit}`" in line  # that commit, not main (R25g 3)
+        assert f"`hf download {REPO} --revision {commit} {ONLY}`" in line  # that commit, not main (R25g 3)
 
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
         assert locate_base(REPO).identity == f"{REPO}@{commit}"  # with network: the rest is fetched
@@ -1889,7 +1895,7 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
             f"holds only part of {REPO} at commit {commit} ({held}; no tokenizer.json): a snapshot " in line
         )
         assert "cannot show the repository has none" in line, line
-        assert f"`hf download {REPO} --revision {commit}`" in line, line
+        assert f"`hf download {REPO} --revision {commit} {ONLY}`" in line, line
 
         # A commit without tokenizer.json: fetched with network (the hub lists the files), then offline
         # from the cache, which recorded the listing; or only the files from_pretrained asks for, the
@@ -1938,7 +1944,7 @@ def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_c
         f"at commit {commit} (tokenizer.json; no config.json and no weights and no tokenizer_config.json and "
         "no special_tokens_map.json and no generation_config.json)"
     ) in line, line
-    assert f"`hf download {REPO} --revision {commit}`" in line, line
+    assert f"`hf download {REPO} --revision {commit} {ONLY}`" in line, line
 
     with HubServer() as hub:
         hub.add_repo(REPO, files, repo_type="model")
@@ -1999,7 +2005,7 @@ def test_a_cached_base_without_a_file_the_run_keeps_is_refused_unless_the_hub_sa
             "no tokenizer_config.json and no generation_config.json): a snapshot read from the cache cannot "
             "show the repository has none, and the run keeps the base's own (its export ships them): "
         ) in line, line
-        assert f"`hf download {REPO} --revision {commit}`" in line, line
+        assert f"`hf download {REPO} --revision {commit} {ONLY}`" in line, line
 
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # with network: fetched, then offline
         snapshot = locate_base(REPO).directory
@@ -2025,7 +2031,7 @@ def test_a_cached_listing_naming_files_the_snapshot_lacks_is_said_to_name_them(t
     assert (
         f"holds only part of it (no generation_config.json, no model.safetensors, no tokenizer.json): "
         f"fetch the base with network (the same command, HF_HUB_OFFLINE unset), or download it elsewhere "
-        f"(`hf download {REPO} --revision {commit}`)"
+        f"(`hf download {REPO} --revision {commit} {ONLY}`)"
     ) in line, line
 
 

@@ -95,6 +95,9 @@ HUB_FILES = [
 ]
 """What a hub base is fetched with (snapshot_download's allow_patterns): never .bin pickles, never
 another format's copy of the weights (original/*.pth)."""
+DOWNLOAD_ONLY = "--include '*.json' --include '*.safetensors'"
+"""The same for the `hf download` an advice names: a plain one fetches the whole repository, a
+Llama's original/*.pth too (16 GB more for an 8B: review RV60d 5)."""
 
 # The hub's repository names: letters, digits, '-', '_', '.'; a revision is a branch (which may
 # hold '/'), a tag or a commit.
@@ -392,7 +395,7 @@ def _elsewhere(repo: str, pin: str | None, settable: bool) -> str:
     """A base downloaded on another machine, brought here: a run names its directory; export, which
     takes no settings, reads the run's recorded hub id from a hub cache (it advised "set
     model.init_from": trial RV57d F4)."""
-    get = f"hf download {repo}" + (f" --revision {pin}" if pin else "")
+    get = f"hf download {repo}" + (f" --revision {pin}" if pin else "") + f" {DOWNLOAD_ONLY}"
     if settable:
         return f"download it elsewhere (`{get}`) and set model.init_from to that directory"
     return (
