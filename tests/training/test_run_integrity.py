@@ -1208,3 +1208,72 @@ def test_a_resume_without_data_plan_json_falls_back_past_a_damaged_newest_checkp
     train(load_train_config(TINY, overrides(dataset, run, 'checkpoint.resume="auto"')), out=out)
     assert "resumed at step 4" in out.getvalue(), out.getvalue()
     assert losses(run)[-1] == losses(whole)[-1]
+
+
+def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_export_kept(
+    dataset, tmp_path, capsys
+):
+    """Trial RV60c 1-3, 9. Another run's checkpoint put among the run's, or a save of the step a later
+    one replaced put back under its name, was verified, exported and resumed from as the run's, exit
+    0; a COMPLETE damaged (or such a checkpoint) made verify call the run's intact export another's,
+    and `export` replaced it with the wrong weights or set it aside and failed; a .metadata deleted
+    under a COMPLETE was "incomplete", no damage. RUN/checkpoints.jsonl's run id, in every COMPLETE,
+    and its lines tell them; the exports are judged by the record where the checkpoint is not the
+    run's."""
+    from training.checkpoint.io import newest_verified
+
+    def run(name: str, *extra: str) -> Path:
+        sets = overrides(dataset, tmp_path / name, "run.max_steps=4", "checkpoint.interval=2",
+                         "checkpoint.export_interval=2", *extra)  # fmt: skip
+        train(load_train_config(TINY, sets), out=io.StringIO())
+        return tmp_path / name
+
+    def verified(path: Path) -> tuple[int, str]:
+        capsys.readouterr()
+        rc = gristmill(["verify", str(path)])
+        return rc, " ".join(capsys.readouterr().out.split())
+
+    a, b = run("a"), run("b", "optim.lr=0.002")
+    exported = {p.name: p.read_bytes() for p in export_dir(a, 4).iterdir()}
+    # another run's step 4 in place of the run's
+    checkpoint_dir(a, 4).rename(tmp_path / "a4")
+    shutil.copytree(checkpoint_dir(b, 4), checkpoint_dir(a, 4))
+    rc, out = verified(a)
+    assert rc == 1 and "step-000004 is another run's checkpoint (its COMPLETE names run" in out, out
+    assert re.search(r"export 4 ok", out), out  # the run's own export of it, intact
+    assert export_checkpoint(a, 4) == export_dir(a, 4)  # kept, not replaced by the other run's weights
+    assert {p.name: p.read_bytes() for p in export_dir(a, 4).iterdir()} == exported
+    assert newest_verified(a)[0] == checkpoint_dir(a, 2)  # --resume auto passes over it
+    shutil.rmtree(export_dir(a, 4))
+    with pytest.raises(ExportError, match="another run's checkpoint"):
+        export_checkpoint(a, 4)
+    # a damaged COMPLETE: the checkpoint is damaged, its step's export is the run's as recorded
+    shutil.rmtree(checkpoint_dir(a, 4))
+    complete = checkpoint_dir(a, 2) / COMPLETE_FILE
+    kept = complete.read_bytes()
+    complete.write_bytes(kept.replace(b'"tokens": ', b'"tokens": 1', 1))
+    rc, out = verified(a)
+    assert rc == 1 and "step-000002/COMPLETE does not hash" in out and re.search(r"export 2 ok", out), out
+    two = {p.name: p.read_bytes() for p in export_dir(a, 2).iterdir()}
+    assert export_checkpoint(a, 2) == export_dir(a, 2)
+    assert {p.name: p.read_bytes() for p in export_dir(a, 2).iterdir()} == two and not list(
+        (a / "exports").glob("abandoned-*")
+    )
+    complete.write_bytes(kept)
+    # a .metadata deleted under its COMPLETE: damage, named
+    metadata = (checkpoint_dir(a, 2) / DCP_METADATA).read_bytes()
+    (checkpoint_dir(a, 2) / DCP_METADATA).unlink()
+    rc, out = verified(a)
+    assert rc == 1 and re.search(r"checkpoint 2 DAMAGED", out) and ".metadata: missing" in out, out
+    (checkpoint_dir(a, 2) / DCP_METADATA).write_bytes(metadata)
+    # a save of step 4 that a later one replaced, put back under its name
+    (tmp_path / "a4").rename(checkpoint_dir(a, 4))
+    run("a", f"checkpoint.resume={json.dumps(str(checkpoint_dir(a, 2)))}")
+    assert verified(a)[0] == 0
+    left = a / "checkpoints" / "abandoned-step-000004"
+    assert left.is_dir()
+    checkpoint_dir(a, 4).rename(tmp_path / "current")
+    left.rename(checkpoint_dir(a, 4))
+    rc, out = verified(a)
+    assert rc == 1 and "step-000004 is a save of step 4 that a later one replaced" in out, out
+    assert newest_verified(a)[0] == checkpoint_dir(a, 2)

@@ -49,6 +49,7 @@ import resource
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ from training.checkpoint.record import (
     CONFIG_RECORD,
     MODEL_RECORD,
     RESUME_ONLY,
+    RUN_RECORD,
     CheckpointError,
     describe_differences,
     is_resume_only,
@@ -427,6 +429,7 @@ class Checkpointer:
         # rank 0: (step, COMPLETE sha256) of saves whose line of RUN/checkpoints.jsonl could not be
         # written yet; written first at the next save's (_record_saved)
         self._unrecorded: list[tuple[int, str]] = []
+        self.run_id: str | None = None  # RUN/checkpoints.jsonl's run id (open_ledger), in each COMPLETE
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
@@ -572,9 +575,12 @@ class Checkpointer:
             self.log(f"note: {path} is an earlier run's in this directory; moved it to {kept.name}")
         if not path.exists():
             try:
-                record_began(self.run_dir, step or 0)
+                record_began(self.run_dir, step or 0, uuid.uuid4().hex)
             except OSError as e:
                 self.log(f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e})")
+        # what each save records of the run (RUN_RECORD): the record's own, none where it has none (a
+        # record from before the id, or none written): a save can then never name another record's run
+        self.run_id = read_ledger(self.run_dir).run
 
     def _record_saved(self, step: int) -> None:
         """RUN/checkpoints.jsonl's line of complete checkpoint `step`, unless its last line of the step
@@ -1092,6 +1098,7 @@ class Checkpointer:
                     **({RESUME_ONLY: True} if resume_only else {}),
                     **({MODEL_RECORD: self.model_config} if self.model_config is not None else {}),
                     **({BASE_RECORD: base} if (base := base_record_sha256(self.run_dir)) else {}),
+                    **({RUN_RECORD: self.run_id} if self.run_id is not None else {}),
                     "files": files,
                 },
             )

@@ -73,6 +73,7 @@ from training.checkpoint.io import (
     missing_step_reason,
     newest_verified,
     nonfinite_tensor,
+    not_the_run_s_save,
     untrained_reason,
     verify_checkpoint,
 )
@@ -1395,7 +1396,7 @@ def export_checkpoint(
     if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved
         _check_export_step(run_export, step, merged)
     if run_export.is_dir() and of_another_checkpoint(run_export, ckpt):
-        if checkpoint_identity(ckpt) is None:  # nothing to export the run's from: said, left as it is
+        if _run_s_identity(ckpt) is None:  # nothing to export the run's from: said, left as it is
             raise ExportError(f"{run_export} was {not_the_run_s(run_dir, step, merged)}")
         # Exported from a step N a resume or a rewind set aside while the export ran (review R15c F2):
         # another timeline's weights, set aside as that timeline's are; exported again below.
@@ -1508,6 +1509,19 @@ def _recorded_identity(export: Path) -> str | None:
         return None
 
 
+def _run_s_identity(ckpt: Path) -> str | None:
+    """The COMPLETE sha256 of checkpoint `ckpt` where it is the run's save of its step: its record
+    reads (not damaged) and names no other run or timeline (io.not_the_run_s_save). None otherwise,
+    and the run's exports are then judged by RUN/checkpoints.jsonl: the checkpoint's own identity made
+    verify call the run's intact export another's, and `export` replaced it with the wrong weights or
+    set it aside and failed (trial RV60c 2, 3)."""
+    try:
+        record = read_complete_record(ckpt)
+    except CheckpointError:
+        return None
+    return None if not_the_run_s_save(ckpt, record) else checkpoint_identity(ckpt)
+
+
 def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     """Whether export `export` records another checkpoint than `ckpt`'s complete one: an export of a
     step N since set aside, or of another run's step N. A checkpoint gone (retention keeps exports)
@@ -1517,7 +1531,7 @@ def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     if recorded is None:
         return False
     ledger, step = read_ledger(ckpt.parent.parent), step_of(ckpt)
-    now = checkpoint_identity(ckpt) or ledger.last(step)
+    now = _run_s_identity(ckpt) or ledger.last(step)
     # no checkpoint of the step recorded: where the record holds every save, none of this run's (RV58b F1)
     return recorded != now if now is not None else ledger.by_none(step, recorded)
 
@@ -1526,7 +1540,7 @@ def not_the_run_s(run_dir: Path, step: int, merged: bool) -> str:
     """What an export of step `step` that is not of the run's checkpoint of it is, and what to do:
     verify's detail, and export's refusal where the run's checkpoint is gone."""
     said = f"exported from another checkpoint of step {step} than the run's"
-    if checkpoint_identity(checkpoint_dir(run_dir, step)) is not None:
+    if _run_s_identity(checkpoint_dir(run_dir, step)) is not None:
         again = export_command(run_dir, step, merged)
         return (
             f"{said} (one a resume or a rewind set aside since); `{again}` sets it aside, exports the run's"

@@ -30,11 +30,12 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.record import CheckpointError, is_resume_only, read_complete_record
+from training.checkpoint.record import RUN_RECORD, CheckpointError, is_resume_only, read_complete_record
 from training.contract.errors import GristmillError
-from training.contract.integrity import damaged_files
+from training.contract.integrity import checkpoint_identity, damaged_files, read_ledger
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
+    CHECKPOINTS_JSONL,
     CONFIG_TOML,
     DCP_METADATA,
     EVAL_DIR,
@@ -144,6 +145,8 @@ def verify_checkpoint(path: str | Path) -> str | None:
             f"another step's checkpoint under this name; rename it back to {step_name(record['step'])} "
             "or delete it"
         )
+    if foreign := not_the_run_s_save(path, record):
+        raise CheckpointError(foreign)
     files = record.get("files")
     problems = damaged_files(path, files) if files else []
     if problems:
@@ -154,6 +157,36 @@ def verify_checkpoint(path: str | Path) -> str | None:
         raise CheckpointError(f"{path / DCP_METADATA} is unreadable ({type(e).__name__}: {e})") from None
     if not files:
         return f"note: {path.name} has no checksums in COMPLETE (saved before gristmill recorded them)"
+    return None
+
+
+def not_the_run_s_save(path: Path, record: dict[str, Any]) -> str | None:
+    """Why checkpoint `path` of a run's checkpoints/ (COMPLETE `record`) is not the run's save of its
+    step, by RUN/checkpoints.jsonl, past the step it begins at: another run's (its COMPLETE names
+    another run id), or one a later save of the step replaced (a timeline a resume or a rewind left,
+    put back under the step's name). Either was verified, exported and resumed from as the run's,
+    exit 0 (trial RV60c 1, 2). None: the run's, or nothing to tell by (a copy elsewhere, an older run)."""
+    step = named_step(path)
+    if step is None or path.parent.name != CHECKPOINTS_DIR:
+        return None
+    ledger = read_ledger(path.parent.parent)
+    if ledger.began is None or step <= ledger.began:
+        return None
+    record_file = path.parent.parent / CHECKPOINTS_JSONL
+    run = record.get(RUN_RECORD)
+    if ledger.run is not None and isinstance(run, str) and run != ledger.run:
+        return (
+            f"{path.name} is another run's checkpoint (its COMPLETE names run {run[:12]}…, {record_file} "
+            f"this run, {ledger.run[:12]}…): move it out of {path.parent}; the run's own checkpoint of step "
+            f"{step}, if one is left, is only in a copy"
+        )
+    identity = checkpoint_identity(path)
+    last = ledger.last(step)
+    if last is not None and identity != last and (step, identity) in ledger.saves:
+        return (
+            f"{path.name} is a save of step {step} that a later one replaced ({record_file}: a resume "
+            f"from an earlier step or a rewind left its timeline): move it aside as abandoned-{path.name}"
+        )
     return None
 
 

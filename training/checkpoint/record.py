@@ -67,6 +67,12 @@ before gristmill recorded it. What tells RUN/base/ deleted from a run that never
 then took the dataset's tokens and its step 0 went unchecked (review R22f S1, S2)."""
 
 
+RUN_RECORD = "run"
+"""COMPLETE's key for the run id RUN/checkpoints.jsonl's first line holds (training/contract/integrity.py
+RUN_ID) when the checkpoint was saved; absent where the record has none (older runs). A checkpoint of
+the run's steps past the record's beginning that names another run is another run's (trial RV60c 1)."""
+
+
 def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
     """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads, or None
     (none such, or it records no base: a run from scratch, an older checkpoint)."""

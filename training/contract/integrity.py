@@ -62,15 +62,19 @@ def record_saved(run_dir: Path, step: int, identity: str) -> None:
     _append_line(run_dir, {"step": step, CHECKPOINT_IDENTITY: identity})
 
 
-BEGAN = "began"  # checkpoints.jsonl's first line: {"began": step}
+BEGAN = "began"  # checkpoints.jsonl's first line: {"began": step, "run": RUN_ID}
+RUN_ID = "run"
+"""The began line's key for the record's run id (random), which every save after it also records in
+its COMPLETE (training/checkpoint/record.py RUN_RECORD): another run's checkpoint put among the run's
+was verified, exported and resumed from as the run's (trial RV60c 1)."""
 
 
-def record_began(run_dir: Path, step: int) -> None:
+def record_began(run_dir: Path, step: int, run_id: str) -> None:
     """RUN/checkpoints.jsonl's first line: it records every save after step `step` (0: a fresh run's
     whole timeline; a resume of a run from before the record, or of another run's checkpoint: after
     the step resumed), so an export of a later step that no line records is none of this run's
-    (trial RV58b F1)."""
-    _append_line(run_dir, {BEGAN: step})
+    (trial RV58b F1); and `run_id`, which those saves carry."""
+    _append_line(run_dir, {BEGAN: step, RUN_ID: run_id})
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class Ledger:
 
     began: int | None
     saves: list[tuple[int, str]]
+    run: str | None = None  # the began line's RUN_ID (None: a record from before it)
 
     def last(self, step: int) -> str | None:
         """The COMPLETE sha256 of step `step` as last recorded (a rewind or a resume from an older step
@@ -102,7 +107,7 @@ class Ledger:
 def read_ledger(run_dir: Path) -> Ledger:
     """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
     the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
-    began, saves = None, []
+    began, saves, run = None, [], None
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -114,11 +119,12 @@ def read_ledger(run_dir: Path) -> Ledger:
                     continue
                 if isinstance(row.get(BEGAN), int) and began is None and not saves:
                     began = row[BEGAN]
+                    run = row.get(RUN_ID) if isinstance(row.get(RUN_ID), str) else None
                 elif isinstance(row.get("step"), int) and isinstance(row.get(CHECKPOINT_IDENTITY), str):
                     saves.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except OSError:
         return Ledger(None, [])
-    return Ledger(began, saves)
+    return Ledger(began, saves, run)
 
 
 def exported_with_checksums(export: str | Path) -> bool:

@@ -280,11 +280,14 @@ def list_steps(parent: str | Path, merged: bool = False) -> list[int]:
 def incomplete_reason(path: str | Path) -> str | None:
     """Why `path` is not a complete checkpoint, or None if it is."""
     path = Path(path)
+    # COMPLETE is written after .metadata and deleted first (checkpointer.delete_checkpoint): with it,
+    # a .metadata gone is damage its record names (verify_checkpoint), not a save that did not finish,
+    # passed over without a word (trial RV60c 9)
+    if (path / COMPLETE_FILE).is_file():
+        return None
     if not (path / DCP_METADATA).is_file():
         return "no .metadata (the save did not finish)"
-    if not (path / COMPLETE_FILE).is_file():
-        return "no COMPLETE record (the save or a deletion was interrupted)"
-    return None
+    return "no COMPLETE record (the save or a deletion was interrupted)"
 
 
 def is_complete_checkpoint(path: str | Path) -> bool:
