@@ -61,8 +61,8 @@ from pipelines.config import (
     identity_sha256,
 )
 from pipelines.dataset_lock import dataset_lock
+from pipelines.decontam.filter import check_decontaminate, decontam_filter
 from pipelines.decontam.filter import dataset_entry as decontam_entry
-from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
 from pipelines.decontam.ngram import FILTER_NAME as DECONTAM_FILTER
@@ -306,6 +306,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         raise BuildError(f"shards.seed = {cfg.shards.seed}: the shuffle's seed; set it ≥ 0")
     check_filters(cfg.filters)
     check_dedup_config(cfg.dedup)
+    check_decontaminate(cfg)
     if not 0 < cfg.build.progress_interval < math.inf:  # 0 or nan: a busy loop, a line per turn
         raise BuildError(
             f"build.progress_interval = {cfg.build.progress_interval}: seconds between progress lines; set "

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
-from pipelines.config import DecontaminateConfig
+from pipelines.build_identity import BuildError
+from pipelines.config import DataConfig, DecontaminateConfig
 from pipelines.decontam.ngram import (
     FILTER_NAME,
     MANIFEST_JSON,
@@ -28,6 +29,7 @@ from pipelines.decontam.ngram import (
     tasks_of_detail,
 )
 from pipelines.filters import ExcludedWriter, drop
+from training.contract.config_loader import override_of
 from training.contract.dataset_format import DECONTAM_DIR as INDEX_DIR
 from training.contract.dataset_format import DECONTAM_FILES, EXCLUDED_DIR, decontam_sha256
 
@@ -95,6 +97,24 @@ def check_copy(folder: Path, sha256: str) -> None:
 
 def enabled(cfg: DecontaminateConfig) -> bool:
     return bool(cfg.tasks or cfg.index)
+
+
+def check_decontaminate(cfg: DataConfig) -> None:
+    """[decontaminate] given but with neither tasks nor an index decontaminates nothing: an index of
+    an unset shell variable (`--set decontaminate.index="$IDX"`), or ngram and include_path without
+    tasks, built the dataset undecontaminated, exit 0, without a word (trial RV60b 1)."""
+    d = cfg.decontaminate
+    if enabled(d):
+        return
+    said = [item for key in ("index", "tasks") if (item := override_of(cfg, f"decontaminate.{key}"))]
+    others = [k for k, v in vars(d).items() if v != getattr(DecontaminateConfig(), k)]
+    if said or others:
+        given = said[0] if said else f"decontaminate.{others[0]} = {getattr(d, others[0])!r}"
+        raise BuildError(
+            f"{given}: decontaminate.tasks and decontaminate.index are both empty, so nothing would be "
+            "decontaminated; give the tasks (or an index written by `gristmill data decontam-index`), or "
+            "leave [decontaminate] out"
+        )
 
 
 def decontam_filter(

@@ -437,6 +437,27 @@ def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
         build(with_index(eight, "decontaminate.ngram=8"), **QUIET)
 
 
+def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_path):
+    """Trial RV60b 1: `--set decontaminate.index="$IDX"` of an unset variable, or [decontaminate] with
+    ngram and include_path but no tasks, built the dataset undecontaminated, exit 0, without a word.
+    One line naming what was given; a recipe without [decontaminate] builds as before."""
+    _, _, tasks, config, _ = decontam
+    text = config.read_text()
+    cfg = load_config(DataConfig, config, ["decontaminate.tasks=[]", 'decontaminate.index=""'])
+    with pytest.raises(
+        BuildError, match=r'^decontaminate.index="": decontaminate.tasks and decontaminate.index'
+    ):
+        prepare(cfg, **QUIET)
+    without_tasks = tmp_path / "no-tasks.toml"
+    without_tasks.write_text(text.replace('tasks = ["gm_cloze", "gm_qa"]\n', ""))
+    with pytest.raises(BuildError, match="are both empty, so nothing would be decontaminated") as e:
+        prepare(load_config(DataConfig, without_tasks), **QUIET)
+    assert str(e.value).startswith(f"decontaminate.include_path = {[str(tasks)]!r}:"), str(e.value)
+    without = tmp_path / "without.toml"
+    without.write_text(text[: text.index("[decontaminate]")])
+    assert prepare(load_config(DataConfig, without), **QUIET).decontam is None
+
+
 def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_path):
     """decontam/ (recorded in dataset.json) edited: the advice was "delete dataset.json and rerun",
     which recorded the edited claim and validated (review R14a). Now decontam/ is built again."""
