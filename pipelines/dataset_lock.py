@@ -1,6 +1,7 @@
 """One writer of a local dataset directory at a time: `gristmill data build` (its output),
-`gristmill data index` and `gristmill data convert` (the folder NEW is written in) take the same lock,
-OUTPUT/.build.lock. Two indexes at once removed each
+`gristmill data index`, `gristmill data convert` (the folder NEW is written in) and `gristmill data
+decontam-index` (its --out: two into one folder left one's n-grams beside the other's manifest, trial
+RV60b 2) take the same lock, OUTPUT/.build.lock. Two indexes at once removed each
 other's index.tmp/ (a traceback: review R17e E3); an index beside a build's finalize would derive
 from a manifest being written.
 """
@@ -25,13 +26,14 @@ class DatasetBusyError(GristmillError):
 
 @contextlib.contextmanager
 def dataset_lock(
-    out: Path, what: str, read_only_ok: bool = False, writing: str | None = None
+    out: Path, what: str, read_only_ok: bool = False, writing: str | None = None, key: str = "output"
 ) -> Iterator[None]:
     """Hold `out`'s lock while `what` (e.g. "`gristmill data build`") writes it; refused in one line
     when another process holds it. `read_only_ok`: a directory nothing can write (a read-only mount)
     has no writer to exclude: `what` goes on unlocked (`data index` of an intact index writes nothing).
-    `writing`: what the refusal says is being written, when not `out` (a conversion's NEW)."""
-    f = _open(out, read_only_ok)
+    `writing`: what the refusal says is being written, when not `out` (a conversion's NEW); `key`:
+    the setting that named `out`."""
+    f = _open(out, read_only_ok, key)
     if f is None:
         yield
         return
@@ -44,13 +46,13 @@ def dataset_lock(
             if e.errno not in (errno.EACCES, errno.EAGAIN):
                 raise
             raise DatasetBusyError(
-                f"another `gristmill data build`, `data index` or `data convert` is writing "
-                f"{writing or out}; wait for it to finish, then run {what} again"
+                "another `gristmill data build`, `data index`, `data convert` or `data decontam-index` is "
+                f"writing {writing or out}; wait for it to finish, then run {what} again"
             ) from None
         yield
 
 
-def _open(out: Path, read_only_ok: bool) -> IO[str] | None:
+def _open(out: Path, read_only_ok: bool, key: str) -> IO[str] | None:
     """The lock file, opened (and `out` made); None for a read-only directory when `read_only_ok`."""
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def _open(out: Path, read_only_ok: bool) -> IO[str] | None:
     except (FileExistsError, NotADirectoryError):
         parent = next(p for p in (out, *out.parents) if p.exists())
         raise DatasetBusyError(
-            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
+            f"{key} {out} cannot be a directory: {parent} is a file; set `{key}` to a directory path"
         ) from None
     except OSError as e:
         if read_only_ok and out.is_dir() and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

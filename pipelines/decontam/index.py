@@ -42,6 +42,7 @@ import numpy as np
 
 from pipelines.build_identity import BuildError
 from pipelines.config import DecontaminateConfig
+from pipelines.dataset_lock import dataset_lock
 from pipelines.decontam.filter import INDEX_DIR, check_copy, enabled
 from pipelines.decontam.ngram import (
     HASHES_NPY,
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
+    with dataset_lock(Path(args.out), "this command", key="--out"):
+        manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
     print(summary(manifest, Path(args.out)))
     return 0
 

@@ -565,7 +565,10 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
     shutil.copytree(built_dataset, root)
     with held_elsewhere(root / ".build.lock"):
         assert main(["data", "index", str(root)]) == 2
-        busy = f"another `gristmill data build`, `data index` or `data convert` is writing {root}"
+        busy = (
+            "another `gristmill data build`, `data index`, `data convert` or `data decontam-index` is "
+            f"writing {root}"
+        )
         assert busy in capsys.readouterr().err
     assert main(["data", "index", str(root)]) == 0
     info = read_dataset_info(root)

@@ -545,8 +545,8 @@ def test_a_second_conversion_into_the_same_new_is_refused(v2, tmp_path, capsys):
         new = tmp_path / "new"
         assert gristmill(["data", "convert", str(v2), str(new)]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [
-            f"error: another `gristmill data build`, `data index` or `data convert` is writing {new}; wait "
-            f"for it to finish, then run `gristmill data convert {v2} {new}` again"
+            "error: another `gristmill data build`, `data index`, `data convert` or `data decontam-index` is "
+            f"writing {new}; wait for it to finish, then run `gristmill data convert {v2} {new}` again"
         ]
         assert (work / "theirs").is_file() and not new.exists()
     # once it is gone (killed: its folder left), the next conversion takes the folder over

@@ -297,6 +297,19 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
     assert capsys.readouterr().err.strip() == (
         f"error: --out {out} holds dataset.json: a dataset; give the index a directory of its own"
     )
+    # one writer of a folder at a time: two into one left one's n-grams beside the other's manifest,
+    # which verified (trial RV60b 2); a file for a folder is one line, no traceback (RV60b 6)
+    from tests.helpers.lock_holder import held_elsewhere
+
+    with held_elsewhere(index / ".build.lock"):
+        assert main([*argv, "--out", str(index)]) == 2
+        assert f"`data decontam-index` is writing {index}; wait for it to finish" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert main([*argv, "--out", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out {tmp_path / 'a-file'} cannot be a directory: {tmp_path / 'a-file'} is a file; set "
+        "`--out` to a directory path"
+    )
     manifest = read_manifest(index, verify=True)
     assert manifest["sha256"] == read_manifest(out / "decontam")["sha256"]  # task order does not matter
     # gm_qa indexes its question only (its own doc_to_decontamination_query), gm_cloze every text
