@@ -263,18 +263,26 @@ def _remove_unlisted(dest: Path, root: str, subset: str, pattern: str, files: li
     record = _Record(dest / RECORD)
     listed = {f.path for f in files}
     prefix = f"{subset.strip('/')}/" if subset.strip("/") else ""
-    stale = [
-        rel
-        for rel, rec in sorted(record.data["files"].items())
-        if rec.get("source") == source_of(root)
-        and rel.startswith(prefix)
-        and fnmatch(rel.rsplit("/", 1)[-1], pattern)
-        and rel not in listed
-    ]
+
+    def gone(rel: str, source: str | None) -> bool:
+        return (
+            source == source_of(root)
+            and rel.startswith(prefix)
+            and fnmatch(rel.rsplit("/", 1)[-1], pattern)
+            and rel not in listed
+        )
+
+    stale = [rel for rel, rec in sorted(record.data["files"].items()) if gone(rel, rec.get("source"))]
     for rel in stale:
         (dest / rel).unlink(missing_ok=True)
         record.drop(rel)
-    return stale
+    # A transfer cut short of a file the listing no longer has: its .part stopped every build, whose
+    # advice (this download again) passed it by, "already complete" (trial RV60b 4)
+    parts = [rel for rel, source in sorted(record.data.get("part_sources", {}).items()) if gone(rel, source)]
+    for rel in parts:
+        (dest / (rel + PART)).unlink(missing_ok=True)
+        record.drop_part(rel)
+    return stale + [rel + PART for rel in parts]
 
 
 def fetch_files(
@@ -313,7 +321,7 @@ def fetch_files(
         # to: fetched whole (a damaged .part continued was recorded as the file, review RV54a 2)
         if f.version != record.part_version(f.path) or f.sha256 is None:
             part.unlink(missing_ok=True)
-            record.start_part(f.path, f.version)
+            record.start_part(f.path, f.version, source_of(root))
         fetched, resumed = _fetch_one(fs, root, f, final, bar)
         digest = _sha256(final.with_name(final.name + PART))
         if f.sha256 and digest != f.sha256 and resumed:
@@ -424,15 +432,23 @@ class _Record:
         with self.lock:
             self.data["files"][rel] = {"size": size, "sha256": sha256, "source": source, "version": version}
             self.data.get("parts", {}).pop(rel, None)
+            self.data.get("part_sources", {}).pop(rel, None)
             self._write()
 
     def part_version(self, rel: str) -> str | None:
         """The version of the content REL's `.part` holds the start of (RemoteFile.version)."""
         return self.data.get("parts", {}).get(rel)
 
-    def start_part(self, rel: str, version: str | None) -> None:
+    def start_part(self, rel: str, version: str | None, source: str) -> None:
         with self.lock:
             self.data.setdefault("parts", {})[rel] = version
+            self.data.setdefault("part_sources", {})[rel] = source
+            self._write()
+
+    def drop_part(self, rel: str) -> None:
+        with self.lock:
+            self.data.get("parts", {}).pop(rel, None)
+            self.data.get("part_sources", {}).pop(rel, None)
             self._write()
 
     def _write(self) -> None:

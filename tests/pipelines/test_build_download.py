@@ -85,6 +85,16 @@ def test_download_resume_and_skip(remote, tmp_path):
     (other / "sample" / "10BT" / "part-0.parquet").write_bytes(b"another dataset")
     assert download(str(other), "sample/10BT", dest, progress=False).removed == []
     assert (dest / files[0]).is_file() and (dest / "sample" / "10BT" / "part-0.parquet").is_file()
+    # A transfer cut short of a file the subset then lost upstream: its .part stopped every build,
+    # whose advice (this download again) said "already complete" and left it (trial RV60b 4). Removed,
+    # as the file would be; another source's download leaves it
+    cut_short(remote, str(files[2]), dest, 1000)
+    (dest / files[2]).unlink()
+    (remote / files[2]).unlink()
+    assert download(str(other), "sample/10BT", dest, progress=False).removed == []
+    assert (dest / (str(files[2]) + PART)).is_file()
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert rep.removed == [str(files[2]), str(files[2]) + PART] and not list(dest.rglob("*" + PART)), rep
 
 
 def cut_short(remote, rel: str, dest, keep: int) -> None:
