@@ -78,7 +78,17 @@ def written_path(cfg: DataConfig, out: str | Path | None) -> Path:
             "training writes a local file: pass --out DIR (or set tokenizer.path to a local path) for it"
         )
     path = Path(out or cfg.tokenizer.path).expanduser()
-    return path if path.suffix == ".json" else path / "tokenizer.json"
+    path = path if path.suffix == ".json" else path / "tokenizer.json"
+    # A model's folder (a base's config.json, or its SentencePiece tokenizer.model, which the build
+    # refuses to read in place of a tokenizer.json): one trained there passed for the base's own with
+    # every later build and run (trial RV60b 5)
+    held = [name for name in ("config.json", "tokenizer.model") if (path.parent / name).is_file()]
+    if held:
+        raise TokenizerError(
+            f"{path.parent} holds a model ({held[0]}): a tokenizer trained into it would pass for that "
+            "model's own; write it into a folder of its own (tokenizer.path, or --out)"
+        )
+    return path
 
 
 def train_tokenizer(
