@@ -147,21 +147,18 @@ def test_training_never_writes_into_a_model_s_folder(build_fixture, tmp_path, ca
     """Trial RV60b 5: `tokenizer train` into a base model's folder (its config.json, or a SentencePiece
     tokenizer.model the build refuses to read) wrote a new tokenizer.json there, which later builds
     and runs took for the base's own. One line, nothing written; a folder of its own trains."""
-    from pipelines.cli import main
-
     _, _, config = build_fixture
     for held in ("config.json", "tokenizer.model"):
         model = tmp_path / held.replace(".", "-")
         model.mkdir()
         (model / held).write_text("{}")
+        said = (
+            f"error: {model} holds a model ({held}): a tokenizer trained into it would pass for that "
+            "model's own; write it into a folder of its own (tokenizer.path, or --out)"
+        )
         for out in (model, model / "tokenizer.json"):
-            capsys.readouterr()
-            assert main(["tokenizer", "train", "--config", str(config), "--out", str(out)]) == 2
-            err = capsys.readouterr().err.strip()
-            assert err == (
-                f"error: {model} holds a model ({held}): a tokenizer trained into it would pass for that "
-                "model's own; write it into a folder of its own (tokenizer.path, or --out)"
-            ), err
+            argv = ["tokenizer", "train", "--config", str(config), "--out", str(out)]
+            assert one_error(capsys, argv) == said
         assert sorted(p.name for p in model.iterdir()) == [held]
 
 

@@ -167,7 +167,9 @@ def not_the_run_s_save(path: Path, record: dict[str, Any]) -> str | None:
     put back under the step's name). Either was verified, exported and resumed from as the run's,
     exit 0 (trial RV60c 1, 2). None: the run's, or nothing to tell by (a copy elsewhere, an older run)."""
     step = named_step(path)
-    if step is None or path.parent.name != CHECKPOINTS_DIR:
+    # only what the run's steps are read from: an abandoned- copy is a set-aside save by its name, and
+    # resumed from into another directory continues its own timeline there
+    if step is None or path.name != step_name(step) or path.parent.name != CHECKPOINTS_DIR:
         return None
     ledger = read_ledger(path.parent.parent)
     if ledger.began is None or step <= ledger.began:
