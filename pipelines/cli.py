@@ -11,6 +11,7 @@ torch, datatrove, duckdb or lm-eval import, and shows every command even where a
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import io
 import os
@@ -135,8 +136,35 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush stays quiet
                 return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader
+            except OSError as e:
+                if (said := _path_error(e)) is None:
+                    raise
+                return print_error(said)
     print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if not argv or argv[0] in ("-h", "--help") else 2
+
+
+# What a path a user gave can be that no command's own check caught: one line naming it, not a traceback
+# (an unwritable --out, a file where a folder goes: trial RV60b 6)
+_PATH_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.EEXIST,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ENOSPC,
+}
+
+
+def _path_error(e: OSError) -> GristmillError | None:
+    """The one line of an OSError about a path the user gave, or None for any other (a bug's: raised)."""
+    if e.filename is None or e.errno not in _PATH_ERRNOS:
+        return None
+    return GristmillError(
+        f"{e.filename}: {e.strerror or e}; fix that path (its permissions, free space, a file where a folder "
+        "goes) or give the command another"
+    )
 
 
 def entry() -> None:

@@ -143,7 +143,9 @@ def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
     assert hub_name_shadowed("org/name@v1") and not hub_name_shadowed("org/name@v2")
 
 
-def test_training_never_writes_into_a_model_s_folder(build_fixture, tmp_path, capsys):
+def test_training_never_writes_into_a_model_s_folder_and_a_file_for_a_folder_is_one_line(
+    build_fixture, tmp_path, capsys
+):
     """Trial RV60b 5: `tokenizer train` into a base model's folder (its config.json, or a SentencePiece
     tokenizer.model the build refuses to read) wrote a new tokenizer.json there, which later builds
     and runs took for the base's own. One line, nothing written; a folder of its own trains."""
@@ -160,6 +162,10 @@ def test_training_never_writes_into_a_model_s_folder(build_fixture, tmp_path, ca
             argv = ["tokenizer", "train", "--config", str(config), "--out", str(out)]
             assert one_error(capsys, argv) == said
         assert sorted(p.name for p in model.iterdir()) == [held]
+    # a file where the folder goes: one line naming it, not FileExistsError's traceback (trial RV60b 6)
+    (tmp_path / "a-file").write_text("")
+    argv = ["tokenizer", "train", "--config", str(config), "--out", str(tmp_path / "a-file")]
+    assert one_error(capsys, argv).startswith(f"error: {tmp_path / 'a-file'}: File exists; fix that path")
 
 
 def test_a_tokenizer_path_under_home_is_one_file_to_training_and_reading(
