@@ -518,6 +518,14 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     capsys.readouterr()
     assert gristmill(["verify", str(run)]) == 0
     assert "base" not in capsys.readouterr().out.split()
+    # another step's COMPLETE alone copied in: its files are not the record's, damage; renaming the
+    # step's own files away, or deleting them, was the advice (trial RV60c 10)
+    kept = (checkpoint_dir(run, 4) / COMPLETE_FILE).read_bytes()
+    shutil.copy(checkpoint_dir(run, 2) / COMPLETE_FILE, checkpoint_dir(run, 4) / COMPLETE_FILE)
+    assert gristmill(["verify", str(run)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step-000004 is damaged" in out and "rename it back" not in out, out
+    (checkpoint_dir(run, 4) / COMPLETE_FILE).write_bytes(kept)
 
 
 def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path, capsys, monkeypatch):

@@ -136,6 +136,12 @@ def verify_checkpoint(path: str | Path) -> str | None:
     checksums (written before gristmill recorded them), else None."""
     path = Path(path)
     record = read_complete_record(path)
+    # its files first: another step's COMPLETE alone copied in (its files not the record's) is damage,
+    # whose advice was to rename the step's own files away or delete them (trial RV60c 10)
+    files = record.get("files")
+    problems = damaged_files(path, files) if files else []
+    if problems:
+        raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
     named = named_step(path)  # None: a copy under a name of the user's
     if named is not None and isinstance(record.get("step"), int) and record["step"] != named:
         # another step's checkpoint under this name (renamed, copied over): its weights were exported
@@ -147,10 +153,6 @@ def verify_checkpoint(path: str | Path) -> str | None:
         )
     if foreign := not_the_run_s_save(path, record):
         raise CheckpointError(foreign)
-    files = record.get("files")
-    problems = damaged_files(path, files) if files else []
-    if problems:
-        raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
     try:  # without checksums (or a .metadata that was never valid): one line, not DCP's tracebacks
         SafeFileSystemReader(str(path)).read_metadata()
     except Exception as e:
