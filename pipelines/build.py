@@ -333,7 +333,8 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     if tok_pin is not None and tok_pin != cfg.tokenizer.path:
         log(f"reading tokenizer {tok_pin}, the commit this build started from")
     tok_bytes, encoder, tok_pin = resolve_tokenizer(cfg, source, log, tok_pin)
-    decontam = stage_index(cfg.decontaminate, log)  # last: it may read the tasks' data (lm-eval)
+    # last: it may read the tasks' data (lm-eval)
+    decontam = stage_index(cfg.decontaminate, log, None if is_url(cfg.output) else out / DECONTAM_DIR)
     identity = content_identity(
         cfg, hashlib.sha256(tok_bytes).hexdigest(), source.identity(), decontam and decontam.identity()
     )

@@ -292,15 +292,21 @@ class StagedIndex:
         return {"index_sha256": m["sha256"], "ngram": m["ngram"], "tasks": [t["name"] for t in m["tasks"]]}
 
 
-def stage_index(cfg: DecontaminateConfig, log=print) -> StagedIndex | None:
+def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -> StagedIndex | None:
     """The index `cfg` asks for: built now from `tasks` (build_index) or the
-    prebuilt `index`, checked against `tasks` and `ngram`. None without [decontaminate]."""
+    prebuilt `index`, checked against `tasks` and `ngram`. None without [decontaminate]. `kept`: the
+    output's copy of the index it was built with (OUTPUT/decontam/), read where `index` is gone: a
+    finished dataset was refused, its index "does not exist", though the copy verifies (trial RV60b 7);
+    a copy of another index is then another config, which the build refuses as any."""
     if not enabled(cfg):
         return None
     if cfg.ngram < 1:
         raise BuildError(f"decontaminate.ngram = {cfg.ngram}: an n-gram has at least one word (13 is usual)")
     if cfg.index:
         folder = Path(cfg.index).expanduser().resolve()
+        if not folder.exists() and kept is not None and (kept / MANIFEST_JSON).is_file():
+            log(f"note: decontaminate.index {folder} is gone; reading the copy the output keeps, {kept}")
+            folder = kept
         manifest = read_manifest(folder, verify=True)
         if manifest["ngram"] != cfg.ngram:
             raise BuildError(

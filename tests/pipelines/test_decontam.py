@@ -471,6 +471,24 @@ def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_
     assert prepare(load_config(DataConfig, without), **QUIET).decontam is None
 
 
+def test_a_finished_dataset_whose_prebuilt_index_is_gone_reads_the_copy_it_keeps(decontam, tmp_path):
+    """Trial RV60b 7: the index folder `index = DIR` named, deleted after the build (a temporary
+    folder), made the rerun of the finished dataset fail ("does not exist; build one"), though
+    OUTPUT/decontam/ holds the verified copy it was built with. The rerun reads that copy, said."""
+    _, out, _, config, _ = decontam
+    index, dataset = tmp_path / "index", tmp_path / "dataset"
+    shutil.copytree(out / "decontam", index)
+    sets = [f"decontaminate.index={json.dumps(str(index))}", f"output={json.dumps(str(dataset))}"]
+    assert build(load_config(DataConfig, config, sets), **QUIET).ok
+    files = {p: p.read_bytes() for p in sorted(dataset.rglob("*")) if p.is_file() and "logs" not in p.parts}
+    shutil.rmtree(index)
+    said = []
+    result = build(load_config(DataConfig, config, sets), log=said.append)
+    assert result.ok, result.report
+    assert f"note: decontaminate.index {index} is gone; reading the copy the output keeps" in "\n".join(said)
+    assert {p: p.read_bytes() for p in files} == files
+
+
 def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_path):
     """decontam/ (recorded in dataset.json) edited: the advice was "delete dataset.json and rerun",
     which recorded the edited claim and validated (review R14a). Now decontam/ is built again."""
