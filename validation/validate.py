@@ -1485,13 +1485,14 @@ def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -
             problems.append(Problem("missing, but dataset.json records the index", f"{DECONTAM_DIR}/{name}"))
             return
     if decontam_sha256(root / DECONTAM_DIR) != want:
-        damaged = "/".join(f"{DECONTAM_DIR}/{n}" for n in DECONTAM_FILES)
+        # the problem's file is the index folder: "decontam/ngrams.npy: decontam/ngrams.npy/decontam/
+        # refs.npy: …" read as one path (trial RV60b 8)
         problems.append(
             Problem(
-                f"{damaged}: sha256 differs from dataset.json decontaminate.index_sha256 {want[:16]}… "
-                "(altered or cut off); rerun `gristmill data build --config CONFIG` with the dataset's "
-                "recipe: it copies the index again",
-                f"{DECONTAM_DIR}/{DECONTAM_FILES[0]}",
+                f"{' and '.join(DECONTAM_FILES)} together: sha256 differs from dataset.json "
+                f"decontaminate.index_sha256 {want[:16]}… (altered or cut off); rerun `gristmill data build "
+                "--config CONFIG` with the dataset's recipe: it copies the index again",
+                DECONTAM_DIR,
             )
         )
 
