@@ -106,11 +106,7 @@ def upload_dataset(
     refuse_nested(target)
     before = COUNTS.snapshot()
     committed = _refuse_other_dataset(store, info)
-    for key, upload_id in store.multipart_uploads():
-        store.abort_upload(key, upload_id)
-        log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
     files = dataset_files(info)
-    hashed, summed = _documents_sum(root, info, in_bucket)
     there = store.list()
     strays = sorted(
         rel for rel in set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(rel)
@@ -120,6 +116,14 @@ def upload_dataset(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"
         )
+    # After the refusals, and of this dataset's own objects only: an upload into a parent prefix, or the
+    # bucket's root, aborted every unfinished multipart upload under it (another dataset's, anyone's),
+    # then refused (trial RV60a 2)
+    for key, upload_id in store.multipart_uploads():
+        if key.removeprefix(target.key("")) in files:
+            store.abort_upload(key, upload_id)
+            log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
+    hashed, summed = _documents_sum(root, info, in_bucket)
 
     def needed(rel: str) -> bool:
         spec, path = files[rel], root / rel

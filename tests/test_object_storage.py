@@ -562,16 +562,27 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
     # then failed validation (review R17e F6)
     stray = f"{url.split('/', 3)[3]}/shards/99999_00000.tar"
     s3.client.put_object(Bucket=BUCKET, Key=stray, Body=b"another dataset's shard")
+    # an unfinished multipart upload under the prefix that is not this dataset's (a dataset inside it,
+    # anyone's) was aborted before the refusal (trial RV60a 2): it stays
+    theirs = f"{url.split('/', 3)[3]}/inner/index/doc_sha256.bin"
+    s3.client.create_multipart_upload(Bucket=BUCKET, Key=theirs)
     try:
         with pytest.raises(
             DatasetError, match=r"object\(s\) that are not this dataset's \(e\.g\. shards/99999"
         ):
             upload_dataset(local, url, log=lambda *a: None)
+        s3.client.delete_object(Bucket=BUCKET, Key=stray)
+        upload_dataset(local, url, log=lambda *a: None)
+        uploads = s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads") or []
+        assert [u["Key"] for u in uploads] == [theirs]
+        for u in uploads:
+            s3.client.abort_multipart_upload(Bucket=BUCKET, Key=u["Key"], UploadId=u["UploadId"])
     finally:
         s3.client.delete_object(Bucket=BUCKET, Key=stray)
     # another upload into the prefix that commits while this one runs (here when this one aborts a
     # multipart upload left there): both exited 0, one's dataset.json over the other's objects (R17e F1)
-    s3.client.create_multipart_upload(Bucket=BUCKET, Key="race/leftover")
+    own = min(dataset_files(read_dataset_info(local)))  # an object of its own: aborted (of no other)
+    s3.client.create_multipart_upload(Bucket=BUCKET, Key=f"race/{own}")
 
     def meanwhile(line: str) -> None:
         if line.startswith("aborted"):
@@ -2803,7 +2814,8 @@ def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_ba
     assert not any(key.startswith("logs/logs/") for key in s3.keys("unrecorded-converted"))
     # another upload committing into NEW meanwhile: the refusal advised `gristmill data upload` of the
     # conversion's work folder, removed by then (review RV55d 6); it names the conversion to rerun
-    s3.client.create_multipart_upload(Bucket=BUCKET, Key="raced/leftover")
+    own = min(dataset_files(read_dataset_info(old)))  # an object of its own: aborted (of no other)
+    s3.client.create_multipart_upload(Bucket=BUCKET, Key=f"raced/{own}")
     raced = s3.url("raced")
 
     def meanwhile(line: str) -> None:
