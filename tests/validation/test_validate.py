@@ -651,11 +651,13 @@ def test_a_vocab_size_other_than_the_tokenizer_s_is_a_problem(built_dataset, tmp
     ]
 
 
-def test_a_vocab_size_below_the_tokenizer_s_is_refused_by_the_loader_too(built_dataset, tmp_path):
+def test_a_vocab_size_other_than_the_tokenizer_s_is_refused_by_the_loader_too(built_dataset, tmp_path):
     """Training sized its model from dataset.json and read the ids without a word (only `data validate`
     held vocab_size to the tokenizer): a dataset whose ids may be wrapped (its vocab_size below its
     tokenizer's ids) trained, and its export failed in transformers. The loader refuses it at the
-    open, in one line naming both; a vocab_size above them costs unused rows, not wrong ids."""
+    open, in one line naming both. So is one above what the tokenizer can have (its model's ids and
+    one more per added token): the run trained a larger model than the dataset's, exit 0 (trial
+    RV60a 1)."""
     from training.contract.dataset_format import DatasetError
     from training.data.loader import dataset_loader
 
@@ -668,6 +670,10 @@ def test_a_vocab_size_below_the_tokenizer_s_is_refused_by_the_loader_too(built_d
     with pytest.raises(DatasetError, match=says):
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
     (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real + 1000}))
+    says = rf"says vocab_size = {real + 1000}, but .*tokenizer.json has at most \d+ ids: dataset.json was"
+    with pytest.raises(DatasetError, match=says):
+        dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+    (ds / "dataset.json").write_text(json.dumps(info))
     dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
 
 

@@ -323,15 +323,20 @@ def sample_totals(tokens: np.ndarray, shard_rows: np.ndarray) -> np.ndarray:
     return np.add.reduceat(tokens, sample_starts(shard_rows)[:-1]) if len(tokens) else np.zeros(0, np.int64)
 
 
-def tokenizer_model_span(path: str | Path) -> int | None:
-    """The highest id + 1 of a tokenizer.json's model vocabulary (a token → id map, or Unigram's list,
-    ids by position), read as plain JSON (training needs no `tokenizers` library): the least
-    vocab_size a dataset encoded with it may have, since the model's ids are the ones `tokenizers`
-    uses. (Its added tokens are not counted: `tokenizers` may give one another id than its file
-    says.) None for a file that is not such a tokenizer (a synthetic dataset's stand-in)."""
+def tokenizer_model_span(path: str | Path) -> tuple[int, int] | None:
+    """The least and the most vocab_size a dataset encoded with a tokenizer.json may have, read as plain
+    JSON (training needs no `tokenizers` library). The least: the highest id + 1 of its model
+    vocabulary (a token → id map, or Unigram's list, ids by position), the ids `tokenizers` uses. Its
+    added tokens are not counted there (`tokenizers` may give one another id than its file says), but
+    bound the most: each may take a new id past the model's, or the id its file says. (A dataset.json
+    whose vocab_size was edited up trained a larger model than its tokenizer has, exit 0: trial RV60a
+    1.) None for a file that is not such a tokenizer (a synthetic dataset's stand-in)."""
     try:
-        vocab = json.loads(Path(path).read_text())["model"]["vocab"]
-        return (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
+        spec = json.loads(Path(path).read_text())
+        vocab = spec["model"]["vocab"]
+        least = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
+        added = [t["id"] for t in spec.get("added_tokens") or [] if isinstance(t.get("id"), int)]
+        return least, max(least + len(spec.get("added_tokens") or []), max(added, default=-1) + 1)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -57,10 +57,10 @@ from training.data.block_cache import block_source, refuse_legacy
 from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, describe, ensure_checked, local_root, origin
 
-_SPANS: dict[str, int | None] = {}  # tokenizer sha256 → tokenizer_model_span: parsed once per process
+_SPANS: dict[str, tuple[int, int] | None] = {}  # tokenizer sha256 → tokenizer_model_span: parsed once
 
 
-def _model_span(tok: Path, sha256: str) -> int | None:
+def _model_span(tok: Path, sha256: str) -> tuple[int, int] | None:
     if sha256 not in _SPANS:
         _SPANS[sha256] = tokenizer_model_span(tok)
     return _SPANS[sha256]
@@ -125,16 +125,22 @@ class DocumentTable:
         # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens. Checked
         # where the tokenizer is always beside the dataset (a bucket's is fetched only for an export
         # or init_from: checked there, a dataset would be refused only once one had run).
-        floor = (
+        span = (
             _model_span(tok, info["tokenizer_sha256"])
             if origin(self.root) is None and tok.is_file()
             else None
         )
-        if floor is not None and info["vocab_size"] < floor:
+        if span is not None and info["vocab_size"] < span[0]:
             raise DatasetError(
                 f"{where} says vocab_size = {info['vocab_size']}, but {tok}'s vocabulary has ids up to "
-                f"{floor - 1}: the dataset's ids may be wrapped into other tokens; rebuild it (`gristmill "
+                f"{span[0] - 1}: the dataset's ids may be wrapped into other tokens; rebuild it (`gristmill "
                 f"data validate {self.location}` says the same)"
+            )
+        if span is not None and info["vocab_size"] > span[1]:
+            raise DatasetError(
+                f"{where} says vocab_size = {info['vocab_size']}, but {tok} has at most {span[1]} ids: "
+                "dataset.json was edited since the build (the model would be that size); restore it, or "
+                f"rebuild the dataset (`gristmill data validate {self.location}` says which vocab_size)"
             )
         self.dtype = numpy_dtype(info["dtype"])
         self.separator_id = int(info["separator"]["id"])
