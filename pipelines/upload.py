@@ -67,6 +67,7 @@ from training.contract.object_store import (
     ObjectStoreError,
     ObjectURL,
     file_digests,
+    is_url,
 )
 from validation.validate import VALIDATION_JSON  # a bucket's own report: never uploaded
 
@@ -333,6 +334,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.dir):  # read as a local path: "s3:/bkt/t1/dataset.json not found" (trial RV60a 9)
+        raise DatasetError(
+            f"{args.dir} is a bucket's: `gristmill data upload DIR URL` copies a local dataset directory (a "
+            "build's output) into a bucket; give that directory"
+        )
     upload_dataset(args.dir, args.url)
     return 0
 

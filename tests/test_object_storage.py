@@ -1964,6 +1964,9 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     before = (local / DATASET_JSON).read_bytes()
     assert gristmill(["data", "upload", str(local), "s3://no-such-bucket/x"]) == 2
     assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+    # a bucket's URL for DIR: read as the local path "s3:/…/dataset.json" (trial RV60a 9)
+    assert gristmill(["data", "upload", s3.url("a"), s3.url("b")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {s3.url('a')} is a bucket's: `gristmill data upload")
     assert (local / DATASET_JSON).read_bytes() == before
     shard = sorted((local / "shards").iterdir())[0]  # refused for a local file: nor rewritten (RV32b F6)
     shard.rename(tmp_path / shard.name)
