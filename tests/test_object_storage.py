@@ -3307,6 +3307,13 @@ def test_a_held_out_prefix_damaged_in_the_bucket_names_the_object_and_its_repair
         f"twice: the file was damaged or replaced; index a local copy of {url} (`gristmill data index DIR`), "
         f"then `gristmill data upload DIR {url}`"
     ), refused.value
+    # deleted: the store's "does not exist" alone, no fix (trial RV60a 6)
+    s3.client.delete_object(Bucket=BUCKET, Key=key)
+    with pytest.raises(DatasetError) as refused:
+        DocumentTable(url, split="val", val_fraction=0.2, cache=cache(tmp_path))
+    assert "heldout.bin does not exist: the bucket lacks what its dataset.json records; index a local" in str(
+        refused.value
+    ), refused.value
 
 
 def test_a_held_out_copy_failing_twice_names_its_row(s3, synthetic, tmp_path, monkeypatch):

@@ -74,6 +74,7 @@ from training.contract.dataset_format import (
     sample_totals,
 )
 from training.contract.heldout import ENTRY, PrefixError, SortedWriter, read_prefix
+from training.contract.object_store import ObjectCutShort, ObjectMissing
 
 # /3 added the sample totals and the held-out file (what planning reads); "-nosha": a dataset of
 # gristmill-shards/1, whose manifest records no per-document sha256.
@@ -645,6 +646,8 @@ class DocIndex:
         hashes = self._files[HELDOUT_SHA][0].read_bytes()
         try:
             return read_prefix(read, hashes, self.n_rows, val_fraction)
+        except (ObjectMissing, ObjectCutShort) as e:  # the store's own line named no fix (trial RV60a 6)
+            raise DatasetError(f"{e}: the bucket lacks what its dataset.json records; {self.fix}") from None
         except PrefixError as e:
             # a bucket's prefix is read by range, never kept: the object is at fault, not the cache (RV42a M3)
             where = f"{self.url or self.root}/{INDEX_DIR}/{HELDOUT}"
