@@ -405,6 +405,13 @@ def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_p
     ]
     assert gristmill([*base, "optim.weight_decay=0.05", "run.max_steps=2"]) == 0
     shutil.copytree(run_dir / "checkpoints" / "step-000006", other / "checkpoints" / "step-000006")
+    # The run's record names its run now: another run's checkpoint is passed over (trial RV60c 1). A run
+    # from before the record has none to tell it by: resumed, the note is the checkpoint's own config's.
+    from training.checkpoint.io import newest_verified
+
+    chosen, _, passed = newest_verified(other)
+    assert chosen == other / "checkpoints" / "step-000002" and "another run's checkpoint" in passed[0][1]
+    (other / "checkpoints.jsonl").unlink()
     capsys.readouterr()
     assert gristmill([*base, "optim.weight_decay=0.05", "run.max_steps=7", 'checkpoint.resume="auto"']) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "changed since" in line]
