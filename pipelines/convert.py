@@ -270,10 +270,14 @@ def _check_leftovers(old: str, new: str, info: dict[str, Any]) -> None:
     names): one OLD does not list is another dataset's, whose upload the final upload refused only
     after the whole conversion, in its own words (trial RV54a 5). Refused before any work."""
     mine = {f"{SHARDS_DIR}/{name}" for name in info["shard_files"]}
+    kept = [f"{SHARDS_DIR}/"]
+    if info.get("files") is not None:  # its manifests too: NEW keeps their names (one per task)
+        mine |= {rel for rel in info["files"] if rel.startswith(f"{MANIFEST_DIR}/")}
+        kept.append(f"{MANIFEST_DIR}/")  # one OLD lacks was refused after the whole conversion (RV60a 4)
     there = ObjectStore(ObjectURL.parse(new)).list()
-    if other := sorted(r for r in there if r.startswith(f"{SHARDS_DIR}/") and r not in mine):
+    if other := sorted(r for r in there if r.startswith(tuple(kept)) and r not in mine):
         raise DatasetError(
-            f"{new} already holds {len(other)} shard(s) that {old} does not have (e.g. {other[0]}): another "
+            f"{new} already holds {len(other)} object(s) that {old} does not have (e.g. {other[0]}): another "
             "dataset's upload cut short; convert into an empty prefix, or delete those objects first"
         )
 

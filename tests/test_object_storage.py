@@ -2783,10 +2783,15 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     with pytest.raises(DatasetError) as e:
         convert_dataset(url, s3.url("leftovers"), log=lambda *a: pytest.fail("converted"))
     assert str(e.value) == (
-        f"{s3.url('leftovers')} already holds 1 shard(s) that {url} does not have (e.g. "
+        f"{s3.url('leftovers')} already holds 1 object(s) that {url} does not have (e.g. "
         "shards/00009_00000.tar): another dataset's upload cut short; convert into an empty prefix, or "
         "delete those objects first"
     )
+    # a manifest OLD lacks: refused the same way, not by the upload after the whole conversion, whose
+    # work it then threw away (trial RV60a 4)
+    s3.client.put_object(Bucket=BUCKET, Key="leftover-manifest/manifest/00007.parquet", Body=b"another's")
+    with pytest.raises(DatasetError, match=r"holds 1 object\(s\) that .* \(e\.g\. manifest/00007\.parquet\)"):
+        convert_dataset(url, s3.url("leftover-manifest"), log=lambda *a: pytest.fail("converted"))
 
 
 def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_batches(s3, tmp_path, capsys):
