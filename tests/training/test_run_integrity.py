@@ -1228,7 +1228,8 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     under a COMPLETE was "incomplete", no damage. RUN/checkpoints.jsonl's run id, in every COMPLETE,
     and its lines tell them; the exports are judged by the record where the checkpoint is not the
     run's."""
-    from training.checkpoint.io import newest_verified
+    from training.checkpoint.io import merged_step, newest_verified
+    from training.checkpoint.record import CheckpointError
 
     def run(name: str, *extra: str) -> Path:
         sets = overrides(dataset, tmp_path / name, "run.max_steps=4", "checkpoint.interval=2",
@@ -1273,6 +1274,8 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     (checkpoint_dir(a, 2) / DCP_METADATA).unlink()
     rc, out = verified(a)
     assert rc == 1 and re.search(r"checkpoint 2 DAMAGED", out) and ".metadata: missing" in out, out
+    with pytest.raises(CheckpointError, match=r"\.metadata cannot be read"):  # eval --merged's question:
+        merged_step(checkpoint_dir(a, 2))  # a FileNotFoundError's traceback (review RV60e 1)
     (checkpoint_dir(a, 2) / DCP_METADATA).write_bytes(metadata)
     # a save of step 4 that a later one replaced, put back under its name
     (tmp_path / "a4").rename(checkpoint_dir(a, 4))
