@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush stays quiet
                 return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader
             except OSError as e:
-                if (said := _path_error(e)) is None:
+                # not `train`'s: its ranks say theirs as one process does (docs/training.md), a traceback
+                if words == ("train",) or (said := _path_error(e)) is None:
                     raise
                 return print_error(said)
     print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
@@ -161,9 +162,11 @@ def _path_error(e: OSError) -> GristmillError | None:
     """The one line of an OSError about a path the user gave, or None for any other (a bug's: raised)."""
     if e.filename is None or e.errno not in _PATH_ERRNOS:
         return None
+    # a rename's or a link's second path too: the one at fault may be either (review RV60e 2)
+    paths = e.filename if e.filename2 is None else f"{e.filename} → {e.filename2}"
     return GristmillError(
-        f"{e.filename}: {e.strerror or e}; fix that path (its permissions, free space, a file where a folder "
-        "goes) or give the command another"
+        f"{paths}: {e.strerror or e} ({type(e).__name__}); fix that path (its permissions, free space, a "
+        "file where a folder goes) or give the command another"
     )
 
 

@@ -124,3 +124,20 @@ def test_the_demo_closes_with_each_stages_seconds(capsys):
     assert "=== [1/3] build the datasets\n    $ gristmill data build" in out and "=== [2/3] validate" in out
     want = ["\n=== the demo's stages took 19 s:", "    build         18 s", "    validate       1 s"]
     assert stages.summary() == want
+
+
+def test_an_os_error_about_a_path_is_one_line_and_any_other_is_raised():
+    """Trial RV60b 6: an unwritable --out, a file where a folder goes, were tracebacks. A path's
+    OSError is one line naming it (both paths of a rename: review RV60e 2); one of no path, or of
+    another kind (a bug's), is raised as it was."""
+    import errno
+
+    from pipelines.cli import _path_error
+
+    said = str(_path_error(OSError(errno.EISDIR, "Is a directory", "a.part", None, "a")))
+    assert said.startswith("a.part → a: Is a directory (IsADirectoryError); fix that path"), said
+    assert str(_path_error(PermissionError(errno.EACCES, "Permission denied", "out"))).startswith(
+        "out: Permission denied (PermissionError)"
+    )
+    assert _path_error(OSError(errno.EACCES, "Permission denied")) is None  # no path named
+    assert _path_error(OSError(errno.EIO, "Input/output error", "shard.tar")) is None  # not the user's path

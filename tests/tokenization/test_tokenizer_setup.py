@@ -165,7 +165,9 @@ def test_training_never_writes_into_a_model_s_folder_and_a_file_for_a_folder_is_
     # a file where the folder goes: one line naming it, not FileExistsError's traceback (trial RV60b 6)
     (tmp_path / "a-file").write_text("")
     argv = ["tokenizer", "train", "--config", str(config), "--out", str(tmp_path / "a-file")]
-    assert one_error(capsys, argv).startswith(f"error: {tmp_path / 'a-file'}: File exists; fix that path")
+    assert one_error(capsys, argv).startswith(
+        f"error: {tmp_path / 'a-file'}: File exists (FileExistsError); fix that path"
+    )
 
 
 def test_a_tokenizer_path_under_home_is_one_file_to_training_and_reading(
