@@ -278,7 +278,11 @@ def _remove_unlisted(dest: Path, root: str, subset: str, pattern: str, files: li
         record.drop(rel)
     # A transfer cut short of a file the listing no longer has: its .part stopped every build, whose
     # advice (this download again) passed it by, "already complete" (trial RV60b 4)
-    parts = [rel for rel, source in sorted(record.data.get("part_sources", {}).items()) if gone(rel, source)]
+    # a .part an older gristmill began has no source recorded: the record's own, where it has one only
+    sources = {rec.get("source") for rec in record.data["files"].values()}
+    only = next(iter(sources)) if len(sources) == 1 else None
+    recorded = record.data.get("part_sources", {})
+    parts = [rel for rel in sorted(record.data.get("parts", {})) if gone(rel, recorded.get(rel, only))]
     for rel in parts:
         (dest / (rel + PART)).unlink(missing_ok=True)
         record.drop_part(rel)
@@ -321,7 +325,8 @@ def fetch_files(
         # to: fetched whole (a damaged .part continued was recorded as the file, review RV54a 2)
         if f.version != record.part_version(f.path) or f.sha256 is None:
             part.unlink(missing_ok=True)
-            record.start_part(f.path, f.version, source_of(root))
+        # continued too: a .part an older gristmill began has no source recorded (review RV60e 3)
+        record.start_part(f.path, f.version, source_of(root))
         fetched, resumed = _fetch_one(fs, root, f, final, bar)
         digest = _sha256(final.with_name(final.name + PART))
         if f.sha256 and digest != f.sha256 and resumed:

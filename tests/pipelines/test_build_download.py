@@ -97,6 +97,23 @@ def test_download_resume_and_skip(remote, tmp_path):
     assert rep.removed == [str(files[2]), str(files[2]) + PART] and not list(dest.rglob("*" + PART)), rep
 
 
+def test_a_part_an_older_download_began_is_removed_with_its_file(remote, tmp_path):
+    """Review RV60e 3: a .part whose record names no source (begun before sources of parts were
+    recorded) was never removed once upstream dropped its file: the build's advice looped. It takes the
+    record's source where the record has one only."""
+    dest = tmp_path / "dest"
+    download(str(remote), "sample/10BT", dest, progress=False)
+    rel = "sample/10BT/001_00000.parquet"
+    cut_short(remote, rel, dest, 1000)
+    (dest / rel).unlink()
+    record = json.loads((dest / RECORD).read_text())
+    del record["part_sources"]  # as an older gristmill wrote it
+    (dest / RECORD).write_text(json.dumps(record))
+    (remote / rel).unlink()
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert rep.removed == [rel, rel + PART] and not list(dest.rglob("*" + PART)), rep
+
+
 def cut_short(remote, rel: str, dest, keep: int) -> None:
     """A transfer of `rel` that stops after `keep` bytes, its .part left in `dest`: it ends early
     (the listing says one byte more), then its .part is cut to `keep` bytes."""
