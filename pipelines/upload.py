@@ -212,6 +212,28 @@ def upload_dataset(
             f"prefix): its objects may be the other's; let that one finish, then run `gristmill data upload "
             f"{root} {url}` again (it uploads what differs), or upload into another prefix"
         )
+    # The objects as they are now, listed once more: another dataset's upload into the prefix meanwhile
+    # (no dataset.json yet), or an object replaced or deleted since it was put, was committed over,
+    # exit 0, and the readers refused the bucket (trial RV60a 3). Sizes and strays: not a lock.
+    if not in_bucket:
+        listed = store.list()
+        for rel, spec in sorted(files.items()):
+            size = spec["bytes"] if spec["bytes"] is not None else (root / rel).stat().st_size
+            if listed.get(rel) != size:
+                got = "is gone" if rel not in listed else f"is {listed[rel]:,} bytes, not {size:,}"
+                raise DatasetError(
+                    f"{target}/{rel} {got} (another upload into the prefix, or a change, while this one "
+                    f"ran): nothing was committed; run `gristmill data upload {root} {url}` again once no "
+                    "other writes there (it uploads what differs), or upload into another prefix"
+                )
+        if late := sorted(
+            r for r in set(listed) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(r)
+        ):
+            raise DatasetError(
+                f"{target} holds {len(late)} object(s) that are not this dataset's, put while this upload "
+                f"ran (e.g. {late[0]}: another upload into the prefix): nothing was committed; upload into "
+                "a prefix of its own"
+            )
     if any("etag" in spec for spec in in_bucket.values()):
         # The caller's check of the tasks' objects (pipelines/build.py) is a whole finalize old: looked
         # at again just before the commit (an object replaced meanwhile was committed, and the build's

@@ -595,6 +595,27 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
     assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="race/dataset.json")["Body"].read()) == (
         read_dataset_info(other)
     )  # the other's commit stands; this one's is not put over it
+    # another dataset's upload into the prefix that has not committed yet, or an object of this one gone
+    # after its PUT: committed over, exit 0, the readers refused the bucket (trial RV60a 3). Listed once
+    # more before the commit: refused, nothing committed
+    put_file = ObjectStore.put_file
+    for prefix, meanwhile, said in (
+        ("race2", lambda rel: s3.client.put_object(Bucket=BUCKET, Key="race2/shards/9_9.tar", Body=b"x"),
+         r"race2 holds 1 object\(s\) that are not this dataset's, put while this upload ran"),
+        ("race3", lambda rel: rel == own and s3.client.delete_object(Bucket=BUCKET, Key=f"race3/{own}"),
+         rf"race3/{re.escape(own)} is gone \(another upload into the prefix, or a change"),
+    ):  # fmt: skip
+
+        def then(self, path, rel, *args, meanwhile=meanwhile, **kwargs):
+            done = put_file(self, path, rel, *args, **kwargs)
+            meanwhile(rel)  # once its PUT returned
+            return done
+
+        monkeypatch.setattr(ObjectStore, "put_file", then)
+        with pytest.raises(DatasetError, match=said):
+            upload_dataset(local, s3.url(prefix), log=lambda *a: None)
+        monkeypatch.setattr(ObjectStore, "put_file", put_file)
+        assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/dataset.json")
 
 
 # --------------------------------------------------------------------------------------------
