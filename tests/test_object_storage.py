@@ -3342,6 +3342,24 @@ def test_a_held_out_prefix_damaged_in_the_bucket_names_the_object_and_its_repair
     ), refused.value
 
 
+def test_a_bucket_dataset_json_whose_tokens_differ_from_its_index_names_the_bucket(s3, synthetic, tmp_path):
+    """Trial RV60a 7: a bucket's dataset.json with another `tokens` (its fingerprint made to match)
+    was refused naming the cache's copy of the index, and advised `gristmill data validate` of that
+    copy (which lists dozens of files missing) and a local rebuild. The bucket and its repair."""
+    local, _ = synthetic
+    url = s3.url("tokens-edited")
+    upload_dataset(local, url, log=lambda *a: None)
+    info = read_dataset_info(local)
+    info["tokens"] += 1
+    info["fingerprint"] = fingerprint(info)
+    s3.client.put_object(Bucket=BUCKET, Key="tokens-edited/dataset.json", Body=json.dumps(info).encode())
+    with pytest.raises(DatasetError) as refused:
+        DocumentTable(url, cache=cache(tmp_path))
+    said = str(refused.value)
+    assert said.startswith(f"{url}/index: the index holds "), said
+    assert f"`gristmill data validate {url}` says which (index a local copy of {url}" in said, said
+
+
 def test_a_held_out_copy_failing_twice_names_its_row(s3, synthetic, tmp_path, monkeypatch):
     """A held-out document's unit is no sample: its refusal said "sample {its number in the split}",
     another sample's number (review R19b 4)."""

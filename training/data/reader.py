@@ -179,11 +179,18 @@ class DocumentTable:
             block_docs=epoch_order.BLOCK_DOCS,
         )
         if self.blocks.total_tokens != info["tokens"]:
+            # a bucket's named as the bucket, with its repair (the cache's copy of it, and a local
+            # dataset's repairs, were named: trial RV60a 7)
+            index = f"{self.location}/{INDEX_DIR}" if origin(self.root) else self.root / INDEX_DIR
+            fix = (
+                self.index.fix
+                if origin(self.root)
+                else "rebuild the dataset, or rerun `gristmill data index` for a damaged index"
+            )
             raise DatasetError(
-                f"{self.root / INDEX_DIR}: the index holds {self.blocks.total_tokens} tokens but {where} "
-                f"records {info['tokens']}: one of them was edited or damaged; `gristmill data validate "
-                f"{self.root}` says which (rebuild the dataset, or rerun `gristmill data index` for a "
-                "damaged index)"
+                f"{index}: the index holds {self.blocks.total_tokens} tokens but {where} records "
+                f"{info['tokens']}: one of them was edited or damaged; `gristmill data validate "
+                f"{self.location}` says which ({fix})"
             )
         if self.in_place:
             self._check_members()
