@@ -3358,6 +3358,14 @@ def test_a_bucket_dataset_json_whose_tokens_differ_from_its_index_names_the_buck
     said = str(refused.value)
     assert said.startswith(f"{url}/index: the index holds "), said
     assert f"`gristmill data validate {url}` says which (index a local copy of {url}" in said, said
+    # its status edited: "rerun `gristmill data build`", a local build's repair (trial RV60a 7)
+    info = {**read_dataset_info(local), "status": "partial"}
+    s3.client.put_object(Bucket=BUCKET, Key="tokens-edited/dataset.json", Body=json.dumps(info).encode())
+    with pytest.raises(DatasetError) as refused:
+        DocumentTable(url, cache=cache(tmp_path))
+    said = str(refused.value)
+    assert "status is 'partial', not 'complete' as committed; " in said and "data build" not in said, said
+    assert f"gristmill data upload DIR {url}" in said, said
 
 
 def test_a_held_out_copy_failing_twice_names_its_row(s3, synthetic, tmp_path, monkeypatch):

@@ -745,10 +745,11 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     )
 
 
-def parse_dataset_info(text: bytes, path: str | Path, fix: str = "rebuild the dataset") -> dict[str, Any]:
+def parse_dataset_info(text: bytes, path: str | Path, fix: str | None = None) -> dict[str, Any]:
     """dataset.json's content checked as read_dataset_info checks it; `path` names it in errors (a
-    file, or the object of a dataset in a bucket), `fix` what repairs a damaged one (a bucket's:
-    rewrite_bucket_dataset_json; review RV42a M4)."""
+    file, or the object of a dataset in a bucket), `fix` what repairs a damaged one where it is no
+    local build's (a bucket's: rewrite_bucket_dataset_json; review RV42a M4); None: rebuild it."""
+    built_here, fix = fix is None, fix or "rebuild the dataset"
     try:
         info = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # nested too deep to decode
@@ -760,6 +761,8 @@ def parse_dataset_info(text: bytes, path: str | Path, fix: str = "rebuild the da
             f"{path}: format {info.get('format')!r} is not one of {', '.join(map(repr, FORMATS))}; rebuild "
             "with this version"
         )
+    if info.get("status") != "complete" and not built_here:  # only a commit puts it there (RV60a 7)
+        raise DatasetError(f"{path}: status is {info.get('status')!r}, not 'complete' as committed; {fix}")
     if info.get("status") != "complete":
         raise DatasetError(
             f"{path}: status is {info.get('status')!r}, not 'complete'; the build did not finish — rerun "
