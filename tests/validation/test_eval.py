@@ -1004,7 +1004,7 @@ def _metaspace_dataset(ds: Path) -> list[str]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from pipelines.synthetic_dataset import write_synthetic_dataset
-    from tokenization.separator import DocumentEncoder, SeparatorPolicy
+    from tokenization.separator import DocumentEncoder, SeparatorPolicy, vocab_size_of
 
     texts = [
         ("  " if i % 3 == 0 else "") + f"rivers run to the sea {i}. And back again {i}." for i in range(60)
@@ -1021,7 +1021,8 @@ def _metaspace_dataset(ds: Path) -> list[str]:
     ds.mkdir()
     tok.save(str(ds / "tokenizer.json"))
     encoder = DocumentEncoder(tok, SeparatorPolicy("<|endoftext|>"))
-    write_synthetic_dataset(ds, [encoder.encode(t) for t in texts], vocab_size=300)
+    # its vocab_size the tokenizer's, as a build records it (the loader refuses one above it)
+    write_synthetic_dataset(ds, [encoder.encode(t) for t in texts], vocab_size=vocab_size_of(tok))
     return texts
 
 
