@@ -295,9 +295,10 @@ class StagedIndex:
 def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -> StagedIndex | None:
     """The index `cfg` asks for: built now from `tasks` (build_index) or the
     prebuilt `index`, checked against `tasks` and `ngram`. None without [decontaminate]. `kept`: the
-    output's copy of the index it was built with (OUTPUT/decontam/), read where `index` is gone: a
-    finished dataset was refused, its index "does not exist", though the copy verifies (trial RV60b 7);
-    a copy of another index is then another config, which the build refuses as any."""
+    output's copy of the index it was built with (OUTPUT/decontam/), named where `index` is not there
+    (a temporary folder deleted since): a finished dataset was refused, "build one", though the copy
+    verifies (trial RV60b 7). Named, never read in its place: a mistyped path then built with the old
+    index, exit 0 (review RV60f 1)."""
     if not enabled(cfg):
         return None
     if cfg.ngram < 1:
@@ -305,8 +306,11 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
     if cfg.index:
         folder = Path(cfg.index).expanduser().resolve()
         if not folder.exists() and kept is not None and (kept / MANIFEST_JSON).is_file():
-            log(f"note: decontaminate.index {folder} is gone; reading the copy the output keeps, {kept}")
-            folder = kept
+            raise BuildError(
+                f"decontaminate.index {folder} does not exist; the output keeps a copy of the index it was "
+                f"built with, {kept}: to go on with that one, set decontaminate.index = {str(kept)!r}; else "
+                "build the index you mean (`gristmill data decontam-index --tasks … --out DIR`)"
+            )
         manifest = read_manifest(folder, verify=True)
         if manifest["ngram"] != cfg.ngram:
             raise BuildError(

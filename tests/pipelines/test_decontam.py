@@ -472,10 +472,11 @@ def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_
     assert prepare(load_config(DataConfig, without), **QUIET).decontam is None
 
 
-def test_a_finished_dataset_whose_prebuilt_index_is_gone_reads_the_copy_it_keeps(decontam, tmp_path):
+def test_a_finished_dataset_whose_prebuilt_index_is_gone_names_the_copy_it_keeps(decontam, tmp_path):
     """Trial RV60b 7: the index folder `index = DIR` named, deleted after the build (a temporary
-    folder), made the rerun of the finished dataset fail ("does not exist; build one"), though
-    OUTPUT/decontam/ holds the verified copy it was built with. The rerun reads that copy, said."""
+    folder), made the rerun of the finished dataset advise building one, though OUTPUT/decontam/ holds
+    the verified copy it was built with. The line names the copy and the setting; followed, the rerun
+    goes on. Never read in its place: a mistyped path built with the old index, exit 0 (review RV60f 1)."""
     _, out, _, config, _ = decontam
     index, dataset = tmp_path / "index", tmp_path / "dataset"
     shutil.copytree(out / "decontam", index)
@@ -487,10 +488,16 @@ def test_a_finished_dataset_whose_prebuilt_index_is_gone_reads_the_copy_it_keeps
         if p.is_file() and "logs" not in p.parts and p.name != "validation.json"
     }
     shutil.rmtree(index)
-    said = []
-    result = build(load_config(DataConfig, config, sets), log=said.append)
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, sets), **QUIET)
+    kept = dataset / "decontam"
+    assert str(e.value).startswith(f"decontaminate.index {index} does not exist; the output keeps a copy"), (
+        e.value
+    )
+    assert f"set decontaminate.index = {str(kept)!r}" in str(e.value), e.value
+    advised = [f"decontaminate.index={json.dumps(str(kept))}", sets[1]]
+    result = build(load_config(DataConfig, config, advised), **QUIET)
     assert result.ok, result.report
-    assert f"note: decontaminate.index {index} is gone; reading the copy the output keeps" in "\n".join(said)
     assert {p: p.read_bytes() for p in files} == files
 
 
