@@ -1276,6 +1276,9 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     assert rc == 1 and re.search(r"checkpoint 2 DAMAGED", out) and ".metadata: missing" in out, out
     with pytest.raises(CheckpointError, match=r"\.metadata cannot be read"):  # eval --merged's question:
         merged_step(checkpoint_dir(a, 2))  # a FileNotFoundError's traceback (review RV60e 1)
+    (checkpoint_dir(a, 2) / DCP_METADATA).write_bytes(metadata[: len(metadata) // 2])  # or cut short
+    with pytest.raises(CheckpointError, match=r"\.metadata cannot be read \(\w+"):
+        merged_step(checkpoint_dir(a, 2))  # an UnpicklingError's (review RV60f 3)
     (checkpoint_dir(a, 2) / DCP_METADATA).write_bytes(metadata)
     # a save of step 4 that a later one replaced, put back under its name
     (tmp_path / "a4").rename(checkpoint_dir(a, 4))

@@ -127,12 +127,13 @@ def load(states: dict[str, Any], path: str | Path, *, no_dist: bool = False) -> 
 
 def checkpoint_keys(path: str | Path) -> set[str]:
     """Flattened keys stored in a checkpoint (e.g. 'train_state.rng_rank1.torch_cpu'). A .metadata
-    that cannot be read is a CheckpointError (its callers' one line): gone from under a COMPLETE, it
-    was a traceback in `eval --merged` (review RV60e 1)."""
+    that cannot be read is a CheckpointError (its callers' one line): gone from under a COMPLETE, or
+    damaged, it was a traceback in `eval --merged` (reviews RV60e 1, RV60f 3)."""
     try:
         return set(SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata)
-    except OSError as e:
-        raise CheckpointError(f"{Path(path) / DCP_METADATA} cannot be read ({e.strerror or e})") from None
+    except Exception as e:  # gone, cut short, another pickle: DCP's and pickle's own errors (RV60f 3)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise CheckpointError(f"{Path(path) / DCP_METADATA} cannot be read ({why})") from None
 
 
 def verify_checkpoint(path: str | Path) -> str | None:
