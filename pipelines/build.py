@@ -1284,7 +1284,9 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
     folders = rf"(?:shards|manifest|excluded|logs/stats|{LOGS_DIR}/{DEDUP_DIR}/[\w-]+/stats|{DECONTAM_DIR})/"
     files: set[str] = set()
     for pr in report.problems:
-        if pr.shard and re.match(folders, pr.shard):
+        if pr.shard == DECONTAM_DIR:  # the index copy's files together, named by their folder (RV60f 4)
+            files.add(f"{DECONTAM_DIR}/")
+        elif pr.shard and re.match(folders, pr.shard):
             files.add(pr.shard)
         else:
             files.update(re.findall(rf"(?<![\w./-]){folders}[^\s:,'\"()]+", str(pr).replace(f"{out}/", "")))

@@ -1005,6 +1005,9 @@ def test_a_damaged_index_copy_is_never_trusted(decontam, build_fixture, tmp_path
     report = validate_dataset(built, progress=False, write=False)
     assert [p.shard for p in report.problems] == ["decontam"], report.problems  # the folder (RV60b 8)
     assert report.problems[0].message.startswith("ngrams.npy and refs.npy together: sha256 differs")
+    from pipelines.build import _repair_advice  # the build's advice still removes the copy (RV60f 4)
+
+    assert f"rm -r {built / 'dataset.json'} {built / 'decontam'}" in _repair_advice(built, report, 1)
     assert "gristmill data build" in report.problems[0].message
     lines.clear()  # the advice: a rerun of the complete dataset copies the index again
     assert build(cfg, log=lines.append).ok
