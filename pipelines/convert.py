@@ -69,6 +69,7 @@ from training.contract.dataset_index import (
     DOC_HASHES,
     DOC_TOKENS,
     INDEX_DIR,
+    INDEX_NAMES,
     expected_index,
     index_format,
     unlike_manifest,
@@ -270,12 +271,17 @@ def _check_leftovers(old: str, new: str, info: dict[str, Any]) -> None:
     names): one OLD does not list is another dataset's, whose upload the final upload refused only
     after the whole conversion, in its own words (trial RV54a 5). Refused before any work."""
     mine = {f"{SHARDS_DIR}/{name}" for name in info["shard_files"]}
-    kept = [f"{SHARDS_DIR}/"]
-    if info.get("files") is not None:  # its manifests too: NEW keeps their names (one per task)
-        mine |= {rel for rel in info["files"] if rel.startswith(f"{MANIFEST_DIR}/")}
-        kept.append(f"{MANIFEST_DIR}/")  # one OLD lacks was refused after the whole conversion (RV60a 4)
     there = ObjectStore(ObjectURL.parse(new)).list()
-    if other := sorted(r for r in there if r.startswith(tuple(kept)) and r not in mine):
+    if info.get("files") is None:  # a dataset from before the record: its shards are what is known
+        other = sorted(r for r in there if r.startswith(f"{SHARDS_DIR}/") and r not in mine)
+    else:
+        # every file NEW keeps OLD's name for (manifests, excluded, stats, decontam/), NEW's index, the
+        # tokenizer: any other object was refused by the upload after the whole conversion, whose work
+        # it threw away (trial RV60a 4, review RV60f 2)
+        mine |= set(dataset_files(info)) | {f"{INDEX_DIR}/{name}" for name in INDEX_NAMES}
+        mine |= {TOKENIZER_JSON, VALIDATION_JSON}
+        other = sorted(r for r in there if r not in mine and not is_task_record(r))
+    if other:
         raise DatasetError(
             f"{new} already holds {len(other)} object(s) that {old} does not have (e.g. {other[0]}): another "
             "dataset's upload cut short; convert into an empty prefix, or delete those objects first"

@@ -2810,9 +2810,10 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     )
     # a manifest OLD lacks: refused the same way, not by the upload after the whole conversion, whose
     # work it then threw away (trial RV60a 4)
-    s3.client.put_object(Bucket=BUCKET, Key="leftover-manifest/manifest/00007.parquet", Body=b"another's")
-    with pytest.raises(DatasetError, match=r"holds 1 object\(s\) that .* \(e\.g\. manifest/00007\.parquet\)"):
-        convert_dataset(url, s3.url("leftover-manifest"), log=lambda *a: pytest.fail("converted"))
+    for i, stray in enumerate(("manifest/00007.parquet", "excluded/00009_dedup.parquet", "index/other.bin")):
+        s3.client.put_object(Bucket=BUCKET, Key=f"leftover-{i}/{stray}", Body=b"another's")  # (RV60f 2)
+        with pytest.raises(DatasetError, match=rf"holds 1 object\(s\) that .* \(e\.g\. {re.escape(stray)}\)"):
+            convert_dataset(url, s3.url(f"leftover-{i}"), log=lambda *a: pytest.fail("converted"))
 
 
 def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_batches(s3, tmp_path, capsys):

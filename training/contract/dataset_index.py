@@ -88,6 +88,16 @@ SAMPLE_TOKENS = "sample_tokens.bin"
 SAMPLE_DIGEST = "sample_digest.bin"
 HELDOUT = "heldout.bin"
 HELDOUT_SHA = "heldout_sha256.bin"
+INDEX_NAMES = (
+    DOC_TOKENS,
+    DOC_OFFSETS,
+    SHARD_ROWS,
+    DOC_HASHES,
+    SAMPLE_TOKENS,
+    SAMPLE_DIGEST,
+    HELDOUT,
+    HELDOUT_SHA,
+)
 HASH_BYTES = 32
 # dataset.json name → on disk; "sha256": HASH_BYTES raw bytes per row
 _DTYPES = {
