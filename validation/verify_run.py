@@ -40,10 +40,12 @@ from training.checkpoint.record import CheckpointError, newest_base_record
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
+from training.contract.integrity import read_ledger
 from training.contract.run_layout import (
     BASE_DIR,
     BATCHES_BIN,
     CHECKPOINTS_DIR,
+    CHECKPOINTS_JSONL,
     DROPPED_LINES,
     EXPORTS_DIR,
     METRICS_JSONL,
@@ -96,7 +98,27 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     # Every export of a step ships RUN/base/'s files, so `--step N` shows the base too; step 0 is the
     # base itself, rebuilt from its own files (what export checks), so its row there is only a fault's
     base = [r for r in _base_row(run_dir) if only is None or only > 0 or r[2] != "ok"]
-    return rows + base
+    return rows + base + ([] if only is not None else _record_row(run_dir))
+
+
+def _record_row(run_dir: Path) -> list[tuple]:
+    """RUN/checkpoints.jsonl whose first line cannot be read: the record's beginning and run id unread,
+    another run's checkpoint passed every check, without a word (trial RV60g F2)."""
+    path = run_dir / CHECKPOINTS_JSONL
+    if not read_ledger(run_dir).first_unreadable:
+        return []
+    return [
+        (
+            "record",
+            0,
+            "DAMAGED",
+            1,
+            fmt_bytes(path.stat().st_size),
+            f"{path}: its first line (where the record begins, and the run's id) is unreadable, so another "
+            "run's checkpoint cannot be told from the run's; restore it from a copy of the run, or move it "
+            "aside (the next resume begins a new record at its step)",
+        )
+    ]
 
 
 def _base_row(run_dir: Path) -> list[tuple]:

@@ -1291,3 +1291,15 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     rc, out = verified(a)
     assert rc == 1 and "step-000004 is a save of step 4 that a later one replaced" in out, out
     assert newest_verified(a)[0] == checkpoint_dir(a, 2)
+    # the record's first line damaged: every check above off, without a word (trial RV60g F2); said
+    checkpoint_dir(a, 4).rename(left)  # put back as they were
+    (tmp_path / "current").rename(checkpoint_dir(a, 4))
+    assert verified(a)[0] == 0
+    record = a / "checkpoints.jsonl"
+    lines = record.read_text().splitlines(keepends=True)
+    record.write_text('{"began": 0, "ru\n' + "".join(lines[1:]))
+    rc, out = verified(a)
+    assert rc == 1 and re.search(r"record 0 DAMAGED", out), out
+    assert "its first line (where the record begins, and the run's id) is unreadable" in out, out
+    record.write_text("".join(lines))
+    assert verified(a)[0] == 0

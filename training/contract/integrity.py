@@ -85,6 +85,9 @@ class Ledger:
     began: int | None
     saves: list[tuple[int, str]]
     run: str | None = None  # the began line's RUN_ID (None: a record from before it)
+    # its first line is no JSON object: the beginning and the run id unread, every check that needs
+    # them off (trial RV60g F2): verify says so
+    first_unreadable: bool = False
 
     def last(self, step: int) -> str | None:
         """The COMPLETE sha256 of step `step` as last recorded (a rewind or a resume from an older step
@@ -107,14 +110,16 @@ class Ledger:
 def read_ledger(run_dir: Path) -> Ledger:
     """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
     the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
-    began, saves, run = None, [], None
+    began, saves, run, first = None, [], None, None
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     row = json.loads(line)
                 except (ValueError, RecursionError):  # RecursionError: a deep nest (RV58b F3)
-                    continue
+                    row = None
+                if first is None and line.strip():  # the first line that is not blank: an object?
+                    first = isinstance(row, dict)
                 if not isinstance(row, dict):
                     continue
                 if isinstance(row.get(BEGAN), int) and began is None and not saves:
@@ -124,7 +129,7 @@ def read_ledger(run_dir: Path) -> Ledger:
                     saves.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except OSError:
         return Ledger(None, [])
-    return Ledger(began, saves, run)
+    return Ledger(began, saves, run, first_unreadable=first is False)
 
 
 def exported_with_checksums(export: str | Path) -> bool:
