@@ -1303,3 +1303,17 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     assert "its first line (where the record begins, and the run's id) is unreadable" in out, out
     record.write_text("".join(lines))
     assert verified(a)[0] == 0
+    # A copy of the directory, resumed on a timeline of its own: its saves shared the run's id, and
+    # put back into the original passed every check (trial RV60g F1). A copy's resume records an id of
+    # its own; its earlier saves (the original's, in the record) stay its own
+    shutil.copytree(a, tmp_path / "fork", symlinks=True)
+    fork = run(
+        "fork",
+        "optim.weight_decay=0.05",
+        f"checkpoint.resume={json.dumps(str(tmp_path / 'fork' / 'checkpoints' / 'step-000002'))}",
+    )
+    assert verified(fork)[0] == 0
+    checkpoint_dir(a, 4).rename(tmp_path / "current-4")
+    shutil.copytree(checkpoint_dir(fork, 4), checkpoint_dir(a, 4))
+    rc, out = verified(a)
+    assert rc == 1 and "step-000004 is another run's checkpoint" in out, out

@@ -103,9 +103,11 @@ from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.integrity import (
     EXPORT_META,
     checkpoint_identity,
+    directory_id,
     file_records,
     read_ledger,
     record_began,
+    record_copied,
     record_saved,
 )
 from training.contract.run_layout import (
@@ -580,7 +582,15 @@ class Checkpointer:
                 self.log(f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e})")
         # what each save records of the run (RUN_RECORD): the record's own, none where it has none (a
         # record from before the id, or none written): a save can then never name another record's run
-        self.run_id = read_ledger(self.run_dir).run
+        ledger = read_ledger(self.run_dir)
+        if ledger.run is not None and ledger.directory not in (None, directory_id(self.run_dir)):
+            # a copy of the run's directory, resumed: its saves from here carry an id of their own
+            try:
+                record_copied(self.run_dir, step or 0, uuid.uuid4().hex)
+            except OSError as e:
+                self.log(f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e})")
+            ledger = read_ledger(self.run_dir)
+        self.run_id = ledger.run
 
     def _record_saved(self, step: int) -> None:
         """RUN/checkpoints.jsonl's line of complete checkpoint `step`, unless its last line of the step

@@ -184,13 +184,21 @@ def not_the_run_s_save(path: Path, record: dict[str, Any]) -> str | None:
         return None
     record_file = path.parent.parent / CHECKPOINTS_JSONL
     run = record.get(RUN_RECORD)
-    if ledger.run is not None and isinstance(run, str) and run != ledger.run:
+    identity = checkpoint_identity(path)
+    # An id the record had before a copy of the directory was resumed: only its saves the record holds
+    # (the original's later saves, put into the copy, are another run's there)
+    if (
+        ledger.run is not None
+        and isinstance(run, str)
+        and run != ledger.run
+        and (run not in ledger.runs or (step, identity) not in ledger.saves)
+    ):
         return (
             f"{path.name} is another run's checkpoint (its COMPLETE names run {run[:12]}…, {record_file} "
-            f"this run, {ledger.run[:12]}…): move it out of {path.parent}; the run's own checkpoint of step "
-            f"{step}, if one is left, is only in a copy"
+            f"this run, {ledger.run[:12]}…; a copy of the run's directory, resumed, is another run): move "
+            f"it out of {path.parent}; the run's own checkpoint of step {step}, if one is left, is only in "
+            "a copy"
         )
-    identity = checkpoint_identity(path)
     last = ledger.last(step)
     if last is not None and identity != last and (step, identity) in ledger.saves:
         return (

@@ -69,12 +69,30 @@ its COMPLETE (training/checkpoint/record.py RUN_RECORD): another run's checkpoin
 was verified, exported and resumed from as the run's (trial RV60c 1)."""
 
 
+RUN_DIR_ID = "dir"  # the began (or a RUN_ID) line's directory_id of the run directory it was written in
+
+
+def directory_id(run_dir: Path) -> str:
+    """Which directory this is, as a copy of it is not: its device and inode (a `cp -a` or an rsync
+    makes another, a `mv` within a filesystem keeps it)."""
+    st = os.stat(run_dir)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def record_began(run_dir: Path, step: int, run_id: str) -> None:
     """RUN/checkpoints.jsonl's first line: it records every save after step `step` (0: a fresh run's
     whole timeline; a resume of a run from before the record, or of another run's checkpoint: after
     the step resumed), so an export of a later step that no line records is none of this run's
-    (trial RV58b F1); and `run_id`, which those saves carry."""
-    _append_line(run_dir, {BEGAN: step, RUN_ID: run_id})
+    (trial RV58b F1); and `run_id`, which those saves carry, with the directory it was written in."""
+    _append_line(run_dir, {BEGAN: step, RUN_ID: run_id, RUN_DIR_ID: directory_id(run_dir)})
+
+
+def record_copied(run_dir: Path, step: int, run_id: str) -> None:
+    """A line of RUN/checkpoints.jsonl for a run resumed in a copy of its directory (the record names
+    another directory): the saves from here carry `run_id`, so the copy's saves, put back into the
+    original, are another run's there (they passed, sharing its id: trial RV60g F1), and the original's
+    earlier saves stay this record's."""
+    _append_line(run_dir, {RUN_ID: run_id, "since": step, RUN_DIR_ID: directory_id(run_dir)})
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,9 @@ class Ledger:
 
     began: int | None
     saves: list[tuple[int, str]]
-    run: str | None = None  # the began line's RUN_ID (None: a record from before it)
+    run: str | None = None  # the RUN_ID its saves now carry (None: a record from before it)
+    runs: frozenset[str] = frozenset()  # every RUN_ID it has had (a copy's resume adds one)
+    directory: str | None = None  # the RUN_DIR_ID of its newest RUN_ID line (None: before the record)
     # its first line is no JSON object: the beginning and the run id unread, every check that needs
     # them off (trial RV60g F2): verify says so
     first_unreadable: bool = False
@@ -110,7 +130,7 @@ class Ledger:
 def read_ledger(run_dir: Path) -> Ledger:
     """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
     the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
-    began, saves, run, first = None, [], None, None
+    began, saves, run, first, runs, directory = None, [], None, None, set(), None
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -124,12 +144,14 @@ def read_ledger(run_dir: Path) -> Ledger:
                     continue
                 if isinstance(row.get(BEGAN), int) and began is None and not saves:
                     began = row[BEGAN]
-                    run = row.get(RUN_ID) if isinstance(row.get(RUN_ID), str) else None
+                if isinstance(row.get(RUN_ID), str) and (BEGAN in row or run is not None):
+                    run, directory = row[RUN_ID], row.get(RUN_DIR_ID)
+                    runs.add(run)
                 elif isinstance(row.get("step"), int) and isinstance(row.get(CHECKPOINT_IDENTITY), str):
                     saves.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except OSError:
         return Ledger(None, [])
-    return Ledger(began, saves, run, first_unreadable=first is False)
+    return Ledger(began, saves, run, frozenset(runs), directory, first_unreadable=first is False)
 
 
 def exported_with_checksums(export: str | Path) -> bool:
