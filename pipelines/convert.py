@@ -75,7 +75,7 @@ from training.contract.dataset_index import (
     unlike_manifest,
 )
 from training.contract.disk_space import check_free
-from training.contract.errors import refuse_empty
+from training.contract.errors import GristmillError, refuse_empty
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
@@ -207,6 +207,19 @@ def _converting(new: str) -> Path:
     return Path(new).with_name(f".{Path(new).name}.converting")
 
 
+def _converted_from(old: str, new_json: bytes) -> bool:
+    """Whether a dataset.json in NEW says it is OLD's conversion (its converted_from names OLD's
+    fingerprint): a rerun of a conversion that finished before its kill was told to use another prefix
+    (trial RV60g F3). False where either cannot be read."""
+    try:
+        was = json.loads(new_json)["converted_from"]["fingerprints"]
+        raw = ObjectStore(ObjectURL.parse(old)).get(DATASET_JSON) if is_url(old) else None
+        info = json.loads(raw) if raw is not None else read_dataset_info(old)
+        return isinstance(was, list) and info["fingerprint"] in was
+    except (GristmillError, OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _check_new(old: str, new: str) -> None:
     """NEW is a new place: refused in one line before any work when it holds something (an upload cut
     short, which has no dataset.json yet, is resumed), is a file or a link, lies inside OLD, or OLD
@@ -223,8 +236,13 @@ def _check_new(old: str, new: str) -> None:
         there = ObjectStore(b).list()
         if DATASET_JSON in there:
             raise DatasetError(
-                f"{new} already holds a dataset (its {DATASET_JSON}): convert into a new prefix (OLD is "
-                "never changed)"
+                f"{new} already holds a dataset (its {DATASET_JSON})"
+                + (
+                    f": {old}'s conversion, finished (its converted_from records {old}'s fingerprint): "
+                    f"nothing to redo, train from {new}"
+                    if _converted_from(old, ObjectStore(b).get(DATASET_JSON))
+                    else ": convert into a new prefix (OLD is never changed)"
+                )
             )
         # what an upload cut short leaves is a dataset's own paths; anything else was refused by the
         # upload only after the whole conversion (review R17f F4)
@@ -261,8 +279,15 @@ def _check_new(old: str, new: str) -> None:
             f"a mount point cannot be; convert into a new directory inside it, e.g. {path / 'converted'}"
         )
     if path.exists() and any(path.iterdir()):
+        done = (path / DATASET_JSON).is_file() and _converted_from(old, (path / DATASET_JSON).read_bytes())
         raise DatasetError(
-            f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
+            f"{new} exists and is not empty"
+            + (
+                f": {old}'s conversion, finished (its converted_from records {old}'s fingerprint): nothing "
+                f"to redo, train from {new}"
+                if done
+                else ": convert into a new directory (OLD is never changed)"
+            )
         )
 
 

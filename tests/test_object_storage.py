@@ -2781,8 +2781,12 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     assert outs[0] == outs[1] and len(outs[0]) == 11
     # a prefix that holds a dataset is refused before any work, as a local NEW that is not empty is
     # (it was refused after the whole conversion, advising `data upload`'s "another prefix": R17b M3)
-    with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset"):
+    with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset") as e:
         convert_dataset(url, new_url, log=lambda *a: pytest.fail("converted"))
+    # this conversion's own, finished (a rerun after a kill past its commit): said so, not "another
+    # prefix" (trial RV60g F3)
+    assert f": {url}'s conversion, finished (its converted_from records" in str(e.value), e.value
+    assert str(e.value).endswith(f"nothing to redo, train from {new_url}"), e.value
     # NEW inside OLD, or holding it, or holding objects no dataset has: one line before any work, not
     # after the whole conversion (reviews R17c M4, R17f F4)
     for new in (f"{url}/sub", f"s3://{BUCKET}"):

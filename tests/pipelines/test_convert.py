@@ -128,8 +128,11 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path, capsys):
         DatasetError, match="is already a gristmill-shards/3 dataset, the current layout: nothing"
     ):
         convert_dataset(str(converted), str(tmp_path / "again"), log=lambda *a: None)
-    with pytest.raises(DatasetError, match="exists and is not empty"):
+    with pytest.raises(DatasetError, match="exists and is not empty") as e:
         convert_dataset(str(legacy), str(converted), log=lambda *a: None)
+    assert str(e.value).endswith(f"'s fingerprint): nothing to redo, train from {converted}"), (
+        e.value
+    )  # RV60g F3
     # a file, a link or a folder inside OLD as NEW: one line before any work (a traceback, a traceback
     # after the whole conversion, and NEW written into OLD: review R17b M2)
     (tmp_path / "a-file").write_text("")
