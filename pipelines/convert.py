@@ -207,17 +207,25 @@ def _converting(new: str) -> Path:
     return Path(new).with_name(f".{Path(new).name}.converting")
 
 
-def _converted_from(old: str, new_json: bytes) -> bool:
-    """Whether a dataset.json in NEW says it is OLD's conversion (its converted_from names OLD's
-    fingerprint): a rerun of a conversion that finished before its kill was told to use another prefix
-    (trial RV60g F3). False where either cannot be read."""
-    try:
-        was = json.loads(new_json)["converted_from"]["fingerprints"]
-        raw = ObjectStore(ObjectURL.parse(old)).get(DATASET_JSON) if is_url(old) else None
-        info = json.loads(raw) if raw is not None else read_dataset_info(old)
-        return isinstance(was, list) and info["fingerprint"] in was
-    except (GristmillError, OSError, ValueError, KeyError, TypeError):
-        return False
+def _held_already(old: str, new: str, new_json: bytes | None, place: str) -> str:
+    """What to do about a NEW that holds something (`new_json`: its dataset.json, if any): nothing, where
+    that says it is OLD's conversion (its converted_from names OLD's fingerprint: a rerun of one that
+    finished before its kill was told to use another `place`, trial RV60g F3), else another place."""
+    done = False
+    if new_json is not None:  # OLD read only for a NEW that is a dataset
+        try:
+            was = json.loads(new_json)["converted_from"]["fingerprints"]
+            raw = ObjectStore(ObjectURL.parse(old)).get(DATASET_JSON) if is_url(old) else None
+            info = json.loads(raw) if raw is not None else read_dataset_info(old)
+            done = isinstance(was, list) and info["fingerprint"] in was
+        except (GristmillError, OSError, ValueError, KeyError, TypeError):
+            pass
+    if done:
+        return (
+            f"{old}'s conversion, finished (its converted_from records {old}'s fingerprint): nothing to "
+            f"redo, train from {new}"
+        )
+    return f"convert into a new {place} (OLD is never changed)"
 
 
 def _check_new(old: str, new: str) -> None:
@@ -235,15 +243,8 @@ def _check_new(old: str, new: str) -> None:
             )
         there = ObjectStore(b).list()
         if DATASET_JSON in there:
-            raise DatasetError(
-                f"{new} already holds a dataset (its {DATASET_JSON})"
-                + (
-                    f": {old}'s conversion, finished (its converted_from records {old}'s fingerprint): "
-                    f"nothing to redo, train from {new}"
-                    if _converted_from(old, ObjectStore(b).get(DATASET_JSON))
-                    else ": convert into a new prefix (OLD is never changed)"
-                )
-            )
+            done = _held_already(old, new, ObjectStore(b).get(DATASET_JSON), "prefix")
+            raise DatasetError(f"{new} already holds a dataset (its {DATASET_JSON}): {done}")
         # what an upload cut short leaves is a dataset's own paths; anything else was refused by the
         # upload only after the whole conversion (review R17f F4)
         other = sorted(r for r in there if r.split("/", 1)[0] not in _DATASET_PATHS and not is_task_record(r))
@@ -279,16 +280,8 @@ def _check_new(old: str, new: str) -> None:
             f"a mount point cannot be; convert into a new directory inside it, e.g. {path / 'converted'}"
         )
     if path.exists() and any(path.iterdir()):
-        done = (path / DATASET_JSON).is_file() and _converted_from(old, (path / DATASET_JSON).read_bytes())
-        raise DatasetError(
-            f"{new} exists and is not empty"
-            + (
-                f": {old}'s conversion, finished (its converted_from records {old}'s fingerprint): nothing "
-                f"to redo, train from {new}"
-                if done
-                else ": convert into a new directory (OLD is never changed)"
-            )
-        )
+        held = (path / DATASET_JSON).read_bytes() if (path / DATASET_JSON).is_file() else None
+        raise DatasetError(f"{new} exists and is not empty: {_held_already(old, new, held, 'directory')}")
 
 
 def _check_leftovers(old: str, new: str, info: dict[str, Any]) -> None:

@@ -109,10 +109,9 @@ def upload_dataset(
     committed = _refuse_other_dataset(store, info)
     files = dataset_files(info)
     there = store.list()
-    strays = sorted(
-        rel for rel in set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(rel)
-    )
-    if strays:  # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
+    if strays := _strays(
+        there, files
+    ):  # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
         raise DatasetError(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"
@@ -226,9 +225,7 @@ def upload_dataset(
                     f"ran): nothing was committed; run `gristmill data upload {root} {url}` again once no "
                     "other writes there (it uploads what differs), or upload into another prefix"
                 )
-        if late := sorted(
-            r for r in set(listed) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(r)
-        ):
+        if late := _strays(listed, files):
             raise DatasetError(
                 f"{target} holds {len(late)} object(s) that are not this dataset's, put while this upload "
                 f"ran (e.g. {late[0]}: another upload into the prefix): nothing was committed; upload into "
@@ -353,6 +350,14 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="a complete dataset directory (holds dataset.json)")
     parser.add_argument("url", help="s3://BUCKET/PREFIX (endpoint and credentials: the AWS_* environment)")
+
+
+def _strays(listing: dict[str, int], files: dict[str, dict]) -> list[str]:
+    """The objects of a prefix's `listing` that are not the dataset's (`files`, its dataset.json, the
+    bucket's validation.json, a build's task records), sorted."""
+    return sorted(
+        r for r in set(listing) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(r)
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -104,6 +104,7 @@ from training.contract.integrity import (
     CHECKPOINT_IDENTITY,
     EXPORT_CHECKSUMS,
     EXPORT_META,
+    Ledger,
     checkpoint_identity,
     damaged_files,
     exported_with_checksums,
@@ -1509,17 +1510,17 @@ def _recorded_identity(export: Path) -> str | None:
         return None
 
 
-def _run_s_identity(ckpt: Path) -> str | None:
+def _run_s_identity(ckpt: Path, ledger: Ledger | None = None) -> str | None:
     """The COMPLETE sha256 of checkpoint `ckpt` where it is the run's save of its step: its record
     reads (not damaged) and names no other run or timeline (io.not_the_run_s_save). None otherwise,
     and the run's exports are then judged by RUN/checkpoints.jsonl: the checkpoint's own identity made
     verify call the run's intact export another's, and `export` replaced it with the wrong weights or
-    set it aside and failed (trial RV60c 2, 3)."""
+    set it aside and failed (trial RV60c 2, 3). `ledger`: the run's record, where the caller has it."""
     try:
         record = read_complete_record(ckpt)
     except CheckpointError:
         return None
-    return None if not_the_run_s_save(ckpt, record) else checkpoint_identity(ckpt)
+    return None if not_the_run_s_save(ckpt, record, ledger) else checkpoint_identity(ckpt)
 
 
 def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
@@ -1531,7 +1532,7 @@ def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
     if recorded is None:
         return False
     ledger, step = read_ledger(ckpt.parent.parent), step_of(ckpt)
-    now = _run_s_identity(ckpt) or ledger.last(step)
+    now = _run_s_identity(ckpt, ledger) or ledger.last(step)
     # no checkpoint of the step recorded: where the record holds every save, none of this run's (RV58b F1)
     return recorded != now if now is not None else ledger.by_none(step, recorded)
 

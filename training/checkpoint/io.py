@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from training.checkpoint.record import RUN_RECORD, CheckpointError, is_resume_only, read_complete_record
 from training.contract.errors import GristmillError
-from training.contract.integrity import checkpoint_identity, damaged_files, read_ledger
+from training.contract.integrity import Ledger, checkpoint_identity, damaged_files, read_ledger
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     CHECKPOINTS_JSONL,
@@ -168,18 +168,19 @@ def verify_checkpoint(path: str | Path) -> str | None:
     return None
 
 
-def not_the_run_s_save(path: Path, record: dict[str, Any]) -> str | None:
+def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None = None) -> str | None:
     """Why checkpoint `path` of a run's checkpoints/ (COMPLETE `record`) is not the run's save of its
     step, by RUN/checkpoints.jsonl, past the step it begins at: another run's (its COMPLETE names
     another run id), or one a later save of the step replaced (a timeline a resume or a rewind left,
     put back under the step's name). Either was verified, exported and resumed from as the run's,
-    exit 0 (trial RV60c 1, 2). None: the run's, or nothing to tell by (a copy elsewhere, an older run)."""
+    exit 0 (trial RV60c 1, 2). None: the run's, or nothing to tell by (a copy elsewhere, an older run).
+    `ledger`: the run's record, where the caller has read it."""
     step = named_step(path)
     # only what the run's steps are read from: an abandoned- copy is a set-aside save by its name, and
     # resumed from into another directory continues its own timeline there
     if step is None or path.name != step_name(step) or path.parent.name != CHECKPOINTS_DIR:
         return None
-    ledger = read_ledger(path.parent.parent)
+    ledger = ledger if ledger is not None else read_ledger(path.parent.parent)
     if ledger.began is None or step <= ledger.began:
         return None
     record_file = path.parent.parent / CHECKPOINTS_JSONL

@@ -761,12 +761,13 @@ def parse_dataset_info(text: bytes, path: str | Path, fix: str | None = None) ->
             f"{path}: format {info.get('format')!r} is not one of {', '.join(map(repr, FORMATS))}; rebuild "
             "with this version"
         )
-    if info.get("status") != "complete" and not built_here:  # only a commit puts it there (RV60a 7)
-        raise DatasetError(f"{path}: status is {info.get('status')!r}, not 'complete' as committed; {fix}")
     if info.get("status") != "complete":
         raise DatasetError(
             f"{path}: status is {info.get('status')!r}, not 'complete'; the build did not finish — rerun "
             "`gristmill data build` with the same config to resume it"
+            if built_here
+            # elsewhere only a commit puts a dataset.json (trial RV60a 7)
+            else f"{path}: status is {info.get('status')!r}, not 'complete' as committed; {fix}"
         )
     for key in ("tokenizer_sha256", "vocab_size", "dtype", "separator", "shard_files", "fingerprint"):
         if key not in info:
