@@ -4746,3 +4746,43 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     assert build(cfg, log=lines.append).ok
     assert any("1 of its 2 tasks left no record here" in line for line in lines), lines
     s3.client.put_object(Bucket=BUCKET, Key=record_key, Body=record)
+
+
+def test_a_cache_that_becomes_unwritable_mid_run_saves_the_last_trained_step_then_stops(
+    s3, synthetic, small_blocks, small_blocks_run, tmp_path, capsys
+):
+    """The cache stops taking writes mid-run (a disk turned read-only, a folder replaced by a file):
+    the run saves the step it trained last, stops on the cache's one line, and resumes to the
+    uninterrupted run's losses. The loader's close, on the way out, removed its keep list from the
+    cache: that raised too, replaced the cache's line with a traceback, and the steps since the last
+    checkpoint were lost (trial RV60a 5)."""
+    _, url = synthetic
+    run_dir, cache_dir = tmp_path / "run", tmp_path / "cache"
+    sets = overrides(url, run_dir, f"data.cache_dir={json.dumps(str(cache_dir))}", "checkpoint.interval=0")
+    stop = threading.Event()
+
+    def break_the_cache() -> None:  # once step 6 is logged, the cache is a file (root ignores modes)
+        while not stop.is_set():
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            if rows and rows[-1]["step"] >= 6:
+                shutil.move(cache_dir, tmp_path / "cache-was")
+                cache_dir.write_text("")
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=break_the_cache, daemon=True)
+    watcher.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)
+            with pytest.raises(GristmillError, match=rf"cannot write the cache {re.escape(str(cache_dir))}"):
+                train(load_train_config(TINY, sets))
+    finally:
+        stop.set()
+        watcher.join()
+    out = capsys.readouterr().out
+    saved = metrics(run_dir)[-1]["step"]
+    assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
+    cache_dir.unlink()
+    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
+    assert losses(run_dir) == losses(small_blocks_run)

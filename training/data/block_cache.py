@@ -1233,7 +1233,11 @@ class Prefetcher:
             self._cond.notify()
         self._thread.join(timeout=60)
         self._pool.close()
-        self.keep_file.unlink(missing_ok=True)
+        # A cache that turned unwritable meanwhile (the error being raised now, perhaps): a close that
+        # raised too replaced that error, and the trainer stopped without saving its last step (trial
+        # RV60a 5). A list left behind is a dead process's, which the next live_keep removes.
+        with contextlib.suppress(OSError):
+            self.keep_file.unlink(missing_ok=True)
 
     def _step_needs(self, step: int) -> list[tuple[int, int]]:
         hit = self._memo.get(step)
