@@ -76,6 +76,7 @@ from training.contract.eval_table import (
     LATER_SETTINGS,
     LOCAL_SETTINGS,
     RESULTS_JSON,
+    SCORING_RUN,
     check_results,
     eval_lock,
     read_results,
@@ -1269,13 +1270,16 @@ def _as_now(results: dict[str, Any], name: str, holder: str | None, want: dict[s
 
 def label_results(results: dict[str, Any], run_dir: Path, step: int, model: str, plan: TaskPlan) -> None:
     """results.json's `gristmill` header (the run, the step, the model scored: an export, or the
-    in-training weights) and each task's own `model`: later evals of the step merge their tasks into
-    the file, and the header is the newest's."""
+    in-training weights) and each task's own `model` and the id of the run scoring it (SCORING_RUN):
+    later evals of the step merge their tasks into the file, and the header is the newest's."""
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": model}
     if plan.local:
         results["gristmill"]["heldout"] = plan.data.heldout()
+    run_id = read_ledger(run_dir).run
     for info in results.get(GRISTMILL_TASKS, {}).values():
         info["model"] = model
+        if run_id is not None:
+            info[SCORING_RUN] = run_id
 
 
 def evaluated(

@@ -361,6 +361,44 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
     assert said in capsys.readouterr().err
 
 
+def test_scores_copied_in_from_another_run_are_refused_in_one_line(eval_run, tmp_path, capsys):
+    """Each task's scores record the id of the run that scored them (RUN/checkpoints.jsonl's): a
+    step's results.json copied in from another run was tabled, plotted and audited as this run's
+    scores, exit 0 (trial RV60c 4). The table, the audit and the next eval refuse it in one line, and
+    the fix it gives works."""
+    from pipelines.cli import main
+    from training.contract.integrity import record_began
+
+    ours, theirs = (_copy_run(eval_run[0], tmp_path / name) for name in ("ours", "theirs"))
+    for run, run_id in ((ours, "a" * 32), (theirs, "b" * 32)):
+        record_began(run, 5, run_id)  # a record from step 5 on: the step-5 export is before it
+    assert main(["eval", str(theirs), "--step", "5", *QUICK]) == 0
+    scores = json.loads((eval_dir(theirs, 5) / "results.json").read_text())
+    assert {info["run_id"] for info in scores["gristmill_tasks"].values()} == {"b" * 32}
+    shutil.copytree(eval_dir(theirs, 5), eval_dir(ours, 5))
+    shutil.copy(theirs / "eval.parquet", ours / "eval.parquet")  # the table of those scores too
+    capsys.readouterr()
+    results = eval_dir(ours, 5) / "results.json"
+    fix = f"move {results.parent} out of {ours / 'eval'}"
+    for command in (["eval", str(ours), "--table"], ["data", "audit", str(ours), "--sql", "FROM eval"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        line = err.strip().splitlines()[-1]
+        assert "Traceback" not in err, err
+        assert line.startswith(
+            f"error: {results} holds scores of another run (heldout_ppl's records run id"
+        ), line
+        assert fix in line, line
+    assert main(["eval", str(ours), "--step", "5", *QUICK]) == 2  # refused before scoring
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "heldout_ppl: " not in err and fix in err.strip().splitlines()[-1], err
+    shutil.rmtree(results.parent)
+    assert main(["eval", str(ours), "--step", "5", *QUICK]) == 0
+    scores = json.loads(results.read_text())
+    assert {info["run_id"] for info in scores["gristmill_tasks"].values()} == {"a" * 32}
+    assert main(["eval", str(ours), "--table"]) == 0
+
+
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
     """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
     for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the

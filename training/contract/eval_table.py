@@ -27,13 +27,17 @@ import pyarrow.parquet as pq
 from training.contract.atomic_write import atomic_path
 from training.contract.errors import GristmillError
 from training.contract.file_lock import file_lock, flock_listed
-from training.contract.integrity import seal_broken, sealed
-from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
+from training.contract.integrity import read_ledger, seal_broken, sealed
+from training.contract.run_layout import CHECKPOINTS_JSONL, EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
 T = TypeVar("T")
 
 RESULTS_JSON = "results.json"
 GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
+SCORING_RUN = "run_id"
+"""A task's record's key (GRISTMILL_TASKS) for the id of the run that scored it (RUN/checkpoints.jsonl's,
+where it has one): a results.json copied in from another run was tabled, plotted and audited as this
+run's scores, exit 0 (trial RV60c 4). Per task: later evals of the step merge their tasks into the file."""
 EVAL_LOCK = ".lock"  # in RUN/eval/: held by each writer of a results.json and of eval.parquet (eval_lock)
 
 EVAL_SCHEMA = pa.schema(
@@ -240,7 +244,31 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
             f"that step's export or checkpoint, evaluate it again (`gristmill eval {run_dir} --step {step}"
             f"{' --merged' if merged else ''}`)"
         ) from None
+    if foreign := _scored_by_another_run(run_dir, results):
+        task, run = foreign
+        record, evals = Path(run_dir) / CHECKPOINTS_JSONL, Path(run_dir) / EVAL_DIR
+        raise EvalResultsError(
+            f"{path} holds scores of another run ({task}'s records run id {run}, which {record} never "
+            f"had): move {path.parent} out of {evals}; while the run keeps that step's export or "
+            f"checkpoint, `gristmill eval {run_dir} --step {step}{' --merged' if merged else ''}` scores "
+            "the run's own"
+        )
     return results
+
+
+def _scored_by_another_run(run_dir: str | Path, results: dict[str, Any]) -> tuple[str, str] | None:
+    """A task of `results` and the run id it records (SCORING_RUN) where that is none the run's record
+    has had; None: every one is the run's, or nothing tells (scores or a record from before the id)."""
+    tasks = results.get(GRISTMILL_TASKS)
+    said = {
+        task: info[SCORING_RUN]
+        for task, info in (tasks.items() if isinstance(tasks, dict) else ())
+        if isinstance(info, dict) and isinstance(info.get(SCORING_RUN), str)
+    }
+    if not said:
+        return None
+    runs = read_ledger(Path(run_dir)).runs
+    return next(((task, run) for task, run in sorted(said.items()) if runs and run not in runs), None)
 
 
 def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[str, Any]]:
