@@ -176,7 +176,7 @@ GROUP BY 1, 2, 3 HAVING count(*) > 1
 ORDER BY dataset_name, field, copies DESC, value
 """,
     # The last `gristmill data validate` of each dataset, and whether it checked the dataset as
-    # it is now (same fingerprint, its shards the versions it checked) or an earlier build.
+    # it is now (same fingerprint, its files the versions it checked) or an earlier build.
     "validation": """
 SELECT d.dataset_name,
        CASE WHEN v.json IS NULL THEN 'not validated'
@@ -184,7 +184,7 @@ SELECT d.dataset_name,
                  OR (v.fingerprint IS NOT DISTINCT FROM d.fingerprint AND v.ok IS NULL)
                  THEN 'record damaged (no verdict): validate again'
             WHEN v.fingerprint IS DISTINCT FROM d.fingerprint THEN 'stale (dataset rebuilt since)'
-            WHEN v.shards_changed > 0 THEN 'stale (shards changed since): validate again'
+            WHEN v.files_changed > 0 THEN 'stale (files changed since): validate again'
             WHEN v.ok THEN 'ok' ELSE 'FAILED' END AS status,
        v.problems, v.checked_at, v.shards, v.documents, v.tokens, v.separators, d.fingerprint
 FROM dataset d LEFT JOIN validation v USING (dataset_name)

@@ -62,7 +62,7 @@ from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
 from training.data.recipe import CONSUMPTION_COLUMNS_ADDED, CONSUMPTION_SCHEMA
 from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
-from validation.validate import VALIDATION_JSON, shard_versions
+from validation.validate import VALIDATION_JSON, dataset_versions
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class FileView:
     """A view over the files matching `pattern` (a glob relative to each dataset directory).
 
     `sql` selects FROM {src}, which reads those files ({root} is the dataset directory as a SQL
-    string; {identities}, its fingerprints over its dataset.json `j`: _identities; {changed}, its shards
-    changed since its last validation: _shards_changed). `reader` says how
+    string; {identities}, its fingerprints over its dataset.json `j`: _identities; {changed}, its files
+    changed since its last validation: _files_changed). `reader` says how
     {src} reads them: "parquet" (read_parquet, schemas unioned by name), "text" (read_text: columns
     filename, content) or "json" (read_json). A dataset without matching files contributes no rows;
     `schema` gives a parquet view its columns when no dataset has a file (a json view without files
@@ -148,7 +148,7 @@ SELECT CASE WHEN json_type(j->'ok') = 'BOOLEAN' THEN (j->>'ok')::BOOLEAN END AS 
        (j->>'shards')::BIGINT AS shards, (j->>'documents')::BIGINT AS documents,
        (j->>'tokens')::BIGINT AS tokens, (j->>'separators')::BIGINT AS separators,
        (j->>'n_problems')::BIGINT AS problems, j->>'fingerprint' AS fingerprint,
-       {changed} AS shards_changed, j AS json
+       {changed} AS files_changed, j AS json
 FROM (SELECT content::JSON AS j FROM {src})
 """
 
@@ -543,19 +543,24 @@ def _identities(root: Path, con: duckdb.DuckDBPyConnection) -> str:
     END))"""
 
 
-def _shards_changed(root: Path) -> str:
-    """How many shards differ from their versions the last validation recorded (validate.shard_versions:
-    a bucket's ETags, a directory's sizes and mtimes), now, as the views are made (a --db's count is of
-    its writing); NULL where the record holds none (written before versions were recorded) or cannot
-    be read. One listing of a bucket's shards (a request per thousand)."""
+def _files_changed(root: Path) -> str:
+    """How many of the files the last validation checked differ from the versions it recorded
+    (validate.dataset_versions: a bucket's ETags, a directory's sizes and mtimes; the shards', and
+    where it records them the others': dataset.json, tokenizer.json, index/, manifest/), now, as the
+    views are made (a --db's count is of its writing); NULL where the record holds none (written before
+    versions were recorded) or cannot be read. One listing of a bucket (a request per thousand)."""
     try:
-        recorded = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8")).get("shard_versions")
+        record = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
+        recorded, beside = record.get("shard_versions"), record.get("file_versions")
     except (OSError, ValueError, AttributeError, RecursionError):
         return "NULL"
     if not isinstance(recorded, dict):
         return "NULL"
-    now = shard_versions(origin(root) or root)
-    return str(sum(recorded.get(name) != now.get(name) for name in recorded.keys() | now.keys()))
+    now, now_beside = dataset_versions(origin(root) or root)
+    changed = sum(recorded.get(name) != now.get(name) for name in recorded.keys() | now.keys())
+    if isinstance(beside, dict):  # recorded since trial RV60a 8
+        changed += sum(beside.get(name) != now_beside.get(name) for name in beside.keys() | now_beside.keys())
+    return str(changed)
 
 
 def _empty_source(view: FileView) -> str | None:
@@ -584,7 +589,7 @@ def view_sql(name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBP
             # files written before a column was added read as null in it (e.g. an older manifest)
             src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
         identities = _identities(root, con) if "{identities}" in view.sql else ""
-        changed = _shards_changed(root) if "{changed}" in view.sql else ""
+        changed = _files_changed(root) if "{changed}" in view.sql else ""
         body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities, changed=changed)
         parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
     return "\nUNION ALL BY NAME\n".join(parts)

@@ -47,6 +47,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import stat
 import sys
 import tarfile
 import time
@@ -194,8 +195,10 @@ class ValidationReport:
     fingerprint: str | None = None
     # what a reader of this version needs done that is no fault of the data (an older index format)
     notes: list[str] = field(default_factory=list)
-    # {shard file: its version as the check began (shard_versions)}: the audit's "ok" is of these
+    # {shard file: its version as the check began (dataset_versions)}: the audit's "ok" is of these
     shard_versions: dict[str, str] | None = None
+    # {the other files it checks (dataset.json, tokenizer.json, index/, manifest/): their versions}
+    file_versions: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -764,11 +767,11 @@ def validate_dataset(
     if listing is not None:  # the bucket's objects
         shard_objects = (rel for rel in listing if rel.startswith(SHARDS_DIR + "/"))
         sizes = {rel.split("/", 1)[1]: listing[rel][0] for rel in shard_objects}
-        versions = _versions_listed(listing)
+        versions, beside = _versions_listed(listing)
         leftovers = sorted(rel for rel in listing if rel.endswith(".tmp"))
     else:
         stats = _shard_stats(root)
-        versions = _versions_stated(stats)
+        versions, beside = _versions_stated(stats), _versions_beside(root)
         sizes = {name: st.st_size for name, st in stats.items()}
         # Our own leftover, from a validation killed between writing and renaming its report: it is
         # rewritten below, so it is no problem of the dataset.
@@ -867,6 +870,7 @@ def validate_dataset(
         fingerprint=info.get("fingerprint") if info else None,
         notes=notes,
         shard_versions=versions,
+        file_versions=beside,
     )
     unread = [r for r in results if r.unread]
     # Only what was not read here failed: no verdict, here or in the bucket (its record, if any, still
@@ -963,17 +967,24 @@ def _not_the_bucket(e: Exception) -> bool:
     return not isinstance(e, (ObjectMissing, ObjectCutShort, DatasetError))
 
 
-def shard_versions(location: str | Path) -> dict[str, str]:
-    """{shard file: its version} as the dataset's store tells it now: a bucket's size and ETag (the
-    store's digest of the content), a directory's size and mtime. A validation records them and the
-    audit compares: a shard replaced or damaged after its check made the audit say "ok" of bytes no
-    one had checked (review RV49a 2). A version is no proof of content, only of a change."""
+def dataset_versions(location: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """({shard file: its version}, {each other file a validation checks: its version}) as the dataset's
+    store tells it now: a bucket's size and ETag (the store's digest of the content), a directory's
+    size and mtime. A validation records them and the audit compares: a shard replaced or damaged after
+    its check made the audit say "ok" of bytes no one had checked (review RV49a 2), and so did a
+    damaged tokenizer.json or index file (trial RV60a 8). A version is no proof of content, only of a
+    change."""
     if is_url(location):
-        return _versions_listed(ObjectStore(str(location)).list_etags(SHARDS_DIR + "/"))
+        return _versions_listed(ObjectStore(str(location)).list_etags())
     try:
-        return _versions_stated(_shard_stats(Path(location)))
+        return _versions_stated(_shard_stats(Path(location))), _versions_beside(Path(location))
     except OSError:  # unreadable: no version matches a record (the audit says stale)
-        return {}
+        return {}, {}
+
+
+def _checked_beside_shards(rel: str) -> bool:
+    """Whether `rel` (a path inside a dataset) is a file a validation checks besides the shards."""
+    return rel in (DATASET_JSON, TOKENIZER_JSON) or rel.startswith((f"{INDEX_DIR}/", f"{MANIFEST_DIR}/"))
 
 
 def _shard_stats(root: Path) -> dict[str, os.stat_result]:
@@ -990,9 +1001,23 @@ def _versions_stated(stats: dict[str, os.stat_result]) -> dict[str, str]:
     return {name: f"{st.st_size} {st.st_mtime_ns}" for name, st in stats.items()}
 
 
-def _versions_listed(listing: dict[str, tuple[int, str]]) -> dict[str, str]:
+def _versions_beside(root: Path) -> dict[str, str]:
+    """{file a validation checks besides the shards: its size and mtime} of directory `root`."""
+    found = [root / DATASET_JSON, root / TOKENIZER_JSON, *(root / INDEX_DIR).rglob("*")]
+    found += (root / MANIFEST_DIR).rglob("*")
+    stats = {}
+    for path in found:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if stat.S_ISREG((st := path.stat()).st_mode):
+                stats[path.relative_to(root).as_posix()] = st
+    return _versions_stated(stats)
+
+
+def _versions_listed(listing: dict[str, tuple[int, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """The shards' and the other checked files' versions of a bucket's `listing` (ObjectStore.list_etags)."""
     prefix = SHARDS_DIR + "/"
-    return {rel[len(prefix) :]: f"{n} {etag}" for rel, (n, etag) in listing.items() if rel.startswith(prefix)}
+    shards = {rel[len(prefix) :]: f"{n} {e}" for rel, (n, e) in listing.items() if rel.startswith(prefix)}
+    return shards, {rel: f"{n} {e}" for rel, (n, e) in listing.items() if _checked_beside_shards(rel)}
 
 
 def _bucket_copy(

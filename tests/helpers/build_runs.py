@@ -102,9 +102,10 @@ def assert_same_dataset(a: Path, b: Path) -> None:
                 {k: v for k, v in json.loads((d / name).read_text()).items() if k not in VOLATILE[name]}
                 for d in (a, b)
             )
-            if name == "validation.json":  # the shards' versions: their sizes (mtimes, ETags differ)
+            if name == "validation.json":  # the files' versions: their sizes (mtimes, ETags differ)
                 for report in (got, want):
-                    report["shard_versions"] = {k: v.split()[0] for k, v in report["shard_versions"].items()}
+                    for key in ("shard_versions", "file_versions"):
+                        report[key] = {k: v.split()[0] for k, v in report[key].items()}
             if (
                 name == "dataset.json"
             ):  # the hashes it records of the files compared above, not of skipped ones

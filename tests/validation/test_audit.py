@@ -542,21 +542,23 @@ def test_validation_status_stale_and_failed(built_dataset, tmp_path):
         )
 
 
-def test_a_shard_changed_after_its_validation_is_stale_not_ok(built_dataset, tmp_path):
+@pytest.mark.parametrize("changed", ["shards", "tokenizer.json", "index"])  # a manifest: its view refuses it
+def test_a_file_changed_after_its_validation_is_stale_not_ok(built_dataset, tmp_path, changed):
     """A shard replaced or damaged after `data validate` said ok: the audit went on saying "ok" of
-    bytes no validation had checked (review RV49a 2); the shards' versions the record holds (sizes and
-    mtimes here, a bucket's ETags in test_object_storage) tell it."""
+    bytes no validation had checked (review RV49a 2), and so it did of a damaged tokenizer.json or
+    index file (trial RV60a 8); the files' versions the record holds (sizes and mtimes here, a
+    bucket's ETags in test_object_storage) tell it."""
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root)
     con, _ = connect([root])
     assert run_preset(con, "validation").records()[0]["status"] == "ok"
-    shard = sorted((root / "shards").iterdir())[0]
+    shard = root / changed if (root / changed).is_file() else sorted((root / changed).iterdir())[0]
     data = bytearray(shard.read_bytes())
-    data[700] ^= 1
+    data[700 if changed == "shards" else len(data) // 2] ^= 1
     shard.write_bytes(bytes(data))
     con, _ = connect([root])
     assert (
-        run_preset(con, "validation").records()[0]["status"] == "stale (shards changed since): validate again"
+        run_preset(con, "validation").records()[0]["status"] == "stale (files changed since): validate again"
     )
     assert main(["data", "validate", str(root)]) == 1
     con, _ = connect([root])
