@@ -45,11 +45,16 @@ import numpy as np
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DECONTAM_FILES, DECONTAM_MANIFEST, decontam_sha256
 from training.contract.errors import GristmillError
+from training.contract.integrity import seal_broken, sealed
 
 FORMAT = "gristmill-decontam/1"
 NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: old indexes are refused
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
+MANIFEST_SEAL = "manifest_sha256"
+"""manifest.json's key for the sha256 of the rest of it: its `sha256` covers the n-gram files only, and
+an edited `ngram` (with the recipe's set to match) built with n-grams the index never held, matching
+nothing, and recorded the dataset as decontaminated (trial RV60b 3). A manifest from before it has none."""
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
@@ -242,6 +247,7 @@ def write_index(
         "ngrams": int(first.sum()),
         "sha256": decontam_sha256(folder),
     }
+    manifest = sealed(manifest, MANIFEST_SEAL)
     write_atomic(folder / MANIFEST_JSON, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -268,7 +274,7 @@ def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
         ok = isinstance(manifest, dict) and all(isinstance(manifest.get(k), t) for k, t in types.items())
     except (ValueError, UnicodeDecodeError):
         ok = False
-    if not ok:
+    if not ok or seal_broken(manifest, MANIFEST_SEAL):
         raise DecontamIndexError(f"{path} is not a valid index manifest (cut off or edited); {REBUILD}")
     if manifest.get("format") != FORMAT or manifest.get("normalizer") != NORMALIZER:
         raise DecontamIndexError(

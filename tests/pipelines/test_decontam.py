@@ -426,11 +426,17 @@ def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     (index / "ngrams.npy").write_bytes((index / "ngrams.npy").read_bytes()[:-8])
     with pytest.raises(GristmillError, match=r"do not match the sha256 in manifest.json"):
         prepare(with_index(index), **QUIET)
-    (index / "manifest.json").write_text('{"format": "gristmill-decontam/1", "ngram": 13')
-    with pytest.raises(
-        GristmillError, match=r"manifest.json is not a valid index manifest \(cut off or edited\)"
-    ):
-        prepare(with_index(index), **QUIET)
+    # the manifest's n edited to the recipe's: it built with 8-grams the index never held, matching
+    # nothing, and recorded the dataset as decontaminated (trial RV60b 3)
+    shutil.copyfile(out / "decontam" / "ngrams.npy", index / "ngrams.npy")  # the n-grams as before
+    edited = json.dumps({**json.loads((index / "manifest.json").read_text()), "ngram": 8}, indent=1)
+    cut = '{"format": "gristmill-decontam/1", "ngram": 13'
+    for text, sets in ((edited, ["decontaminate.ngram=8"]), (cut, [])):
+        (index / "manifest.json").write_text(text)
+        with pytest.raises(
+            GristmillError, match=r"manifest.json is not a valid index manifest \(cut off or edited\)"
+        ):
+            prepare(with_index(index, *sets), **QUIET)
 
     eight = tmp_path / "eight"
     argv = [
@@ -503,7 +509,9 @@ def test_a_finished_dataset_whose_prebuilt_index_is_gone_names_the_copy_it_keeps
 
 def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_path):
     """decontam/ (recorded in dataset.json) edited: the advice was "delete dataset.json and rerun",
-    which recorded the edited claim and validated (review R14a). Now decontam/ is built again."""
+    which recorded the edited claim and validated (review R14a). Now decontam/ is built again. A
+    manifest sealed (trial RV60b 3) is no index when edited: the rerun copies the index again, as
+    for a damaged n-gram file; an unsealed one (from before the seal) fails validation, with advice."""
     _, built, _, config, _ = decontam
     out = tmp_path / "ds"
     shutil.copytree(built, out)
@@ -512,6 +520,12 @@ def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_p
     manifest.write_text(manifest.read_text().replace('"documents": ', '"documents": 1', 1))
     cfg = load_config(DataConfig, config, [f"output={out}"])
     lines: list[str] = []
+    assert build(cfg, log=lines.append).ok
+    assert any(f"{out / 'decontam'}/ is damaged or another index" in line for line in lines), lines
+    assert json.loads(manifest.read_text()) == clean
+    unsealed = {k: v for k, v in clean.items() if k != "manifest_sha256"}
+    manifest.write_text(json.dumps({**unsealed, "tasks": [{**clean["tasks"][0], "documents": 1}]}, indent=1))
+    lines = []
     assert not build(cfg, log=lines.append).ok
     rm = f"rm -r {out / 'dataset.json'} {out / 'decontam'} && rerun the same command"
     assert lines[-1].startswith("fix: ") and lines[-1].endswith(rm), lines[-3:]
@@ -533,7 +547,8 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
     shutil.copytree(built, out)
     # built before the manifest lost its timing (R16h F2): the manifest dataset.json records holds one
     manifest = out / "decontam" / "manifest.json"
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "seconds": 0.41}, indent=1))
+    older = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "manifest_sha256"}  # unsealed
+    manifest.write_text(json.dumps({**older, "seconds": 0.41}, indent=1))
     info = json.loads((out / "dataset.json").read_text())
     info["files"]["decontam/manifest.json"] = {
         "bytes": manifest.stat().st_size,
