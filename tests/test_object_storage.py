@@ -2605,6 +2605,27 @@ def test_a_damaged_cached_tokenizer_is_fetched_again(s3, built_dataset, tmp_path
     assert " FAILED " in capsys.readouterr().out
 
 
+def test_a_bucket_s_vocab_size_other_than_its_tokenizer_s_is_refused_at_the_open(s3, built_dataset, tmp_path):
+    """A bucket's dataset.json whose vocab_size was edited up (the fingerprint does not cover it): its
+    tokenizer was not fetched at the open, and the run trained a larger model than the dataset's, exit 0
+    (trial RV60a 1, left for buckets then). The open fetches it (a training's start fetched it for its
+    exports anyway) and holds vocab_size to it, as for a local dataset, from a cold cache."""
+    url = s3.url("edited-vocab")
+    upload_dataset(built_dataset, url, log=lambda *a: None)
+    info = json.loads((built_dataset / "dataset.json").read_text())
+    real = info["vocab_size"]
+    for i, (size, says) in enumerate(
+        [(real + 1000, " has at most"), (real - 1, "'s vocabulary has ids up to")]
+    ):
+        s3.client.put_object(
+            Bucket=BUCKET, Key="edited-vocab/dataset.json", Body=json.dumps({**info, "vocab_size": size})
+        )
+        with pytest.raises(DatasetError, match=rf"says vocab_size = {size}, but .*tokenizer.json{says}"):
+            DocumentTable(url, cache=cache(tmp_path / str(i)))
+    s3.client.put_object(Bucket=BUCKET, Key="edited-vocab/dataset.json", Body=json.dumps(info))
+    assert DocumentTable(url, cache=cache(tmp_path / "clean")).vocab_size == real
+
+
 @pytest.mark.parametrize(
     "field, value, expect",
     [

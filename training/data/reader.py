@@ -114,22 +114,17 @@ class DocumentTable:
                 f"tokenizer ({self.root / TOKENIZER_JSON}) or rebuild the dataset with yours"
             )
         tok = self.root / TOKENIZER_JSON
-        if origin(self.root) is not None and tok.is_file():
-            # the cache's copy (fetched for an export, init_from, a recipe's check) hashed again: a
-            # damaged one is fetched again, not blamed on the dataset (it said "rebuild the dataset" at
-            # every rerun of a good bucket: review RV49a 1)
+        if origin(self.root) is not None and info["tokenizer_sha256"] not in (None, "none"):
+            # a bucket's: fetched (once a node: a training's start fetches it for its exports anyway),
+            # and the cache's copy hashed again: a damaged one is fetched again, not blamed on the
+            # dataset (it said "rebuild the dataset" at every rerun of a good bucket: review RV49a 1).
+            # Without it a bucket's vocab_size went unchecked: an edit up trained a larger model (RV60a 1).
             ensure_checked(self.root, [TOKENIZER_JSON])
         if problem := tokenizer_problem(self.root, info, where, absent_ok=origin(self.root) is not None):
             raise DatasetError(problem)
         # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
-        # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens. Checked
-        # where the tokenizer is always beside the dataset (a bucket's is fetched only for an export
-        # or init_from: checked there, a dataset would be refused only once one had run).
-        span = (
-            _model_span(tok, info["tokenizer_sha256"])
-            if origin(self.root) is None and tok.is_file()
-            else None
-        )
+        # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens.
+        span = _model_span(tok, info["tokenizer_sha256"]) if tok.is_file() else None
         if span is not None and info["vocab_size"] < span[0]:
             raise DatasetError(
                 f"{where} says vocab_size = {info['vocab_size']}, but {tok}'s vocabulary has ids up to "
