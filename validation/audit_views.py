@@ -546,9 +546,10 @@ def _identities(root: Path, con: duckdb.DuckDBPyConnection) -> str:
 def _files_changed(root: Path) -> str:
     """How many of the files the last validation checked differ from the versions it recorded
     (validate.dataset_versions: a bucket's ETags, a directory's sizes and mtimes; the shards', and
-    where it records them the others': dataset.json, tokenizer.json, index/, manifest/), now, as the
-    views are made (a --db's count is of its writing); NULL where the record holds none (written before
-    versions were recorded) or cannot be read. One listing of a bucket (a request per thousand)."""
+    where it records them the others': dataset.json, tokenizer.json, index/, manifest/, decontam/),
+    now, as the views are made (a --db's count is of its writing); NULL where the record holds none
+    (written before versions were recorded) or cannot be read. One listing of a bucket (a request per
+    thousand)."""
     try:
         record = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
         recorded, beside = record.get("shard_versions"), record.get("file_versions")

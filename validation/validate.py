@@ -197,7 +197,7 @@ class ValidationReport:
     notes: list[str] = field(default_factory=list)
     # {shard file: its version as the check began (dataset_versions)}: the audit's "ok" is of these
     shard_versions: dict[str, str] | None = None
-    # {the other files it checks (dataset.json, tokenizer.json, index/, manifest/): their versions}
+    # {the other files it checks (dataset.json, tokenizer.json, index/, manifest/, decontam/): versions}
     file_versions: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -982,9 +982,12 @@ def dataset_versions(location: str | Path) -> tuple[dict[str, str], dict[str, st
         return {}, {}
 
 
+_CHECKED_DIRS = (INDEX_DIR, MANIFEST_DIR, DECONTAM_DIR)  # besides the shards: every file under them
+
+
 def _checked_beside_shards(rel: str) -> bool:
     """Whether `rel` (a path inside a dataset) is a file a validation checks besides the shards."""
-    return rel in (DATASET_JSON, TOKENIZER_JSON) or rel.startswith((f"{INDEX_DIR}/", f"{MANIFEST_DIR}/"))
+    return rel in (DATASET_JSON, TOKENIZER_JSON) or rel.startswith(tuple(f"{d}/" for d in _CHECKED_DIRS))
 
 
 def _shard_stats(root: Path) -> dict[str, os.stat_result]:
@@ -1003,8 +1006,11 @@ def _versions_stated(stats: dict[str, os.stat_result]) -> dict[str, str]:
 
 def _versions_beside(root: Path) -> dict[str, str]:
     """{file a validation checks besides the shards: its size and mtime} of directory `root`."""
-    found = [root / DATASET_JSON, root / TOKENIZER_JSON, *(root / INDEX_DIR).rglob("*")]
-    found += (root / MANIFEST_DIR).rglob("*")
+    found = [
+        root / DATASET_JSON,
+        root / TOKENIZER_JSON,
+        *(p for d in _CHECKED_DIRS for p in (root / d).rglob("*")),
+    ]
     stats = {}
     for path in found:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):

@@ -566,6 +566,24 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
     assert validate_dataset(out, progress=False, write=False).ok
 
 
+def test_an_index_copy_changed_after_its_validation_is_audited_stale(decontam, tmp_path):
+    """The audit's validation status is of the files the record says the check read: a damaged
+    decontam/ copy, which `data validate` fails, still said "ok" (review RV61e 3)."""
+    from validation.audit import run_preset
+    from validation.audit_views import connect
+
+    _, built, _, _, _ = decontam
+    out = tmp_path / "ds"
+    shutil.copytree(built, out)  # mtimes kept: the record's versions
+    status = lambda: run_preset(connect([out])[0], "validation").records()[0]["status"]  # noqa: E731
+    assert status() == "ok"
+    hashes = out / "decontam" / "ngrams.npy"
+    data = bytearray(hashes.read_bytes())
+    data[-1] ^= 1
+    hashes.write_bytes(bytes(data))
+    assert status() == "stale (files changed since): validate again"
+
+
 def test_build_workers_filter_without_lm_eval(decontam, tmp_path):
     """The filter step, as a worker runs it: a fresh interpreter where lm_eval, torch and validation/
     cannot be imported opens OUTPUT/decontam/ and drops a planted page."""

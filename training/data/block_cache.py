@@ -1235,7 +1235,8 @@ class Prefetcher:
         self._pool.close()
         # A cache that turned unwritable meanwhile (the error being raised now, perhaps): a close that
         # raised too replaced that error, and the trainer stopped without saving its last step (trial
-        # RV60a 5). A list left behind is a dead process's, which the next live_keep removes.
+        # RV60a 5). A list left behind keeps its blocks from eviction until this process ends; the
+        # next live_keep on the node then removes it (a dead process's).
         with contextlib.suppress(OSError):
             self.keep_file.unlink(missing_ok=True)
 
