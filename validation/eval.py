@@ -77,10 +77,10 @@ from training.contract.eval_table import (
     LOCAL_SETTINGS,
     RESULTS_JSON,
     SCORING_RUN,
-    check_results,
     eval_lock,
     read_results,
     read_step_results,
+    result_rows,
     settings_held,
     settings_holders,
     write_eval_table,
@@ -1117,7 +1117,9 @@ def evaluate_step(
     if not merged and (why := untrained_reason(run_dir, step)):
         raise EvalError(why)
     plan = plan or TaskPlan(run_dir, cfg)
-    check_results(run_dir)  # a damaged results.json (merged into, or in the table): before scoring
+    # the step's own results.json, which the scores are merged into, before scoring (another step's
+    # damaged one costs the table and the plot a warning, not this step's scores: trial RV61b F1)
+    read_step_results(run_dir, step, merged)
     # The local tasks' files as built, whose documents the scores record (a watch's plan is made once:
     # one cut during it was scored and recorded as the documents built: review R25m 2), as the
     # in-training eval checks them before each eval
@@ -1457,16 +1459,17 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, m
     samples and, on a task's first row, whether the training data was decontaminated against it (and
     the settings it was scored under, where a task's rows differ);
     bits per byte first (comparable across tokenizers), then the perplexities, then accuracies.
-    `merged`: the rows of [merge]'s merged weights instead of the raw ones."""
-    import pyarrow.parquet as pq
-
+    `merged`: the rows of [merge]'s merged weights instead of the raw ones. Read from the steps'
+    results.json, as eval.parquet's are: the table is not rebuilt while another step's is damaged,
+    and the step just scored was shown from it (trial RV61b F1)."""
     from validation.audit import Result, format_table
 
-    rows = [
-        r
-        for r in pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
-        if (steps is None or r["step"] in steps) and bool(r.get("merged")) == merged
-    ]
+    by_step = (
+        read_results(run_dir, merged)
+        if steps is None
+        else {s: res for s in steps if (res := read_step_results(run_dir, s, merged))}
+    )
+    rows = result_rows(by_step, merged)
     cols = ["step", "task", "metric", "value", "stderr", "samples", "decontamination"]
     settings: dict[str, set] = {}
     for r in rows:
@@ -1570,7 +1573,7 @@ def write_table(run_dir: Path, args: argparse.Namespace) -> int:
             f"scores): drop {', '.join(scoring)}"
         )
     check_writable(run_dir)
-    # each read is checked (as check_results reads them): a damaged results.json is named, not left out
+    # each read is checked (read_step_results): a damaged results.json is named, not left out
     if not any([read_results(run_dir, merged) for merged in (False, True)]):
         raise EvalError(
             f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "

@@ -28,6 +28,7 @@ from training.contract.atomic_write import write_atomic
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
     RESULTS_JSON,
+    EvalResultsError,
     eval_lock,
     metric_number,
     read_results,
@@ -767,8 +768,11 @@ def write_plot(run_dir: str | Path) -> str | None:
     """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files); a
     warning line instead when it cannot be written (`save_figure`: the scores stand without it), with
     the command that draws it again."""
+    try:
+        raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
+    except EvalResultsError as e:  # another step's damaged file: this eval's scores stand (RV61b F1)
+        return f"warning: {Path(run_dir) / EVAL_PLOT} not drawn: {e}"
     plt = agg_pyplot()
-    raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
     fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), raw, merged)
     warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
     # the fix, which the bare "not drawn (Is a directory)" left to guess (review RV26b 5)

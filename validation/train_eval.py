@@ -59,7 +59,7 @@ from training.config import TrainConfig
 from training.console import say
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
-from training.contract.eval_table import check_results, rows_of
+from training.contract.eval_table import read_step_results, rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import model_to_load
 from training.run.preflight import raise_rank0_problem
@@ -239,7 +239,9 @@ class TrainingEval:
     def _evaluate(
         self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float, merged: bool
     ) -> dict[str, float | str]:
-        check_results(self.run_dir)  # an earlier step's damaged results.json: failed before scoring
+        # the step's own results.json, which the scores are merged into, before scoring: another's
+        # damaged one failed every later eval of the run (trial RV61b F1); the table and the plot warn
+        read_step_results(self.run_dir, step, merged)
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
         # One reason per folder: `_failed` says it once for all its tasks (review RV26b 4).
         damaged = damaged_task_files(self.plan.data_dir, self.plan.local)

@@ -277,18 +277,21 @@ def test_unreadable_data_just_after_an_async_save_completes_that_save(config, tm
 def test_an_unreadable_eval_result_costs_no_training(config, tmp_path, capsys):
     """Step 4's results.json damaged (a disk, an edit) before a resume: the eval of step 8 rebuilt
     eval.parquet from every results.json and the run died on step 4's, nothing of 5-8 saved. The
-    table is a side activity: a warning, training to the end."""
+    table is a side activity: a warning, training to the end. Then every later eval failed before it
+    scored, for step 4's file (trial RV61b F1): step 8 is scored, its row has its scores, and the
+    table's and the plot's warnings name step 4's file."""
     run = tmp_path / "run"
     run_here(config, run, "run.max_steps=4", SAVES_AT_4)
     results = run / "eval" / "step-000004" / "results.json"
     results.write_text(results.read_text()[:50])
     capsys.readouterr()
     run_here(config, run, 'checkpoint.resume="auto"', SAVES_AT_4)
-    # the eval of step 8 fails before it scores, naming the file (it scored, wrote step 8's results
-    # and then failed at the table: the scores reached no row, review R14f F4)
     out = capsys.readouterr().out
-    assert f"[eval] step 8: failed (EvalResultsError: {results} is damaged (" in out, out
-    assert not (run / "eval" / "step-000008" / "results.json").exists()
+    assert "[eval] step 8: failed" not in out, out
+    assert f"eval.parquet not rebuilt (EvalResultsError: {results} is damaged (" in out, out
+    assert (run / "eval" / "step-000008" / "results.json").is_file()
+    (row,) = [r for r in kept_rows(read_metrics(run)) if r["step"] == 8]
+    assert "eval_error" not in row and any(k.startswith("eval/") for k in row), row
     assert complete_steps(run)[-1] == LAST
 
 

@@ -361,6 +361,60 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
     assert said in capsys.readouterr().err
 
 
+def test_scores_of_the_original_past_a_copy_s_resume_are_not_the_copy_s(tmp_path):
+    """A copy of a run's directory resumed at step 100 keeps the original's id A beside its own B: the
+    original's step-150 scores (id A, another timeline), put into the copy, were tabled as its own
+    (review RV61e 1). Each id holds the steps of its timeline and what it inherited: A's scores up to
+    100, B's at any step; a copy of the copy resumed at an older step, 80, owns every step past it."""
+    from training.contract.eval_table import EvalResultsError, read_step_results, sealed_results
+    from training.contract.integrity import record_began, record_copied
+
+    run = tmp_path / "copy"
+    run.mkdir()
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    record_began(run, 0, a)
+    record_copied(run, 100, b)
+
+    def scored(step: int, run_id: str) -> bool:
+        path = eval_dir(run, step) / "results.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tasks = {"gristmill_tasks": {"heldout_ppl": {"model": "in-training", "run_id": run_id}}}
+        path.write_text(json.dumps(sealed_results({"results": {}, **tasks})))
+        try:
+            return read_step_results(run, step) != {}
+        except EvalResultsError as e:
+            assert f"holds scores of another run (heldout_ppl's records run id {run_id}" in str(e)
+            return False
+
+    assert [scored(150, a), scored(150, b), scored(100, a), scored(100, b), scored(50, b)] == [
+        False, True, True, True, True
+    ]  # fmt: skip
+    assert not scored(150, "d" * 32)  # never this record's
+    record_copied(run, 80, c)  # a copy of the copy, resumed at an older step
+    assert [scored(90, b), scored(90, c), scored(80, b), scored(50, a)] == [False, True, True, True]
+
+
+def test_another_step_s_damaged_results_json_costs_this_step_s_eval_nothing(eval_run, tmp_path, capsys):
+    """One step's results.json damaged failed every later eval of the run, before it scored, the
+    in-training eval's as well (trial RV61b F1). The eval of another step scores and writes its
+    results; the table and the plot, which read every step's, are warnings naming the file; `--table`
+    refuses it in one line."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    damaged = eval_dir(run, 99) / "results.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"results": {')
+    capsys.readouterr()
+    assert main(["eval", str(run), "--step", "5", *QUICK[:-1], "plot=true"]) == 0
+    err = "".join(capsys.readouterr())
+    assert f"eval.parquet not rebuilt (EvalResultsError: {damaged} is damaged (" in err, err
+    assert f"eval.png not drawn: {damaged} is damaged (" in err, err
+    assert "heldout_ppl" in json.loads((eval_dir(run, 5) / "results.json").read_text())["results"]
+    assert main(["eval", str(run), "--table"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {damaged} is damaged (")
+
+
 def test_scores_copied_in_from_another_run_are_refused_in_one_line(eval_run, tmp_path, capsys):
     """Each task's scores record the id of the run that scored them (RUN/checkpoints.jsonl's): a
     step's results.json copied in from another run was tabled, plotted and audited as this run's
@@ -461,10 +515,7 @@ def test_rows_scored_under_other_settings_say_so(tmp_path, capsys):
     and the plot showed both side by side, unmarked (review R24e 6). Each row carries its task's settings
     (a group's member recorded without its own, its group's); the plot's panel and the printed table say
     where they differ."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from training.contract.eval_table import EVAL_SCHEMA, rows_of
+    from training.contract.eval_table import rows_of
     from validation.eval import print_table
     from validation.eval_results import plot_panels
 
@@ -486,7 +537,10 @@ def test_rows_scored_under_other_settings_say_so(tmp_path, capsys):
     panels = {p.task: p for p in plot_panels(rows, {})}
     assert panels["heldout_ppl"].other_settings == "max_length=0 at 100, 150m; max_length=64 at 150"
     assert plot_panels(rows_of(100, results(0)) + merged, {})[0].other_settings == ""
-    pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp_path / "eval.parquet")
+    for step, merged, max_length in ((150, False, 64), (150, True, 0), (100, False, 0)):  # what it reads
+        path = eval_dir(tmp_path, step, merged) / "results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(results(max_length)))
     print_table(tmp_path)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-1] == "settings" and lines[2].endswith("max_length=0"), lines

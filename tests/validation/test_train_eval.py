@@ -431,13 +431,14 @@ def test_an_in_training_task_that_fails_in_lm_eval_keeps_its_traceback_in_the_ev
 
 
 class _DamagesResultsAtStep4(TrainingEval):
-    """The real evaluator; at step 4, the last, first damages step 2's results.json (which every eval
-    checks before it scores): the whole eval fails."""
+    """The real evaluator; at step 4, the last, first puts a damaged results.json in step 4's folder
+    (which its eval checks before it scores, to merge into): the whole eval fails."""
 
     def __call__(self, model, step, merged=False):
         if step == 4:
-            results = eval_dir(self.run_dir, 2) / "results.json"
-            results.write_text(results.read_text()[:50])
+            results = eval_dir(self.run_dir, 4) / "results.json"
+            results.parent.mkdir(parents=True, exist_ok=True)
+            results.write_text('{"results": {')
         return super().__call__(model, step, merged)
 
 

@@ -244,21 +244,23 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
             f"that step's export or checkpoint, evaluate it again (`gristmill eval {run_dir} --step {step}"
             f"{' --merged' if merged else ''}`)"
         ) from None
-    if foreign := _scored_by_another_run(run_dir, results):
+    if foreign := _scored_by_another_run(run_dir, step, results):
         task, run = foreign
         record, evals = Path(run_dir) / CHECKPOINTS_JSONL, Path(run_dir) / EVAL_DIR
         raise EvalResultsError(
-            f"{path} holds scores of another run ({task}'s records run id {run}, which {record} never "
-            f"had): move {path.parent} out of {evals}; while the run keeps that step's export or "
-            f"checkpoint, `gristmill eval {run_dir} --step {step}{' --merged' if merged else ''}` scores "
-            "the run's own"
+            f"{path} holds scores of another run ({task}'s records run id {run}, which {record} does not "
+            f"give step {step}): move {path.parent} out of {evals}; while the run keeps that step's "
+            f"export or checkpoint, `gristmill eval {run_dir} --step {step}{' --merged' if merged else ''}` "
+            "scores the run's own"
         )
     return results
 
 
-def _scored_by_another_run(run_dir: str | Path, results: dict[str, Any]) -> tuple[str, str] | None:
-    """A task of `results` and the run id it records (SCORING_RUN) where that is none the run's record
-    has had; None: every one is the run's, or nothing tells (scores or a record from before the id)."""
+def _scored_by_another_run(run_dir: str | Path, step: int, results: dict[str, Any]) -> tuple[str, str] | None:
+    """A task of `results` (step `step`'s) and the run id it records (SCORING_RUN) where that is none
+    whose timeline the run's record gives the step (Ledger.runs_at: another run's, or the original's
+    past the step a copy of it resumed at); None: every one is the run's, or nothing tells (scores or
+    a record from before the id)."""
     tasks = results.get(GRISTMILL_TASKS)
     said = {
         task: info[SCORING_RUN]
@@ -267,7 +269,7 @@ def _scored_by_another_run(run_dir: str | Path, results: dict[str, Any]) -> tupl
     }
     if not said:
         return None
-    runs = read_ledger(Path(run_dir)).runs
+    runs = read_ledger(Path(run_dir)).runs_at(step)
     return next(((task, run) for task, run in sorted(said.items()) if runs and run not in runs), None)
 
 
@@ -275,14 +277,6 @@ def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[st
     """{step: results dict} of every RUN/eval/step-N/results.json (`merged`: merged-step-N's)."""
     steps = list_steps(Path(run_dir) / EVAL_DIR, merged)
     return {s: res for s in steps if (res := read_step_results(run_dir, s, merged))}
-
-
-def check_results(run_dir: str | Path) -> None:
-    """Every step's results.json (raw and merged) readable and as sealed: an EvalResultsError naming
-    the first that is not. An evaluation checks them before it scores: each rebuilds the table and
-    the plot from all of them, and failed there after its scores were written."""
-    for merged in (False, True):
-        read_results(run_dir, merged)
 
 
 def result_rows(results_by_step: dict[int, dict[str, Any]], merged: bool = False) -> list[dict[str, Any]]:

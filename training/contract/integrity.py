@@ -105,6 +105,9 @@ class Ledger:
     run: str | None = None  # the RUN_ID its saves now carry (None: a record from before it)
     runs: frozenset[str] = frozenset()  # every RUN_ID it has had (a copy's resume adds one)
     directory: str | None = None  # the RUN_DIR_ID of its newest RUN_ID line (None: before the record)
+    # (RUN_ID, the step its timeline begins at) of each RUN_ID line, in order: the began line's, then
+    # each resumed copy's (its "since")
+    spans: tuple[tuple[str, int], ...] = ()
     # its first line is no JSON object: the beginning and the run id unread, every check that needs
     # them off (trial RV60g F2): verify says so
     first_unreadable: bool = False
@@ -113,6 +116,16 @@ class Ledger:
         """The COMPLETE sha256 of step `step` as last recorded (a rewind or a resume from an older step
         saves a step again); None where none is (a run from before the record, a step never saved)."""
         return next((i for s, i in reversed(self.saves) if s == step), None)
+
+    def runs_at(self, step: int) -> frozenset[str]:
+        """The run ids that may have scored or saved step `step` of this directory's timeline: the id
+        of the last timeline begun before it (a resumed copy's from the step it resumed at) and every
+        later one (a later id holds the step in its history: the steps past a resume were set aside
+        by it). Empty where the record holds no id (nothing to tell by). The original's steps past
+        the one its copy resumed at, put into the copy that shares its earlier id, are another
+        timeline's (review RV61e 1)."""
+        owner = max((i for i, (_, start) in enumerate(self.spans) if start < step), default=0)
+        return frozenset(run for run, _ in self.spans[owner:])
 
     def by_none(self, step: int, identity: str) -> bool:
         """Whether no save of the run made checkpoint `identity` at `step`, past the record's beginning:
@@ -130,7 +143,7 @@ class Ledger:
 def read_ledger(run_dir: Path) -> Ledger:
     """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
     the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
-    began, saves, run, first, runs, directory = None, [], None, None, set(), None
+    began, saves, run, first, runs, directory, spans = None, [], None, None, set(), None, []
     try:
         with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -147,11 +160,15 @@ def read_ledger(run_dir: Path) -> Ledger:
                 if isinstance(row.get(RUN_ID), str) and (BEGAN in row or run is not None):
                     run, directory = row[RUN_ID], row.get(RUN_DIR_ID)
                     runs.add(run)
+                    start = row.get(BEGAN) if BEGAN in row else row.get("since")
+                    spans.append((run, start if isinstance(start, int) else 0))
                 elif isinstance(row.get("step"), int) and isinstance(row.get(CHECKPOINT_IDENTITY), str):
                     saves.append((row["step"], row[CHECKPOINT_IDENTITY]))
     except OSError:
         return Ledger(None, [])
-    return Ledger(began, saves, run, frozenset(runs), directory, first_unreadable=first is False)
+    return Ledger(
+        began, saves, run, frozenset(runs), directory, tuple(spans), first_unreadable=first is False
+    )
 
 
 def exported_with_checksums(export: str | Path) -> bool:
