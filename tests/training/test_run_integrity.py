@@ -283,6 +283,18 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     assert fix + ")" in one_error_line(capsys.readouterr().err)
     shutil.rmtree(export_dir(run, 8))
     assert gristmill(["export", str(run), "--step", "8"]) == 0
+    # both records removed (another step's export copied in without them): taken for an export from
+    # before checksums, exported, verified and scored as the step's (trial RV61d F1); the run's record
+    # says every export of its steps is written with them
+    for name in ("gristmill_checksums.json", "gristmill_export.json"):
+        (export_dir(run, 8) / name).unlink()
+    assert gristmill(["export", str(run), "--step", "8"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "has neither gristmill_checksums.json nor gristmill_export.json, which every export" in line, line
+    assert fix + ")" in line, line
+    assert gristmill(["verify", str(run)]) == 1 and "DAMAGED" in capsys.readouterr().out
+    shutil.rmtree(export_dir(run, 8))
+    assert gristmill(["export", str(run), "--step", "8"]) == 0
 
     # a torn last metrics line (a kill mid-write) and a damaged newest checkpoint: resume takes
     # step 8, the newest that verifies, and continues exactly as the uninterrupted run

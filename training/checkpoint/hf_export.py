@@ -1082,6 +1082,11 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
             raise ExportError(
                 f"{path} has no {EXPORT_CHECKSUMS}, which it was exported with; {export_fix(path, 'it')}"
             )
+        if since := _recorded_since(path):
+            raise ExportError(
+                f"{path} has neither {EXPORT_CHECKSUMS} nor {EXPORT_META}, which every export of a step the "
+                f"run saved {since} is written with; {export_fix(path, 'them')}"
+            )
         return f"note: {path} has no {EXPORT_CHECKSUMS} (exported before gristmill recorded checksums)"
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
@@ -1093,6 +1098,21 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     if problems:
         raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {export_fix(path, 'the file')}")
     return None
+
+
+def _recorded_since(path: Path) -> str | None:
+    """Where `path` is a run's export (RUN/exports/step-N, merged-step-N) of a step past the one its
+    RUN/checkpoints.jsonl began at with a run id (2026-12-06, after exports gained their checksums
+    and record): since when (words), else None. An export of another step copied in with those two
+    files removed was taken for one written before them, then exported, verified and scored as the
+    step's, exit 0 (trial RV61d F1)."""
+    if path.parent.name != EXPORTS_DIR or (of := export_step_of(path)) is None:
+        return None
+    run, step, _ = of
+    ledger = read_ledger(run)
+    if ledger.run is None or ledger.began is None or step <= ledger.began:
+        return None
+    return f"after step {ledger.began} ({run / CHECKPOINTS_JSONL} records it)"
 
 
 def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool, dtype: torch.dtype) -> bool:
