@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import errno
 import gc
+import glob
 import importlib.metadata
 import json
 import os
@@ -111,6 +112,7 @@ from training.contract.integrity import (
     file_records,
     read_ledger,
 )
+from training.contract.lifetime import host, pid_alive
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
@@ -957,8 +959,8 @@ def export_hf(
         raise ExportError(f"the state dict lacks {len(missing)} model tensors, e.g. {missing[:3]}")
     tensors = {hf: state_dict[ours].to(dtype) for ours, hf in names.items()}
 
-    tmp, written = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}", None
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, written = out_dir.parent / f".{out_dir.name}.tmp-{host()}-{os.getpid()}", None
+    _remove_dead_writes(out_dir)
     try:
         tmp.mkdir(parents=True)
     except OSError as e:  # a read-only or full run directory: one line, not a traceback
@@ -1098,6 +1100,17 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     if problems:
         raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {export_fix(path, 'the file')}")
     return None
+
+
+def _remove_dead_writes(out_dir: Path) -> None:
+    """The temporary folders of exports to `out_dir` that this host's killed processes left (this
+    process's own too): a resume wrote the export again and left them, a 1.24B model's ~5 GB each
+    (trial RV61b F2). Another host's, or a live process's, are its own."""
+    prefix = f".{out_dir.name}.tmp-{host()}-"
+    for left in out_dir.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = left.name.removeprefix(prefix)
+        if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _recorded_since(path: Path) -> str | None:

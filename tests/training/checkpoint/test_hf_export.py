@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from training.checkpoint.hf_export import ExportError, export_checkpoint, export
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import DatasetError, read_dataset_info
+from training.contract.lifetime import host, pid_alive
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
 from training.data.reader import DocumentTable
 from training.model import PRESETS, Transformer
@@ -210,7 +212,19 @@ def test_export_is_whole_or_absent(built_dataset, tmp_path):
         export_hf(state, model.cfg, built_dataset, tmp_path / "e", dtype=torch.int64)
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary directory
 
+    # what a killed export left (a resume writes the export again, beside it: ~5 GB at 1.24B, trial
+    # RV61b F2) goes; a live writer's, and another host's, stay
+    top = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = next(pid for pid in range(top - 1, 1, -1) if not pid_alive(pid))  # a dead writer's
+    writers = (f"{host()}-{dead}", f"{host()}-{os.getppid()}", "elsewhere-7")
+    left = {who: tmp_path / f".e.tmp-{who}" for who in writers}
+    for folder in left.values():
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+    assert [p.exists() for p in left.values()] == [False, True, True]
+    for folder in list(left.values())[1:]:
+        shutil.rmtree(folder)
     files = {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()}
     # The same weights exported again meanwhile (eval --watch, `gristmill export` and the trainer race
     # for a step: the loser exited 2, "remove it by hand", beside a good export): the one there is it.
