@@ -79,14 +79,19 @@ def _configured(path: str | Path | None, specials: list[str]) -> str:
 
 
 def _spelled(tokenizer: Tokenizer, token: str) -> str | None:
-    """A text quoting `token` literally (alone, between spaces, glued to words, doubled) that
-    `tokenizer` (encode_special_tokens set) encodes to the token's id, or None when none does."""
+    """A text quoting `token` literally (alone, between spaces, glued to words, doubled), or the text
+    its id decodes to (a byte-level special token named as its vocabulary entry, "ĊĊ" for "\n\n": the
+    build failed in its tasks, after hours of dedup, trial RV61c F1), that `tokenizer`
+    (encode_special_tokens set) encodes to the token's id, or None when none does."""
     tid = tokenizer.token_to_id(token)
-    probes = [token, f"a {token} b", f"a{token}b", f"word{token}", f"{token}word", f"{token} at the start"]
-    probes += [f"at the end {token}", f"{token}{token}", f"\n{token}\n", f"a {token}{token} b"]
-    for text in probes:
-        if tid in tokenizer.encode(text, add_special_tokens=False).ids:
-            return text
+    decoded = tokenizer.decode([tid], skip_special_tokens=False)
+    for spelling in dict.fromkeys(t for t in (token, decoded) if t):
+        probes = [spelling, f"a {spelling} b", f"a{spelling}b", f"word{spelling}", f"{spelling}word"]
+        probes += [f"{spelling} at the start", f"at the end {spelling}", f"{spelling}{spelling}"]
+        probes += [f"\n{spelling}\n", f"a {spelling}{spelling} b", f"a.{spelling} b", f"a{spelling}"]
+        for text in probes:
+            if tid in tokenizer.encode(text, add_special_tokens=False).ids:
+                return text
     return None
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -171,6 +172,20 @@ def test_special_separator_that_text_can_spell_is_refused(prose_tokenizer):
     enc = DocumentEncoder(tok, SeparatorPolicy(SEP))
     for text in (SEP, f"x{SEP}y", f"{SEP} start", f"end {SEP}", SEP * 2):
         assert_one_separator(enc, enc.encode(text), "after")
+
+
+@pytest.mark.parametrize("token", ["Ġand", "ĊĠĠĠĠĠ"])
+def test_a_special_separator_named_as_its_byte_level_entry_is_refused(prose_tokenizer, token):
+    """A byte-level vocabulary entry ("Ġand" is " and", "ĊĊ" is a blank line) made special: its string
+    never encodes to it, so the probes passed, but the text it decodes to does. The build ran every
+    dedup stage, then failed in its tasks at the first document with a blank line (trial RV61c F1)."""
+    tok = Tokenizer.from_str(prose_tokenizer.to_str())
+    tok.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+    spelled = tok.decode([tok.token_to_id(token)], skip_special_tokens=False)
+    with pytest.raises(
+        TokenizerError, match=f"literal text {re.escape(repr(spelled))} encodes to the separator"
+    ):
+        DocumentEncoder(tok, SeparatorPolicy(token), source="tok.json")
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
