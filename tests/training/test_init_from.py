@@ -186,6 +186,17 @@ def test_what_gristmill_cannot_compute_is_one_line(tmp_path, edit, key):
     assert "\n" not in msg and key in msg and "config.json" in msg, msg
 
 
+def test_spellings_transformers_computes_as_gristmill_does_load(tmp_path):
+    """`hidden_act = "swish"` is silu by another name in transformers: it was refused as what gristmill
+    cannot compute (trial RV61d F4). It loads, to transformers' logits."""
+    make_base(tmp_path)
+    c = json.loads((tmp_path / "config.json").read_text())
+    edit = {"hidden_act": "swish"}
+    (tmp_path / "config.json").write_text(json.dumps(c | edit))
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert_same_logits(gristmill_model(tmp_path), loaded)
+
+
 def _edit_config(path: Path, **edit) -> None:
     c = json.loads((path / "config.json").read_text()) | edit
     (path / "config.json").write_text(json.dumps(c))

@@ -208,11 +208,15 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
         raise _refuse(path, "architectures", arch, "only LlamaForCausalLM")
     if c.get("model_type", "llama") != "llama":
         raise _refuse(path, "model_type", c["model_type"], 'only "llama"')
-    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"),
-                    ("sliding_window", None), ("use_sliding_window", False), ("qk_norm", False),
-                    ("use_qk_norm", False), ("attention_dropout", 0.0), ("pretraining_tp", 1)):  # fmt: skip
-        if key in c and c[key] != ok:
-            raise _refuse(path, key, c[key], f"it computes {key} = {json.dumps(ok)}")
+    # each key's values transformers computes as gristmill does: "swish" is silu by another name
+    # (refused, it was one line for a base transformers reads the same: trial RV61d F4)
+    for key, ok in (("attention_bias", (False,)), ("mlp_bias", (False,)),
+                    ("hidden_act", ("silu", "swish")), ("sliding_window", (None,)),
+                    ("use_sliding_window", (False,)), ("qk_norm", (False,)),
+                    ("use_qk_norm", (False,)), ("attention_dropout", (0.0,)),
+                    ("pretraining_tp", (1,))):  # fmt: skip
+        if key in c and c[key] not in ok:
+            raise _refuse(path, key, c[key], f"it computes {key} = {json.dumps(ok[0])}")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
         if not isinstance(c.get(key), int) or c[key] < 1:
             raise ConfigError(f"{path}: {key} is missing or not a positive integer", "model.init_from")
