@@ -129,7 +129,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         # trains): redrawn here from a config the run never took, it showed a plan it cannot have
         # (review R16b 1b)
         png = run_dir / PLAN_PNG
-        own = f"{png} is the run's own, drawn by its trainer"
+        # of the plan the run in it trained, which this config's need not be (trial RV61a 3)
+        own = f"{png} is the plan its trainer drew of the run there, not necessarily this config's"
         if not png.exists():
             own = f"none in {run_dir} (its trainer draws {PLAN_PNG} with metrics.plot = true)"
         print(f"plot: {own}; --plot FILE draws this one")

@@ -599,9 +599,8 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     (run / "plan.png").write_bytes(b"the trainer's")
     changed = "phase[1].mix={web=0.9,code=0.1}"
     assert gristmill(["train", "--config", str(config), "--plan", "--set", changed]) == 0
-    assert f"plot: {run / 'plan.png'} is the run's own, drawn by its trainer; --plot FILE draws this one" in (
-        capsys.readouterr().out
-    )
+    said = "is the plan its trainer drew of the run there, not necessarily this config's; --plot FILE draws"
+    assert f"plot: {run / 'plan.png'} {said} this one" in capsys.readouterr().out
     assert (run / "plan.png").read_bytes() == b"the trainer's" and sorted(run.iterdir()) == [run / "plan.png"]
 
 
