@@ -77,6 +77,7 @@ from training.contract.eval_table import (
     LOCAL_SETTINGS,
     RESULTS_JSON,
     SCORING_RUN,
+    EvalResultsError,
     eval_lock,
     read_results,
     read_step_results,
@@ -1353,27 +1354,40 @@ def evaluate_missing(
     show: bool = True,
     failures: list[NonFiniteMetricsError] | None = None,
     verbose: bool = False,
+    told: set[int] | None = None,
 ) -> list[int]:
     """Evaluate every available step without scores of the plan's tasks under `cfg`'s settings; returns them.
 
     A step with a task whose metrics are all NaN/inf does not stop the others: its error goes to
-    `failures` when a list is given, else the errors are raised together once every step is done."""
-    done, failed = [], []
+    `failures` when a list is given, else the errors are raised together once every step is done. So
+    does a step whose results.json is damaged or another run's (it stopped every later step: trial
+    RV61b F1): said once (`told`, a watch's steps said so far), and raised once every step is done
+    where no `failures` list is given."""
+    done, failed, damaged = [], [], []
+    told = set() if told is None else told
     for step in available_steps(run_dir):
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
-        if not evaluated(
-            run_dir,
-            step,
-            plan.names,
-            plan.local,
-            plan.heldout,
-            cfg,
-            {**plan.member_definitions, **plan.definitions},  # a tag's members record their own (R30a F2)
-            {**plan.member_contents, **plan.contents},
-            plan.scored_as,
-            plan.tag_members,
-            plan.scoring_as_is,
-        ):
+        try:
+            scored = evaluated(
+                run_dir,
+                step,
+                plan.names,
+                plan.local,
+                plan.heldout,
+                cfg,
+                {**plan.member_definitions, **plan.definitions},  # a tag's members record their own
+                {**plan.member_contents, **plan.contents},
+                plan.scored_as,
+                plan.tag_members,
+                plan.scoring_as_is,
+            )
+        except EvalResultsError as e:
+            damaged.append(e)
+            if step not in told:
+                told.add(step)
+                _log(f"step {step} not scored: {e}; the other steps go on")
+            continue
+        if not scored:
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
@@ -1399,6 +1413,8 @@ def evaluate_missing(
         failures.extend(failed)
     elif failed:
         raise _joined(failed)
+    elif damaged:
+        raise damaged[0]
     return done
 
 
@@ -1423,11 +1439,11 @@ def watch(
     last_new = time.time()
     failures: list[NonFiniteMetricsError] = []
     _log(f"watching {run_dir} every {poll_s:g} s (Ctrl-C stops)")
-    before, seen, said = set(read_ledger(run_dir).saves), set(), set()
+    before, seen, said, told = set(read_ledger(run_dir).saves), set(), set(), set()
     try:
         while True:
             seen |= set(available_steps(run_dir))
-            if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose):
+            if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose, told=told):
                 last_new = time.time()
             # RUN/checkpoints.jsonl's saves since the watch began that no look found: deleted while it
             # scored another step, they went by without a line (trial RV59a F4). Read before the look

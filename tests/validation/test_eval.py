@@ -860,6 +860,32 @@ def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     assert (eval_dir(run, 10) / "results.json").is_file() and not eval_dir(run, 5).exists()
 
 
+def test_a_step_s_damaged_results_json_stops_no_other_step_s_eval(built_dataset, tmp_path, capsys):
+    """`--watch` (evaluate_missing) stopped at the first step whose results.json was damaged, scoring
+    no later one (trial RV61b F1). That step is said once, the others are scored; the watch goes on,
+    and evaluate_missing without a failures list raises its line once every other step is scored."""
+    from pipelines.cli import main
+    from training.contract.eval_table import EvalResultsError
+    from validation.eval import evaluate_missing, load_eval_config
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5, 10])
+    damaged = eval_dir(run, 5) / "results.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"results": {')
+    capsys.readouterr()
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.3", *QUICK]
+    assert main(watch) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"step 5 not scored: {damaged} is damaged (") == 1, err  # once, over the polls
+    assert (eval_dir(run, 10) / "results.json").is_file()
+    shutil.rmtree(eval_dir(run, 10))
+    cfg = load_eval_config(None, QUICK[3:], "heldout_ppl")
+    with pytest.raises(EvalResultsError, match=f"^{re.escape(str(damaged))} is damaged"):
+        evaluate_missing(run, cfg, TaskPlan(run, cfg), show=False)
+    assert (eval_dir(run, 10) / "results.json").is_file()
+
+
 def test_watch_names_the_steps_saved_and_gone_while_it_scored_another(
     built_dataset, tmp_path, monkeypatch, capsys
 ):
