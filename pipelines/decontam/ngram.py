@@ -47,14 +47,16 @@ from training.contract.dataset_format import DECONTAM_FILES, DECONTAM_MANIFEST, 
 from training.contract.errors import GristmillError
 from training.contract.integrity import seal_broken, sealed
 
-FORMAT = "gristmill-decontam/1"
+FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
+UNSEALED_FORMAT = "gristmill-decontam/1"  # an index from before the seal: read, nothing to check it by
 NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: old indexes are refused
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
 MANIFEST_SEAL = "manifest_sha256"
 """manifest.json's key for the sha256 of the rest of it: its `sha256` covers the n-gram files only, and
 an edited `ngram` (with the recipe's set to match) built with n-grams the index never held, matching
-nothing, and recorded the dataset as decontaminated (trial RV60b 3). A manifest from before it has none."""
+nothing, and recorded the dataset as decontaminated (trial RV60b 3). A manifest of UNSEALED_FORMAT has
+none; one of FORMAT without it was edited (the key removed with the n: review RV61e 2)."""
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
@@ -274,9 +276,13 @@ def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
         ok = isinstance(manifest, dict) and all(isinstance(manifest.get(k), t) for k, t in types.items())
     except (ValueError, UnicodeDecodeError):
         ok = False
-    if not ok or seal_broken(manifest, MANIFEST_SEAL):
+    if (
+        not ok
+        or seal_broken(manifest, MANIFEST_SEAL)
+        or (manifest.get("format") == FORMAT and MANIFEST_SEAL not in manifest)
+    ):
         raise DecontamIndexError(f"{path} is not a valid index manifest (cut off or edited); {REBUILD}")
-    if manifest.get("format") != FORMAT or manifest.get("normalizer") != NORMALIZER:
+    if manifest.get("format") not in (FORMAT, UNSEALED_FORMAT) or manifest.get("normalizer") != NORMALIZER:
         raise DecontamIndexError(
             f"{path}: format {manifest.get('format')!r} / normaliser {manifest.get('normalizer')!r} is not "
             f"{FORMAT!r} / {NORMALIZER!r} (made by another gristmill version); {REBUILD}"

@@ -429,9 +429,12 @@ def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     # the manifest's n edited to the recipe's: it built with 8-grams the index never held, matching
     # nothing, and recorded the dataset as decontaminated (trial RV60b 3)
     shutil.copyfile(out / "decontam" / "ngrams.npy", index / "ngrams.npy")  # the n-grams as before
-    edited = json.dumps({**json.loads((index / "manifest.json").read_text()), "ngram": 8}, indent=1)
+    sealed = json.loads((index / "manifest.json").read_text())
+    edited = json.dumps({**sealed, "ngram": 8}, indent=1)
+    unsealed = json.dumps({k: v for k, v in sealed.items() if k != "manifest_sha256"} | {"ngram": 8})
     cut = '{"format": "gristmill-decontam/1", "ngram": 13'
-    for text, sets in ((edited, ["decontaminate.ngram=8"]), (cut, [])):
+    # the seal removed with the edit (review RV61e 2): a sealed format's manifest carries it
+    for text, sets in ((edited, ["decontaminate.ngram=8"]), (unsealed, ["decontaminate.ngram=8"]), (cut, [])):
         (index / "manifest.json").write_text(text)
         with pytest.raises(
             GristmillError, match=r"manifest.json is not a valid index manifest \(cut off or edited\)"
@@ -523,7 +526,7 @@ def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_p
     assert build(cfg, log=lines.append).ok
     assert any(f"{out / 'decontam'}/ is damaged or another index" in line for line in lines), lines
     assert json.loads(manifest.read_text()) == clean
-    unsealed = {k: v for k, v in clean.items() if k != "manifest_sha256"}
+    unsealed = {k: v for k, v in clean.items() if k != "manifest_sha256"} | {"format": "gristmill-decontam/1"}
     manifest.write_text(json.dumps({**unsealed, "tasks": [{**clean["tasks"][0], "documents": 1}]}, indent=1))
     lines = []
     assert not build(cfg, log=lines.append).ok
@@ -547,7 +550,8 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
     shutil.copytree(built, out)
     # built before the manifest lost its timing (R16h F2): the manifest dataset.json records holds one
     manifest = out / "decontam" / "manifest.json"
-    older = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "manifest_sha256"}  # unsealed
+    older = {k: v for k, v in json.loads(manifest.read_text()).items() if k != "manifest_sha256"}
+    older["format"] = "gristmill-decontam/1"  # from before the seal
     manifest.write_text(json.dumps({**older, "seconds": 0.41}, indent=1))
     info = json.loads((out / "dataset.json").read_text())
     info["files"]["decontam/manifest.json"] = {
