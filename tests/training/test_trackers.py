@@ -526,6 +526,28 @@ def test_a_tracker_that_fails_mid_run_costs_no_training_and_one_that_cannot_star
     assert err[0].endswith(fix), err
 
 
+def test_a_resume_a_tracker_refuses_leaves_a_torn_metrics_line_and_says_nothing_of_it(
+    dataset, tmp_path, capsys
+):
+    """A resume refused at its tracker's start (RUN/tensorboard a file) said "cut off the torn last line"
+    of metrics.jsonl, which it then left as it was (trial RV61b F3). A refused resume leaves the run's
+    files as they were and says nothing of them; the next resume cuts the line and says so."""
+    run = tmp_path / "run"
+    assert run_training(dataset, run, [], "run.max_steps=4") == 0
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 4.')
+    torn = (run / "metrics.jsonl").read_bytes()
+    (run / "tensorboard").write_text("x")
+    capsys.readouterr()
+    assert run_training(dataset, run, ["tensorboard"], 'checkpoint.resume="auto"') == 2
+    out, err = capsys.readouterr()
+    assert "torn last line" not in out + err and (run / "metrics.jsonl").read_bytes() == torn, out
+    (run / "tensorboard").unlink()
+    assert run_training(dataset, run, ["tensorboard"], 'checkpoint.resume="auto"') == 0
+    assert "cut off the torn last line" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
+
+
 def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
     env, dataset, tmp_path, capsys, monkeypatch
 ):

@@ -165,7 +165,7 @@ class RunRecord:
         # batch records up to the checkpoint were kept as this run's (other losses, another lr), its
         # trackers' runs continued.
         mine = resumed if own else None
-        logged = self._logged_rows(mine)
+        logged, cut = self._logged_rows(mine)
         # The trackers first: they may still refuse the resume (an unreadable trackers.json, wandb
         # that cannot start), and a refused resume leaves the run's files as they were (its plan
         # recorded here, with a config.toml left as it was, made `data inspect RUN` and verify say
@@ -185,6 +185,8 @@ class RunRecord:
             saved = [] if resumed_id is None else read_ledger(self.run_dir).after(mine, resumed_id)
             left = sorted({*saved, *set_aside}) if mine is not None else []
             self._open_log(mine, logged, left)
+            if cut:  # said once the file is written without them: a resume refused before it kept them
+                say(cut)  # (it said so, and the torn line stayed: trial RV61b F3)
             self._open_batches(mine, left)
             self.config = to_toml(config)
             self._record_config((resumed or 0) + 1, earlier_run=mine is None)
@@ -328,15 +330,13 @@ class RunRecord:
             self.state.pending = None
 
     # -- the files --
-    def _logged_rows(self, resumed: int | None) -> list[dict[str, Any]] | None:
-        """metrics.jsonl's rows a resume finds (None: a fresh run, or no file), read, not changed."""
+    def _logged_rows(self, resumed: int | None) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """metrics.jsonl's rows a resume finds (None: a fresh run, or no file), read, not changed, and
+        the note of the lines that are none, which go when _open_log writes the rows."""
         path = self.run_dir / METRICS_JSONL
         if resumed is None or not path.exists():
-            return None
-        rows, note = read_metrics(path)
-        if note:
-            say(note)
-        return rows
+            return None, None
+        return read_metrics(path)
 
     @_writes(METRICS_JSONL)
     def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[int]) -> None:
