@@ -383,7 +383,7 @@ def test_scores_of_the_original_past_a_copy_s_resume_are_not_the_copy_s(tmp_path
         try:
             return read_step_results(run, step) != {}
         except EvalResultsError as e:
-            assert f"holds scores of another run (heldout_ppl's records run id {run_id}" in str(e)
+            assert f"holds another run's scores (heldout_ppl records run id {run_id}" in str(e)
             return False
 
     assert [scored(150, a), scored(150, b), scored(100, a), scored(100, b), scored(50, b)] == [
@@ -439,9 +439,9 @@ def test_scores_copied_in_from_another_run_are_refused_in_one_line(eval_run, tmp
         err = capsys.readouterr().err
         line = err.strip().splitlines()[-1]
         assert "Traceback" not in err, err
-        assert line.startswith(
-            f"error: {results} holds scores of another run (heldout_ppl's records run id"
-        ), line
+        assert line.startswith(f"error: {results} holds another run's scores (heldout_ppl records run id"), (
+            line
+        )
         assert fix in line, line
     assert main(["eval", str(ours), "--step", "5", *QUICK]) == 2  # refused before scoring
     err = capsys.readouterr().err

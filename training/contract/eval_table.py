@@ -248,10 +248,10 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
         task, run = foreign
         record, evals = Path(run_dir) / CHECKPOINTS_JSONL, Path(run_dir) / EVAL_DIR
         raise EvalResultsError(
-            f"{path} holds scores of another run ({task}'s records run id {run}, which {record} does not "
-            f"give step {step}): move {path.parent} out of {evals}; while the run keeps that step's "
-            f"export or checkpoint, `gristmill eval {run_dir} --step {step}{' --merged' if merged else ''}` "
-            "scores the run's own"
+            f"{path} holds another run's scores ({task} records run id {run}, which by {record} did not "
+            f"train this directory's step {step}): move {path.parent} out of {evals}; while the run keeps "
+            f"that step's export or checkpoint, `gristmill eval {run_dir} --step {step}"
+            f"{' --merged' if merged else ''}` scores the run's own"
         )
     return results
 
