@@ -491,7 +491,7 @@ def resolve_tokenizer(
     path = tokenizer_file(at, spec) if at else tokenizer_file(spec)
     tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
-    encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}", path=path)
+    encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}", path=path, building=True)
     return tok_bytes, encoder, hub_pin(at or spec, path)
 
 

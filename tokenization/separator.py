@@ -9,7 +9,10 @@ separator id is added exactly once, and the count is asserted for every document
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -78,14 +81,16 @@ def _configured(path: str | Path | None, specials: list[str]) -> str:
     )
 
 
-def _spelled(tokenizer: Tokenizer, token: str) -> str | None:
-    """A text quoting `token` literally (alone, between spaces, glued to words, doubled), or the text
-    its id decodes to (a byte-level special token named as its vocabulary entry, "ĊĊ" for "\n\n": the
-    build failed in its tasks, after hours of dedup, trial RV61c F1), that `tokenizer`
-    (encode_special_tokens set) encodes to the token's id, or None when none does."""
+def _spelled(tokenizer: Tokenizer, token: str, building: bool = False) -> str | None:
+    """A text quoting `token` literally (alone, between spaces, glued to words, doubled) that
+    `tokenizer` (encode_special_tokens set) encodes to the token's id, or None when none does.
+    `building` (a new build's check): also the text its id stands for (_meant), a byte-level special
+    token named as its vocabulary entry ("ĊĊ" for "\n\n", "ä" for a lead byte of "中"): the build
+    failed in its tasks, after hours of dedup, at the first document holding it (trials RV61c F1,
+    review RV61f F2). Not for a dataset built already: the per-document check passed its documents, and
+    its evals and finalize were refused (review RV61f F1)."""
     tid = tokenizer.token_to_id(token)
-    decoded = tokenizer.decode([tid], skip_special_tokens=False)
-    for spelling in dict.fromkeys(t for t in (token, decoded) if t):
+    for spelling in [token, *(_meant(tokenizer, tid, token) if building else [])]:
         probes = [spelling, f"a {spelling} b", f"a{spelling}b", f"word{spelling}", f"{spelling}word"]
         probes += [f"{spelling} at the start", f"at the end {spelling}", f"{spelling}{spelling}"]
         probes += [f"\n{spelling}\n", f"a {spelling}{spelling} b", f"a.{spelling} b", f"a{spelling}"]
@@ -93,6 +98,46 @@ def _spelled(tokenizer: Tokenizer, token: str) -> str | None:
             if tid in tokenizer.encode(text, add_special_tokens=False).ids:
                 return text
     return None
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _meant(tokenizer: Tokenizer, tid: int, token: str) -> list[str]:
+    """Texts holding what id `tid` stands for, other than `token` itself: its decoded text, and where it
+    is bytes that are part of a character (a byte-level entry, a byte-fallback `<0xE4>`), characters
+    holding them."""
+    texts = [tokenizer.decode([tid], skip_special_tokens=False)]
+    inverse = {c: b for b, c in _byte_level_chars().items()}
+    raw = None
+    if (m := _BYTE_FALLBACK.fullmatch(token)) is not None:
+        raw = bytes([int(m.group(1), 16)])
+    elif token and all(c in inverse for c in token):
+        raw = bytes(inverse[c] for c in token)
+    if raw is not None:
+        for lead in (b"", b"\xc3", b"\xe4", b"\xe4\xb8", b"\xf0\x9f", b"\xf0\x9f\x98"):
+            for tail in (b"", b"\x80", b"\x80\x80", b"\x80\x80\x80"):
+                with contextlib.suppress(UnicodeDecodeError):
+                    texts.append((lead + raw + tail).decode("utf-8"))
+    return [t for t in dict.fromkeys(texts) if t and t != token and "\ufffd" not in t]
+
+
+@functools.cache
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte → printable character map, which byte-level vocabularies spell bytes with."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
 
 
 def _usable(tokenizer: Tokenizer, specials: list[str], unk: str | None, separator: str) -> list[str]:
@@ -125,7 +170,8 @@ class DocumentEncoder:
     vocabulary, it is not a special added token (an ordinary vocabulary token such as "." or an
     added token with special=False), it is the model's unknown token, or its literal text in any of
     several positions (alone, between spaces, glued to words, doubled) would encode to the separator
-    id — all before any document is processed.
+    id — all before any document is processed. `building`: a new build's, which also refuses a
+    separator that the text its id stands for encodes to (_spelled).
     """
 
     def __init__(
@@ -134,6 +180,7 @@ class DocumentEncoder:
         policy: SeparatorPolicy,
         source: str = "the tokenizer",
         path: str | Path | None = None,
+        building: bool = False,
     ):
         # Private copy: encode_special_tokens is a mutable flag on the object, and callers may
         # use their tokenizer elsewhere with the default behaviour; as_encoded drops what would make a
@@ -201,7 +248,7 @@ class DocumentEncoder:
             )
         # And literal separator text, wherever it stands in a page, must stay text (a special
         # token whose string the vocabulary can also spell, e.g. a special "." is caught here).
-        text = _spelled(self.tokenizer, policy.token)
+        text = _spelled(self.tokenizer, policy.token, building)
         if text is not None:
             usable = _usable(self.tokenizer, specials, unk, policy.token)
             raise TokenizerError(
