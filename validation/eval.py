@@ -1666,6 +1666,12 @@ def run(args: argparse.Namespace) -> int:
         print_table(run_dir, [step], merged=merged)  # the NaN/inf rows too, then the one error line
         raise
     print_table(run_dir, [step], merged=merged)
+    try:  # another step's results.json damaged: the table was not rebuilt (the warning above says so)
+        for which in (False, True):
+            read_results(run_dir, which)
+    except EvalResultsError:
+        print(f"all steps: {run_dir / EVAL_PARQUET} not rebuilt (the warning above); {step}'s scores stand")
+        return 0
     # after the plot's warning (a directory of its name) no "plot: RUN/eval.png" (review RV26b 5)
     plot = f", plot: {run_dir / EVAL_PLOT}" if (run_dir / EVAL_PLOT).is_file() else ""
     print(f'all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql "FROM eval"){plot}')

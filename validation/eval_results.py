@@ -13,6 +13,7 @@ Only what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parq
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -771,7 +772,10 @@ def write_plot(run_dir: str | Path) -> str | None:
     try:
         raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
     except EvalResultsError as e:  # another step's damaged file: this eval's scores stand (RV61b F1)
-        return f"warning: {Path(run_dir) / EVAL_PLOT} not drawn: {e}"
+        plot = Path(run_dir) / EVAL_PLOT
+        with contextlib.suppress(OSError):  # an earlier picture lacks these scores (review RV61f F4)
+            plot.unlink(missing_ok=True)
+        return f"warning: {plot} not drawn (nor kept: it lacked these scores): {e}"
     plt = agg_pyplot()
     fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), raw, merged)
     warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
