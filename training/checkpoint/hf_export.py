@@ -101,6 +101,7 @@ from training.contract.dataset_format import (
     without_dropout,
 )
 from training.contract.errors import GristmillError, unwritable
+from training.contract.file_lock import LockHeld, file_lock
 from training.contract.integrity import (
     CHECKPOINT_IDENTITY,
     EXPORT_CHECKSUMS,
@@ -112,7 +113,7 @@ from training.contract.integrity import (
     file_records,
     read_ledger,
 )
-from training.contract.lifetime import host, pid_alive
+from training.contract.lifetime import host
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
@@ -960,65 +961,70 @@ def export_hf(
     tensors = {hf: state_dict[ours].to(dtype) for ours, hf in names.items()}
 
     tmp, written = out_dir.parent / f".{out_dir.name}.tmp-{host()}-{os.getpid()}", None
+    lock = tmp.with_name(f"{tmp.name}.lock")
     _remove_dead_writes(out_dir)
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as e:  # a read-only or full run directory: one line, not a traceback
-        raise unwritable(out_dir.parent, e) from None
-    try:
-        write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
-        base = base or {}
-        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | _token_ids(base)
-        files: dict[str, Any] = {
-            CONFIG_JSON: config,
-            GENERATION_CONFIG: {
-                "bos_token_id": config["bos_token_id"],
-                "eos_token_id": config["eos_token_id"],
-            },
-            EXPORT_META: {
-                "format": EXPORT_FORMAT,
-                **(meta or {}),
-                "dataset": str(dataset_dir.resolve()),
-                "dataset_fingerprint": info["fingerprint"],
-                "separator": info["separator"],
-                "model_config": dataclasses.asdict(model_cfg),
-                # the transformers installed where it was written (None: none), whose AutoTokenizer
-                # checked its tokenizer files where a base brought its own (_brings_tokenizer_files);
-                # an eval under another names it (rescoring_fix)
-                "transformers": _installed("transformers"),
-            },
-        }
-        for name, content in files.items():
-            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
-            kept = json.loads(base[GENERATION_CONFIG].read_text(encoding="utf-8"))
-            ids = {k: config[k] for k in TOKEN_ID_KEYS if k in kept}
-            if all(kept[k] == v for k, v in ids.items()):
-                shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
-            else:
-                text = json.dumps(kept | ids, indent=2) + "\n"
-                (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
-        write_tokenizer(dataset_dir, model_cfg, tmp, base, export=out_dir)
-        checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
-        (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
-        written = checksums["files"]
-        if out_dir.exists():  # os.replace would take an empty directory's place
-            raise FileExistsError(errno.EEXIST, "exists", str(out_dir))
-        os.replace(tmp, out_dir)
-    except BaseException as e:
-        same = isinstance(e, OSError) and out_dir.is_dir() and _holds(out_dir, tmp if written else None)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and out_dir.is_dir():
-            if same:
-                return out_dir  # another process (eval --watch, the trainer) exported the same model
-            if written is not None:
-                raise ExportError(
-                    f"{out_dir} already exists with other contents; exports are permanent, remove it by hand "
-                    "to redo it"
-                ) from None
-        if isinstance(e, OSError):
+    with contextlib.ExitStack() as held:  # the lock while the export is written (_remove_dead_writes)
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(file_lock(lock))
+            held.callback(lock.unlink, missing_ok=True)  # (before the release: LIFO)
+            tmp.mkdir(parents=True)
+        except OSError as e:  # a read-only or full run directory: one line, not a traceback
             raise unwritable(out_dir.parent, e) from None
-        raise
+        try:
+            write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
+            base = base or {}
+            config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | _token_ids(base)
+            files: dict[str, Any] = {
+                CONFIG_JSON: config,
+                GENERATION_CONFIG: {
+                    "bos_token_id": config["bos_token_id"],
+                    "eos_token_id": config["eos_token_id"],
+                },
+                EXPORT_META: {
+                    "format": EXPORT_FORMAT,
+                    **(meta or {}),
+                    "dataset": str(dataset_dir.resolve()),
+                    "dataset_fingerprint": info["fingerprint"],
+                    "separator": info["separator"],
+                    "model_config": dataclasses.asdict(model_cfg),
+                    # the transformers installed where it was written (None: none), whose AutoTokenizer
+                    # checked its tokenizer files where a base brought its own (_brings_tokenizer_files);
+                    # an eval under another names it (rescoring_fix)
+                    "transformers": _installed("transformers"),
+                },
+            }
+            for name, content in files.items():
+                (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+            if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
+                kept = json.loads(base[GENERATION_CONFIG].read_text(encoding="utf-8"))
+                ids = {k: config[k] for k in TOKEN_ID_KEYS if k in kept}
+                if all(kept[k] == v for k, v in ids.items()):
+                    shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
+                else:
+                    text = json.dumps(kept | ids, indent=2) + "\n"
+                    (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
+            write_tokenizer(dataset_dir, model_cfg, tmp, base, export=out_dir)
+            checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
+            (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
+            written = checksums["files"]
+            if out_dir.exists():  # os.replace would take an empty directory's place
+                raise FileExistsError(errno.EEXIST, "exists", str(out_dir))
+            os.replace(tmp, out_dir)
+        except BaseException as e:
+            same = isinstance(e, OSError) and out_dir.is_dir() and _holds(out_dir, tmp if written else None)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError) and out_dir.is_dir():
+                if same:
+                    return out_dir  # another process (eval --watch, the trainer) exported the same model
+                if written is not None:
+                    raise ExportError(
+                        f"{out_dir} already exists with other contents; exports are permanent, remove it "
+                        "by hand to redo it"
+                    ) from None
+            if isinstance(e, OSError):
+                raise unwritable(out_dir.parent, e) from None
+            raise
     return out_dir
 
 
@@ -1103,14 +1109,16 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
 
 
 def _remove_dead_writes(out_dir: Path) -> None:
-    """The temporary folders of exports to `out_dir` that this host's killed processes left (this
-    process's own too): a resume wrote the export again and left them, a 1.24B model's ~5 GB each
-    (trial RV61b F2). Another host's, or a live process's, are its own."""
-    prefix = f".{out_dir.name}.tmp-{host()}-"
-    for left in out_dir.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = left.name.removeprefix(prefix)
-        if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
-            shutil.rmtree(left, ignore_errors=True)
+    """The temporary folders of exports to `out_dir` that killed writers left: a resume wrote the
+    export again and left them, a 1.24B model's ~5 GB each (trial RV61b F2). Each writer holds the
+    lock file beside its folder (TMP.lock) while it writes: one that can be taken is a dead writer's,
+    on any host and in any process namespace (a pid is not: a container restarted has another
+    namespace, and its leftover stayed, review RV61f F3). A folder without one (an older gristmill's)
+    is left."""
+    for lock in out_dir.parent.glob(f"{glob.escape(f'.{out_dir.name}.tmp-')}*.lock"):
+        with contextlib.suppress(LockHeld, OSError), file_lock(lock, block=False):
+            shutil.rmtree(lock.with_name(lock.name.removesuffix(".lock")), ignore_errors=True)
+            lock.unlink(missing_ok=True)
 
 
 def _recorded_since(path: Path) -> str | None:

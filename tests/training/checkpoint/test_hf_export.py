@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from training.checkpoint.hf_export import ExportError, export_checkpoint, export
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import DatasetError, read_dataset_info
-from training.contract.lifetime import host, pid_alive
+from training.contract.file_lock import file_lock
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
 from training.data.reader import DocumentTable
 from training.model import PRESETS, Transformer
@@ -213,18 +212,20 @@ def test_export_is_whole_or_absent(built_dataset, tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary directory
 
     # what a killed export left (a resume writes the export again, beside it: ~5 GB at 1.24B, trial
-    # RV61b F2) goes; a live writer's, and another host's, stay
-    top = int(Path("/proc/sys/kernel/pid_max").read_text())
-    dead = next(pid for pid in range(top - 1, 1, -1) if not pid_alive(pid))  # a dead writer's
-    writers = (f"{host()}-{dead}", f"{host()}-{os.getppid()}", "elsewhere-7")
-    left = {who: tmp_path / f".e.tmp-{who}" for who in writers}
+    # RV61b F2) goes, told by its lock file, free, in any process namespace (review RV61f F3); a
+    # live writer's (its lock held) and an older gristmill's (no lock file) stay
+    left = {who: tmp_path / f".e.tmp-{who}" for who in ("dead-1", "live-2", "older-3")}
     for folder in left.values():
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"partial")
-    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+    for who in ("dead-1", "live-2"):
+        (tmp_path / f".e.tmp-{who}.lock").write_text("")
+    with file_lock(tmp_path / ".e.tmp-live-2.lock"):
+        out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
     assert [p.exists() for p in left.values()] == [False, True, True]
-    for folder in list(left.values())[1:]:
-        shutil.rmtree(folder)
+    assert not (tmp_path / ".e.tmp-dead-1.lock").exists()
+    for path in [*list(left.values())[1:], tmp_path / ".e.tmp-live-2.lock"]:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     files = {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()}
     # The same weights exported again meanwhile (eval --watch, `gristmill export` and the trainer race
     # for a step: the loser exited 2, "remove it by hand", beside a good export): the one there is it.
