@@ -328,15 +328,19 @@ def tokenizer_model_span(path: str | Path) -> tuple[int, int] | None:
     JSON (training needs no `tokenizers` library). The least: the highest id + 1 of its model
     vocabulary (a token → id map, or Unigram's list, ids by position), the ids `tokenizers` uses. Its
     added tokens are not counted there (`tokenizers` may give one another id than its file says), but
-    bound the most: each may take a new id past the model's, or the id its file says. (A dataset.json
-    whose vocab_size was edited up trained a larger model than its tokenizer has, exit 0: trial RV60a
-    1.) None for a file that is not such a tokenizer (a synthetic dataset's stand-in)."""
+    bound the most: each the vocabulary lacks may take a new id past the model's (one it holds takes
+    its id there: counted as new, an edit up by one passed, trial RV61g F2), or the id its file says.
+    (A dataset.json whose vocab_size was edited up trained a larger model than its tokenizer has, exit
+    0: trial RV60a 1.) None for a file that is not such a tokenizer (a synthetic dataset's stand-in)."""
     try:
         spec = json.loads(Path(path).read_text())
         vocab = spec["model"]["vocab"]
         least = (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
-        added = [t["id"] for t in spec.get("added_tokens") or [] if isinstance(t.get("id"), int)]
-        return least, max(least + len(spec.get("added_tokens") or []), max(added, default=-1) + 1)
+        pieces = set(vocab) if isinstance(vocab, dict) else {entry[0] for entry in vocab}
+        tokens = spec.get("added_tokens") or []
+        new = [t for t in tokens if t.get("content") not in pieces]
+        ids = [t["id"] for t in tokens if isinstance(t.get("id"), int)]
+        return least, max(least + len(new), max(ids, default=-1) + 1)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
