@@ -1670,7 +1670,7 @@ def run(args: argparse.Namespace) -> int:
         for which in (False, True):
             read_results(run_dir, which)
     except EvalResultsError:
-        print(f"all steps: {run_dir / EVAL_PARQUET} not rebuilt (the warning above); {step}'s scores stand")
+        print(f"all steps: {run_dir / EVAL_PARQUET} not rebuilt (the warning above); step {step}'s stand")
         return 0
     # after the plot's warning (a directory of its name) no "plot: RUN/eval.png" (review RV26b 5)
     plot = f", plot: {run_dir / EVAL_PLOT}" if (run_dir / EVAL_PLOT).is_file() else ""

@@ -412,7 +412,8 @@ def test_another_step_s_damaged_results_json_costs_this_step_s_eval_nothing(eval
     err = "".join(capsys.readouterr())
     assert f"eval.parquet not rebuilt (EvalResultsError: {damaged} is damaged (" in err, err
     assert f"eval.png not drawn (nor kept: it lacked these scores): {damaged} is damaged (" in err, err
-    assert f"all steps: {run / 'eval.parquet'} not rebuilt (the warning above); 5's scores stand" in err, err
+    closing = f"all steps: {run / 'eval.parquet'} not rebuilt (the warning above); step 5's stand"
+    assert closing in err, err
     assert "heldout_ppl" in json.loads((eval_dir(run, 5) / "results.json").read_text())["results"]
     assert main(["eval", str(run), "--table"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {damaged} is damaged (")
