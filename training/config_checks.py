@@ -176,8 +176,9 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
     if r.max_steps is not None and not 1 <= r.max_steps <= last_step:
         raise ConfigError(
             f"run.max_steps = {r.max_steps} must be between 1 and the plan's {last_step} steps (it stops a "
-            "run inside its plan; to train past the plan's end, add a [[phase]] after the last: "
-            "docs/checkpoints.md, Resuming with changed settings)"
+            f"run inside its plan; run.max_steps = {last_step} trains to the plan's end, as leaving it out "
+            "does; to train past that end, add a [[phase]] after the last: docs/checkpoints.md, Resuming "
+            "with changed settings)"
         )
     if r.max_skipped < 1 or r.spike_window < 2:
         raise ConfigError(

@@ -58,12 +58,15 @@ def refusal(*overrides: str) -> str:
         ("data.val_fraction=nan", "val_fraction = nan of source 'data' must be in [0, 1)"),
         ("optim.betas=[0.9, nan]", "optim.betas = [0.9, nan] must be two numbers in [0, 1)"),
         ("parallel.shard=0", "parallel.shard = 0 must be ≥ 1 or -1 (= world_size // replicate)"),
-        # its advice once said to raise schedule.steps, which a resume past the warmup refuses
+        # its advice once said to raise schedule.steps, which a resume past the warmup refuses; a saved
+        # config.toml keeps a max_steps, which 0 did not undo and nothing said what does (trial RV61b)
         (
             "run.max_steps=2000",
             "run.max_steps = 2000 must be between 1 and the plan's 40 steps (it stops a run "
-            "inside its plan; to train past the plan's end, add a [[phase]] after the last",
+            "inside its plan; run.max_steps = 40 trains to the plan's end, as leaving it out does; to "
+            "train past that end, add a [[phase]] after the last",
         ),
+        ("run.max_steps=0", "run.max_steps = 40 trains to the plan's end, as leaving it out does"),
         ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
         # a traceback mid-setup (torch.manual_seed), a lock file left behind
         ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
