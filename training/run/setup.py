@@ -43,7 +43,7 @@ from training.contract.config_loader import config_changes, config_sha256, save_
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, kept_rows, run_of_checkpoint
 from training.data.loader import TokenLoader
-from training.data.plan import Plan
+from training.data.plan import Plan, PlanError, integer_weights
 from training.data.recipe import TrainedPlan, check_run_room, check_same_documents, format_plan, open_plan
 from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, applied_config, resolve
@@ -632,10 +632,11 @@ def _changes_since(
         # the settings that only decide how a run starts: a resume that changed them was refused
         # (Checkpointer._check_start); one that spells the same value otherwise (init_std unset →
         # 0.02, the preset's) changed nothing, and "in effect" would say it did (review R25h 6)
+        now = identity_config(applied)
         changes = [
             c
-            for c in config_changes(config, identity_config(applied))
-            if not c.startswith(tuple(f"{key} " for key in START_SETTINGS))
+            for c in config_changes(config, now)
+            if not c.startswith((*(f"{key} " for key in START_SETTINGS), *_same_shares(config, now)))
         ]
         shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
         return [f"note: changed since {name} was saved: {shown}{when}"] if changes else []
@@ -645,8 +646,11 @@ def _changes_since(
         before_applied = applied_config(before, resolve(before))
     except (GristmillError, OSError):
         before_applied = None  # no or an unreadable config.toml there: nothing to name the keys from
+    same = _same_shares(to_dict(before_applied), to_dict(applied)) if before_applied is not None else ()
     changes = [
-        c for c in config_changes(before_applied or {}, applied) if not c.startswith("run.output_dir ")
+        c
+        for c in config_changes(before_applied or {}, applied)
+        if not c.startswith(("run.output_dir ", *same))
     ]
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
     # (the checkpoint's step's validation and eval, when a stop cut them off, run now: review R21c 1)
@@ -656,6 +660,28 @@ def _changes_since(
         f"note: the config differs from the one {name} was saved with (its hash in COMPLETE)"
         + (f"; changed since {path} was written: {shown}{when}" if before_applied and changes else "")
     ]
+
+
+def _same_shares(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    """The `phase[…].mix.` keys (by position and by name) of the phases whose mixes give every source the
+    same share in both configs, as the plan takes them (integer_weights: `{a = 3, b = 1}` is 0.75 /
+    0.25): spelled otherwise, they change nothing, and a resume's note said "in effect from step N"
+    of them (trial RV61a 2)."""
+    same: list[str] = []
+    for i, (a, b) in enumerate(zip(old.get("phase") or [], new.get("phase") or [])):
+        mixes = [p.get("mix") if isinstance(p, dict) else None for p in (a, b)]
+        if not all(isinstance(m, dict) and m for m in mixes):
+            continue
+        names = sorted(set(mixes[0]) | set(mixes[1]))
+        try:
+            shares = [integer_weights([float(m.get(n, 0.0)) for n in names]) for m in mixes]
+        except (PlanError, TypeError, ValueError):
+            continue
+        if shares[0] == shares[1]:
+            same.append(f"phase[{i}].mix.")
+            if isinstance(a.get("name"), str):  # as config_changes names a phase where names differ
+                same.append(f"phase[{a['name']}].mix.")
+    return tuple(same)
 
 
 @contextlib.contextmanager

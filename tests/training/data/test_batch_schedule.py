@@ -333,6 +333,8 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
         ([], None),
         (["optim.weight_decay=0.05"], "optim.weight_decay 0.1 → 0.05"),
         (["model.rope_theta=5e5"], "model.rope_theta unset → 500000.0"),  # not "None": the preset's
+        # the same shares spelled otherwise (6/3/1 is 0.6/0.3/0.1): "changed … in effect" (trial RV61a 2)
+        (["phase[0].mix={web=6,code=3,math=1}"], None),  # (other shares there: refused, the past)
     ]:
         copy = tmp_path / f"copy{len(sets)}{sets[:1]}"
         argv = ["train", "--config", str(run_dir / "config.toml"), "--resume", resume, "--set",
