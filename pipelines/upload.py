@@ -109,9 +109,8 @@ def upload_dataset(
     committed = _refuse_other_dataset(store, info)
     files = dataset_files(info)
     there = store.list()
-    if strays := _strays(
-        there, files
-    ):  # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
+    # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
+    if strays := _strays(there, files):
         raise DatasetError(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"

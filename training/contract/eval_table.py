@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from training.contract.atomic_write import atomic_path
 from training.contract.errors import GristmillError
 from training.contract.file_lock import file_lock, flock_listed
-from training.contract.integrity import read_ledger, seal_broken, sealed
+from training.contract.integrity import Ledger, read_ledger, seal_broken, sealed
 from training.contract.run_layout import CHECKPOINTS_JSONL, EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
 T = TypeVar("T")
@@ -226,9 +226,12 @@ def sealed_results(results: dict[str, Any]) -> dict[str, Any]:
     return sealed(results, RESULTS_SHA256)
 
 
-def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> dict[str, Any]:
+def read_step_results(
+    run_dir: str | Path, step: int, merged: bool = False, ledger: Ledger | None = None
+) -> dict[str, Any]:
     """RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's), or {} when that step has none;
-    one that cannot be read, or does not hash to its seal, is an EvalResultsError naming the fix."""
+    one that cannot be read, or does not hash to its seal, or is another run's (`ledger`: the run's
+    record, where the caller read it), is an EvalResultsError naming the fix."""
     path = eval_dir(run_dir, step, merged) / RESULTS_JSON
     if not path.is_file():
         return {}
@@ -244,7 +247,7 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
             f"that step's export or checkpoint, evaluate it again (`gristmill eval {run_dir} --step {step}"
             f"{' --merged' if merged else ''}`)"
         ) from None
-    if foreign := _scored_by_another_run(run_dir, step, results):
+    if foreign := _scored_by_another_run(run_dir, step, results, ledger):
         task, run = foreign
         record, evals = Path(run_dir) / CHECKPOINTS_JSONL, Path(run_dir) / EVAL_DIR
         raise EvalResultsError(
@@ -256,7 +259,9 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
     return results
 
 
-def _scored_by_another_run(run_dir: str | Path, step: int, results: dict[str, Any]) -> tuple[str, str] | None:
+def _scored_by_another_run(
+    run_dir: str | Path, step: int, results: dict[str, Any], ledger: Ledger | None = None
+) -> tuple[str, str] | None:
     """A task of `results` (step `step`'s) and the run id it records (SCORING_RUN) where that is none
     whose timeline the run's record gives the step (Ledger.runs_at: another run's, or the original's
     past the step a copy of it resumed at); None: every one is the run's, or nothing tells (scores or
@@ -269,14 +274,15 @@ def _scored_by_another_run(run_dir: str | Path, step: int, results: dict[str, An
     }
     if not said:
         return None
-    runs = read_ledger(Path(run_dir)).runs_at(step)
+    runs = (ledger or read_ledger(Path(run_dir))).runs_at(step)
     return next(((task, run) for task, run in sorted(said.items()) if runs and run not in runs), None)
 
 
 def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[str, Any]]:
     """{step: results dict} of every RUN/eval/step-N/results.json (`merged`: merged-step-N's)."""
     steps = list_steps(Path(run_dir) / EVAL_DIR, merged)
-    return {s: res for s in steps if (res := read_step_results(run_dir, s, merged))}
+    ledger = read_ledger(Path(run_dir))  # once for every step's file: the table is rebuilt at every eval
+    return {s: res for s in steps if (res := read_step_results(run_dir, s, merged, ledger))}
 
 
 def result_rows(results_by_step: dict[int, dict[str, Any]], merged: bool = False) -> list[dict[str, Any]]:
