@@ -916,9 +916,14 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     assert_same_checkpoint(run, straight, 8)
 
 
-def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(tmp_path, data, straight):
+def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(
+    tmp_path, data, straight, capsys
+):
     """A gristmill export damaged since it was exported (eval and verify refuse it) was trained from,
-    exit 0: its gristmill_checksums.json was never read (review R22f S4)."""
+    exit 0: its gristmill_checksums.json was never read (review R22f S4); `train --plan` printed its
+    plan, exit 0 (trial RV61d F3)."""
+    from pipelines.cli import main as gristmill
+
     copy = export_checkpoint(straight, 8, out=tmp_path / "export")
     weights = copy / "model.safetensors"
     data_at = weights.stat().st_size - 64
@@ -936,6 +941,9 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     fix = "; point model.init_from at an intact copy, or restore the file from a copy of the export, or "
     assert f"{weights}: sha256 " in line and fix in line and "delete" not in line, line
     assert line.endswith("keep the export meanwhile: it may hold the only copy of its weights"), line
+    capsys.readouterr()
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *overrides(data, run, _init(copy))]) == 2
+    assert one_error_line(capsys.readouterr().err) == line  # --plan says what train would
     # the command its gristmill_export.json records, not a placeholder (RV34c G3)
     again = shlex.join(["gristmill", "export", str(straight.resolve()), "--step", "8", "--out", str(copy)])
     assert f"or move {copy} aside and export it again from its checkpoint ({again} --dtype fp32); " in line, (

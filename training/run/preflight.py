@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.base_record import with_run_base
+from training.checkpoint.base_record import base_weights, with_run_base
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.hf_import import check_base_data
 from training.checkpoint.model_config import resolve_model_config
@@ -132,7 +132,12 @@ def model_for_data(
     here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
     and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
-        source = locate_base(cfg.model.init_from, _recorded_base(cfg))
+        recorded = _recorded_base(cfg)
+        source = locate_base(cfg.model.init_from, recorded)
+        if recorded is None and source.directory is not None:
+            # a new run holds its base's weights to an export's checksums as it records them (record_base):
+            # --plan printed a plan for a damaged export, exit 0 (trial RV61d F3)
+            base_weights(source.identity, source.directory)
     model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     notes = []
     if source is not None and source.directory is not None:
