@@ -91,12 +91,18 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose `.metadata` is read by an allow-list unpickler."""
+    """FileSystemReader whose `.metadata` is read by an allow-list unpickler, once: `load` reads it
+    before dcp.load does. A .metadata that failed inside dcp.load (gone under a running run's
+    retention) was logged by torch with two tracebacks on stderr before gristmill's own line (trial
+    RV61g F3): the root logger, "Global metadata is not found. Falling back to rank local metadata."."""
+
+    _metadata: Any = None
 
     def read_metadata(self, *args: Any, **kwargs: Any):
-        path = Path(self.path) / DCP_METADATA
-        with open(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        if self._metadata is None:
+            with open(Path(self.path) / DCP_METADATA, "rb") as f:
+                self._metadata = _MetadataUnpickler(f).load()
+        metadata = self._metadata
         storage_meta = getattr(metadata, "storage_meta", None)
         if storage_meta is not None and hasattr(self, "load_id"):
             storage_meta.load_id = self.load_id
@@ -116,10 +122,12 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 def load(states: dict[str, Any], path: str | Path, *, no_dist: bool = False) -> None:
     """dcp.load of `states` from checkpoint `path` with the safe reader and planner."""
+    reader = SafeFileSystemReader(str(path))
+    reader.read_metadata()  # a failure here is the caller's one line, not torch's tracebacks (the class)
     with _single_process_quiet():
         dcp.load(
             states,
-            storage_reader=SafeFileSystemReader(str(path)),
+            storage_reader=reader,
             planner=SafeLoadPlanner(),
             no_dist=no_dist,
         )

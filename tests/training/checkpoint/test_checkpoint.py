@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import pickle
 import random
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -571,6 +573,30 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path):
         CheckpointError, match=r"\.metadata cannot be read \(UnpicklingError: refusing to load posix.system"
     ):
         checkpoint_keys(tmp_path)
+
+
+def test_a_metadata_file_gone_under_a_load_is_one_line_without_torch_s_tracebacks(tmp_path, caplog):
+    """Retention deleted a checkpoint `eval --watch` had checked, just before its load: torch logged two
+    tracebacks ("Global metadata is not found. Falling back to rank local metadata.") on the terminal
+    before gristmill's own line (trial RV61g F3)."""
+    import torch.distributed.checkpoint as dcp
+
+    from training.checkpoint.io import load_or_raise
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's single-process note
+        dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path), no_dist=True)
+    box = {"w": torch.zeros(3)}
+    load_or_raise(box, tmp_path, CheckpointError, "load", no_dist=True)
+    assert box["w"].tolist() == [1.0, 1.0, 1.0]  # the metadata read once serves dcp.load
+    (tmp_path / DCP_METADATA).unlink()
+    with caplog.at_level(logging.DEBUG), pytest.raises(CheckpointError) as e:
+        load_or_raise(box, tmp_path, CheckpointError, "load", no_dist=True)
+    assert str(e.value) == (
+        f"cannot load {tmp_path}: FileNotFoundError: [Errno 2] No such file or directory: "
+        f"'{tmp_path / DCP_METADATA}'"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_resume_flag_reaches_torchrun():
