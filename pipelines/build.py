@@ -1034,10 +1034,35 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     record = read_build_json(out)
     # dataset.json describes what the tasks wrote: the saved config's policy, not this command line's.
     saved = load_config(DataConfig, out / CONFIG_TOML)
+    _check_saved_recipe(out, saved, record)
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
     with dataset_lock(out, "this build"):
         return _finish(saved, out, record, encoder, log)
+
+
+def _check_saved_recipe(out: Path, saved: DataConfig, record: dict[str, Any]) -> None:
+    """The finalize job reads the recipe and tokenizer the build left in `out`, which must still be
+    what its tasks were built with (`record`: build.json's identity): an edited filter was sealed
+    into dataset.json, another tokenizer recorded as the shards' (its vocabulary, its checksum), and
+    an edited separator written as the dataset's, exit 0 (trial RV62c S5, L1). The input files and
+    the decontamination index come from the record: a finalize job lists no source."""
+    was = record.get("identity")
+    if not isinstance(was, dict):  # a build.json of before the identity was recorded: nothing to hold
+        return
+    try:
+        tok_sha = hashlib.sha256((out / TOKENIZER_JSON).read_bytes()).hexdigest()
+    except OSError as e:
+        raise BuildError(
+            f"{out / TOKENIZER_JSON} cannot be read ({e.strerror}): the build wrote it there"
+        ) from None
+    now = content_identity(saved, tok_sha, was.get("input_files") or [], was.get("decontaminate"))
+    if changes := config_changes(was, now):
+        raise BuildError(
+            f"{out / CONFIG_TOML} or {out / TOKENIZER_JSON} is not what the tasks of {out} were built with "
+            f"(changed: {'; '.join(changes)}); put back the file the build wrote (its {BUILD_JSON} records "
+            "it), then run the finalize again: the tasks' output is kept"
+        )
 
 
 def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: DocumentEncoder, log) -> BuildResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import shutil
 from pathlib import Path
@@ -310,6 +311,33 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
     info = read_dataset_info(out)
     assert info["separator"]["position"] == "after"
     assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+    # The saved recipe and tokenizer themselves edited after the tasks ran: an edited filter was
+    # sealed into dataset.json, another tokenizer recorded as the shards', exit 0 (trial RV62c S5, L1)
+    (out / "dataset.json").unlink()
+    recipe, tok_file = out / "config.toml", out / "tokenizer.json"
+    kept_recipe, kept_tok = recipe.read_text(), tok_file.read_text()
+    tok = json.loads(kept_tok)
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    edits = [
+        (recipe, kept_recipe.replace("min_chars = 20", "min_chars = 30", 1), "filters.min_chars: 20 → 30"),
+        (recipe, kept_recipe.replace('position = "after"', 'position = "before"'), "tokenizer.position: "),
+        (tok_file, json.dumps(tok), "tokenizer.sha256: "),
+    ]
+    for path, text, says in edits:
+        kept = path.read_text()
+        path.write_text(text)
+        with pytest.raises(BuildError) as e:
+            finalize_only(cfg, **QUIET)
+        assert str(e.value).startswith(
+            f"{recipe} or {tok_file} is not what the tasks of {out} were built with (changed: {says}"
+        ), e.value
+        assert str(e.value).endswith("then run the finalize again: the tasks' output is kept"), e.value
+        assert not (out / "dataset.json").exists()
+        path.write_text(kept)
+    assert finalize_only(cfg, **QUIET).ok
+    assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
 def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separator(build_fixture, tmp_path):
