@@ -10,6 +10,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from training.contract.errors import GristmillError
+from training.contract.hub_cache import hub_copy_damage
 
 
 class TokenizerError(GristmillError):
@@ -182,6 +183,9 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
+    # damaged in the cache, or altered on its way in: built with as the pinned commit's (trial RV62c S1)
+    if (damage := hub_copy_damage(local)) is not None:
+        raise TokenizerError(damage)
     return Path(local)
 
 

@@ -360,6 +360,18 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, 
     assert "network" not in str(invalid.value)
     with pytest.raises(TokenizerError, match=f"the hub repository {repo} has no revision 'v9'"):
         resolve(f"{repo}@v9")
+    # the cached copy damaged (two ids swapped): it was built with as the pinned commit's (trial RV62c S1)
+    cached = Path(hf_constants.HF_HUB_CACHE).glob(f"models--{repo.replace('/', '--')}/snapshots/{first}/*")
+    (copy,) = cached
+    good = copy.read_bytes()
+    copy.resolve().write_bytes(good + b"\n")  # valid, and read alike: only its bytes tell
+    with pytest.raises(TokenizerError) as damaged:
+        resolve(f"{repo}@{first}")
+    line = str(damaged.value)
+    assert line.startswith(f"{copy}: the hub cache's copy is damaged (git blob sha1 "), line
+    assert f"delete {copy.resolve()} and run again with network" in line
+    copy.resolve().unlink()  # as the line says: fetched anew
+    assert resolve(f"{repo}@{first}") == good
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "another-machine"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(TokenizerError) as offline:

@@ -1602,6 +1602,17 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
     line = one_error_line(done.stderr)
     assert f"{blob}: the hub cache's copy is damaged" in line and f"delete {blob.resolve()} and run" in line
     assert not (run / "base" / "base.json").exists()
+    # its config.json (a git blob, not LFS) edited in the cache: trained with another rms_norm_eps, exit 0
+    # (trial RV62c S1)
+    blob.resolve().write_bytes(files["model.safetensors"])
+    config = blob.with_name("config.json")
+    edited = json.loads(config.read_text()) | {"rms_norm_eps": 1e-3}
+    config.resolve().write_text(json.dumps(edited))
+    done = start(run, env | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = one_error_line(done.stderr)
+    assert line.startswith(f"error: {config}: the hub cache's copy is damaged (git blob sha1 "), line
+    assert not (run / "base" / "base.json").exists()
 
 
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:

@@ -25,8 +25,6 @@ names files of another base.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ from training.checkpoint.record import base_record_of, newest_base_record
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import file_sha256
 from training.contract.errors import GristmillError
+from training.contract.hub_cache import hub_copy_damage
 from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, exported_with_checksums
 from training.contract.run_layout import (
     BASE_DIR,
@@ -133,26 +132,15 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
         )
 
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
 def hub_weights_sha256(snapshot: str | Path) -> dict[str, str]:
-    """weights_sha256 of a hub base's cache snapshot (what the run loads), held to the hub's own sha256
-    where the cache names the file's blob by it (an LFS file's ETag: snapshots/<commit>/F ->
-    ../../blobs/<sha256>): a copy damaged in the cache is refused in one line. Reading the name alone
-    recorded the hub's bytes while the run trained on the damaged copy (review R25k 1: a claim beside
-    the data is not the data)."""
+    """weights_sha256 of a hub base's cache snapshot (what the run loads), held to the hub's digest
+    where the cache names the file's blob by it (hub_copy_damage): a copy damaged in the cache is
+    refused in one line. Reading the name alone recorded the hub's bytes while the run trained on the
+    damaged copy (review R25k 1: a claim beside the data is not the data)."""
     got = weights_sha256(snapshot)
     for name, sha in got.items():
-        path = Path(snapshot) / name
-        blob = Path(os.readlink(path)) if path.is_symlink() else None
-        named = blob is not None and blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name)
-        if named and sha != blob.name:
-            raise BaseModelError(
-                f"{path}: the hub cache's copy is damaged (sha256 {sha[:12]}…, the hub's is "
-                f"{blob.name[:12]}…); delete {path.resolve()} and run again with network (HF_HUB_OFFLINE "
-                "unset): it is fetched anew"
-            )
+        if (damage := hub_copy_damage(Path(snapshot) / name, sha256=sha)) is not None:
+            raise BaseModelError(damage)
     return got
 
 

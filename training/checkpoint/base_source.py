@@ -34,6 +34,7 @@ from typing import Any
 
 from training.contract.config_loader import ConfigError
 from training.contract.errors import GristmillError
+from training.contract.hub_cache import hub_copy_damage
 
 __all__ = [
     "CONFIG_JSON",
@@ -291,6 +292,12 @@ def fetch_hub_base(
             "(not a transformers model)",
             "model.init_from",
         )
+    # its small files (config, tokenizer), trusted as they were read: a config.json damaged in the cache,
+    # or altered on its way in, trained with another rms_norm_eps, exit 0 (trial RV62c S1); the
+    # weights are held to their names where they are hashed (base_record.hub_weights_sha256)
+    for file in sorted(path.iterdir()):
+        if not file.name.endswith(".safetensors") and (damage := hub_copy_damage(file)) is not None:
+            raise BaseModelError(damage)
     return path, commit
 
 

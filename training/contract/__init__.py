@@ -17,6 +17,7 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     separator_check the separator rule (one per document, first or last), for tokenizer, validator, loader
     lifetime       exit_with: a process the command started kills itself when that command dies;
                    signal_at_parent_death: the same for a child asking the kernel (PR_SET_PDEATHSIG)
+    hub_cache      a Hugging Face hub cache file held to its blob's name (the hub's sha256 or git sha1)
     object_store   s3:// URLs and the one S3 client (boto3, imported inside its functions): one request
                    per call, retries with backoff, counted (COUNTS)
 
