@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -63,6 +64,27 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             raise BuildError(f"build.slurm.{key} = {value}: set it ≥ 1")
     if not sc.time.strip():
         raise BuildError('build.slurm.time = "": set the jobs\' time limit, e.g. "12:00:00"')
+
+
+def _dry_run_lines(submitted: list[tuple[str, list[str]]], scripts: list[Path]) -> list[str]:
+    """The commands that submit the jobs datatrove launched (each `(contents, args)`, in order), for the
+    dry run to print: every array job of a stage (more than one past max_array_size, 1,001 tasks, each
+    with its RUN_OFFSET: only the first was printed, and the tasks past it never ran, trial RV62c L2),
+    and the stats job after each (datatrove's merge_stats, written beside its stage's script; its
+    dependency, a shell variable here, goes on the command line, where the shell expands it)."""
+    lines, previous = [], scripts[-1]
+    for i, (contents, args) in enumerate(submitted, 1):
+        path = next((p for p in scripts if p.is_file() and p.read_text() == contents), None)
+        if path is None:  # the stats job of the stage launched just before
+            args = [
+                *args,
+                *(f"--dependency={d}" for d in re.findall(r"^#SBATCH --dependency=(.*)$", contents, re.M)),
+            ]
+            path = previous.parent / "merge_stats.slurm"
+            write_atomic(path, re.sub(r"^#SBATCH --dependency=.*\n", "", contents, flags=re.M))
+        lines.append(f"  J{i}=$({' '.join(['sbatch', '--parsable', *args, str(path)])})")
+        previous = path
+    return lines
 
 
 def submit_slurm(
@@ -138,12 +160,12 @@ def submit_slurm(
     logs.mkdir(parents=True, exist_ok=True)
     write_atomic(logs / "finalize.slurm", finalize)
 
-    submitted: list[list[str]] = []
+    submitted: list[tuple[str, list[str]]] = []
     real_launch = dt_slurm.launch_slurm_job
 
     def record(contents: str, job_id_retriever, *args) -> str:
-        submitted.append(list(args))
-        return "DRYRUN"
+        submitted.append((contents, list(args)))
+        return f"$J{len(submitted)}"  # the shell variable the dry run's command for it sets
 
     if not sc.submit:
         dt_slurm.launch_slurm_job = record
@@ -163,17 +185,13 @@ def submit_slurm(
         return "complete"
     launched = [(st, ex) for st, ex in chain if ex.job_id != -1]  # stages with tasks left
     if not sc.submit:
-        lines, dep = [], ""
-        for i, (st, _) in enumerate(launched, 1):
-            stage_script = st.logs / "launch_script.slurm"
-            lines.append(f"  J{i}=$(sbatch --parsable --export=ALL,RUN_OFFSET=0{dep} {stage_script})")
-            dep = f" --dependency=afterok:$J{i}"
+        scripts = [st.logs / "launch_script.slurm" for st, _ in launched] + [script]
+        lines = _dry_run_lines(submitted, scripts)
         what = f"the {len(launched)} dedup stages' scripts, " if launched else ""
         log(
             f"dry run: wrote {what}{script} and {logs / 'finalize.slurm'} (nothing submitted). Submit with:\n"
             + "".join(line + "\n" for line in lines)
-            + f"  JOB=$(sbatch --parsable --export=ALL,RUN_OFFSET=0{dep} {script})\n"
-            f"  sbatch --dependency=afterok:$JOB {logs / 'finalize.slurm'}"
+            + f"  sbatch --dependency=afterok:{executor.job_id} {logs / 'finalize.slurm'}"
         )
         return "written"
     job = dt_slurm.launch_slurm_job(

@@ -90,9 +90,13 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     lines: list[str] = []
     result = build(load_config(DataConfig, config, overrides), log=lines.append)
     assert result.status == "written" and not (out / "dataset.json").exists()
-    assert "sbatch --dependency=afterok:$JOB" in lines[-1]
-
     logs = out / "logs"
+    assert lines[-1].endswith(
+        f"  J1=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {logs / 'launch_script.slurm'})\n"
+        f"  J2=$(sbatch --parsable --dependency=afterok:$J1 {logs / 'merge_stats.slurm'})\n"
+        f"  sbatch --dependency=afterok:$J1 {logs / 'finalize.slurm'}"
+    ), lines[-1]
+    assert "#SBATCH --dependency" not in (logs / "merge_stats.slurm").read_text()  # on the command line
     script = (logs / "launch_script.slurm").read_text()
     assert script.startswith("#!/bin/bash\n")
     d = sbatch_directives(script)
@@ -116,6 +120,43 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     run_array(logs / "launch_script.slurm", 2, env)
     assert re.search(r"^  validation +OK ", run_finalize(logs, env), re.M)
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def submitted_by(printed: str, tmp_path: Path) -> list[list[str]]:
+    """The sbatch calls that the dry run's printed commands make, run by bash with a stand-in sbatch
+    (each call's arguments, in order; job ids 101, 102, …)."""
+    bin_dir, calls = tmp_path / "sbatch-bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\necho $((100 + $(wc -l < {calls})))\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    commands = printed.split("Submit with:\n", 1)[1]
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "-euc", commands], env=env, check=True, timeout=60)
+    return [line.split() for line in calls.read_text().splitlines()]
+
+
+def test_a_dry_run_of_more_tasks_than_one_array_job_prints_every_array_job(build_fixture, tmp_path):
+    """Past datatrove's max_array_size (1,001 tasks) the tasks go in several array jobs, each with its
+    RUN_OFFSET: the dry run printed the first alone, and the finalize failed after it ran, the tasks
+    past 1,001 never submitted (trial RV62c L2). Its printed commands submit what a real submission
+    does: each array job after the one before, the stats job, and the finalize after the last."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    sets = [f"output={out}", "build.executor=slurm", "build.slurm.submit=false", "build.tasks=1003"]
+    lines: list[str] = []
+    assert build(load_config(DataConfig, config, sets), log=lines.append).status == "written"
+    logs = out / "logs"
+    calls = submitted_by(lines[-1], tmp_path)
+    script = str(logs / "launch_script.slurm")
+    assert calls == [
+        ["--parsable", "--export=ALL,RUN_OFFSET=0", script],
+        ["--parsable", "--export=ALL,RUN_OFFSET=1", "--dependency=afterany:101", script],
+        ["--parsable", "--dependency=afterok:102", str(logs / "merge_stats.slurm")],
+        ["--dependency=afterok:102", str(logs / "finalize.slurm")],
+    ], calls
+    assert sbatch_directives(Path(script).read_text())["array"] == "0-1000%2"
 
 
 def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path):
@@ -164,12 +205,21 @@ def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
     assert build(load_config(DataConfig, config, slurm), log=lines.append).status == "written"
     logs = out / "logs"
     hashes, clusters = (logs / "dedup" / s / "launch_script.slurm" for s in ("hashes", "clusters"))
-    assert f"  J1=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {hashes})\n" in lines[-1]
-    assert (
-        f"  J2=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 --dependency=afterok:$J1 {clusters})\n"
-        in lines[-1]
-    )
-    assert f"--dependency=afterok:$J2 {logs / 'launch_script.slurm'})\n" in lines[-1]
+    calls = submitted_by(lines[-1], tmp_path)
+    assert calls == [
+        ["--parsable", "--export=ALL,RUN_OFFSET=0", str(hashes)],
+        ["--parsable", "--dependency=afterok:101", str(hashes.parent / "merge_stats.slurm")],
+        ["--parsable", "--export=ALL,RUN_OFFSET=0", "--dependency=afterok:101", str(clusters)],
+        ["--parsable", "--dependency=afterok:103", str(clusters.parent / "merge_stats.slurm")],
+        [
+            "--parsable",
+            "--export=ALL,RUN_OFFSET=0",
+            "--dependency=afterok:103",
+            str(logs / "launch_script.slurm"),
+        ],
+        ["--parsable", "--dependency=afterok:105", str(logs / "merge_stats.slurm")],
+        ["--dependency=afterok:105", str(logs / "finalize.slurm")],
+    ], calls
     for script, array, name in ((hashes, "0-1", "hashes"), (clusters, "0-0", "clusters")):
         d = sbatch_directives(script.read_text())
         assert d["array"].split("%")[0] == array and d["job-name"] == f"gristmill-data-dedup-{name}", d
