@@ -21,6 +21,7 @@ import copy
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -176,6 +177,11 @@ def submit_slurm(
             f"cannot run sbatch ({e}): this machine is not a Slurm login node. Set "
             'build.slurm.submit = false to only write the scripts, or run with build.executor = "local"'
         ) from None
+    except subprocess.CalledProcessError as e:  # sbatch said why on the terminal (its stderr)
+        raise BuildError(
+            f"sbatch refused a job of this build (exit {e.returncode}, its reason above); jobs it accepted "
+            "before stay queued (squeue --me): cancel them (scancel), fix [build.slurm], and rerun"
+        ) from None
     finally:
         dt_slurm.launch_slurm_job = real_launch
 
@@ -194,9 +200,16 @@ def submit_slurm(
             + f"  sbatch --dependency=afterok:{executor.job_id} {logs / 'finalize.slurm'}"
         )
         return "written"
-    job = dt_slurm.launch_slurm_job(
-        finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}"
-    )
+    try:
+        job = dt_slurm.launch_slurm_job(
+            finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}"
+        )
+    except subprocess.CalledProcessError as e:  # a traceback, the array job queued without a word (RV62c)
+        raise BuildError(
+            f"sbatch refused the finalize job (exit {e.returncode}, its reason above) after array job "
+            f"{executor.job_id} was queued; submit it yourself once sbatch takes it: "
+            f"sbatch --dependency=afterok:{executor.job_id} {logs / 'finalize.slurm'}"
+        ) from None
     dedup = ", ".join(f"{st.name} {ex.job_id}" for st, ex in launched)
     log(
         f"submitted Slurm array job {executor.job_id} ({cfg.build.tasks} tasks)"

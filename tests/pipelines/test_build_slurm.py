@@ -159,6 +159,37 @@ def test_a_dry_run_of_more_tasks_than_one_array_job_prints_every_array_job(build
     assert sbatch_directives(Path(script).read_text())["array"] == "0-1000%2"
 
 
+def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixture, tmp_path, monkeypatch):
+    """sbatch refusing the finalize job (an account, a QOS) was a CalledProcessError traceback, the array
+    job it had just queued said nowhere (trial RV62c). One line names it and the finalize's command;
+    sbatch refusing the array job says that jobs it took before stay queued."""
+    _, _, config = build_fixture
+    bin_dir, calls = tmp_path / "sbatch-bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\n'
+        'if grep -q -- "$REFUSE" "${@: -1}"; then echo "sbatch: error: Invalid account" >&2; exit 1; fi\n'
+        f'echo "Submitted batch job $((100 + $(wc -l < {calls})))"\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    logs = tmp_path / "ds" / "logs"
+    sets = [f"output={tmp_path / 'ds'}", "build.executor=slurm"]
+    monkeypatch.setenv("REFUSE", "--finalize-only")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    assert str(e.value) == (
+        "sbatch refused the finalize job (exit 1, its reason above) after array job 101 was queued; submit "
+        f"it yourself once sbatch takes it: sbatch --dependency=afterok:101 {logs / 'finalize.slurm'}"
+    )
+    monkeypatch.setenv("REFUSE", "launch_pickled_pipeline")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'other'}"]), log=lambda *a: None)
+    assert str(e.value).startswith(
+        "sbatch refused a job of this build (exit 1, its reason above); jobs it "
+    ), e
+
+
 def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path):
     """An output with a space: the scripts were written and (submitted) queued, and every job failed
     on the cluster (`unrecognized arguments`): datatrove's and the finalize job's paths are unquoted
