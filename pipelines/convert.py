@@ -162,9 +162,15 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                 except DatasetError as e:
                     raise DatasetError(said(str(e))) from None
             else:
-                if Path(new).exists():
-                    Path(new).rmdir()  # empty (checked above)
-                os.replace(out, new)  # its lock file with it: held until the end, as any writer's
+                try:
+                    if Path(new).exists():
+                        Path(new).rmdir()  # empty (checked above)
+                    os.replace(out, new)  # its lock file with it: held until the end, as any writer's
+                except OSError as e:  # a file put in NEW meanwhile: a traceback, the conversion deleted
+                    raise _Kept(  # (trial RV62a F3)
+                        f"{new} is not empty any more (a file was put in it meanwhile): {e.strerror}; the "
+                        f"validated conversion is kept in {out}: move it into a new place (mv {out} DIR)"
+                    ) from None
         # said once it is there, under the name the user gave (it named the folder it was written in)
         checked = (  # a bucket's validation.json comes only from validating the bucket (trial T38 L9)
             f"validated before its upload (`gristmill data validate {new}` checks the bucket and writes its "
@@ -195,11 +201,17 @@ def _writing(old: str, new: str, out: Path) -> Iterator[None]:
                 if p.name != LOCK:
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             yield
+        except _Kept:
+            raise
         except BaseException:
             # a refusal keeps nothing of `out`: a dataset's size beside NEW, or, for the conversion
             # that lost the race for NEW, the folder with its lock file (review RV26d m1)
             shutil.rmtree(out, ignore_errors=True)
             raise
+
+
+class _Kept(DatasetError):
+    """A conversion finished and validated that could not be put in NEW's place: its folder stays."""
 
 
 def _converting(new: str) -> Path:
@@ -260,8 +272,15 @@ def _check_new(old: str, new: str) -> None:
             f"{new} names no directory of its own (the conversion writes NEW beside it, as .NAME.converting, "
             "and renames it into place): name a new directory, e.g. ./converted"
         )
+    work = _converting(new)
+    if work.is_symlink() or (work.exists() and not work.is_dir()):
+        # followed, the folder it names was emptied: OLD's shards, where it led into OLD (trial RV62a F2)
+        raise DatasetError(
+            f"{work} is {'a link' if work.is_symlink() else 'a file'}, where a conversion into {new} writes "
+            f"it: no conversion left it; move it away (mv {work} …), then run again"
+        )
     if not is_url(old):
-        here, work = Path(old).resolve(), _converting(new).resolve()
+        here, work = Path(old).resolve(), work.resolve()
         for p, what in ((path.resolve(), new), (work, f"the folder a conversion into {new} is written in")):
             if here.is_relative_to(p):
                 raise DatasetError(

@@ -5,6 +5,7 @@ trained on OLD resumes on NEW; OLD is never changed."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -661,6 +662,56 @@ def test_convert_never_empties_old_as_new_s_work_folder(v2, tmp_path):
             convert_dataset(str(src), str(tmp_path / "zz"), log=lambda *a: pytest.fail("converted"))
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "zz").exists()
+
+
+def test_a_link_or_a_file_where_new_s_work_folder_goes_is_refused_and_left(v2, tmp_path):
+    """A link at `.NEW.converting` was followed and the folder it names emptied: all of OLD's shards,
+    where it led into OLD, and the error then blamed OLD (trial RV62a F2). Refused in one line, before
+    any work, the link and what it names left as they were."""
+    old = tmp_path / "old"
+    shutil.copytree(v2, old)
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    work = tmp_path / ".new.converting"
+    for make, what in ((lambda: work.symlink_to(old / "shards"), "a link"), (work.touch, "a file")):
+        make()
+        with pytest.raises(DatasetError) as e:
+            convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
+        assert str(e.value) == (
+            f"{work} is {what}, where a conversion into {tmp_path / 'new'} writes it: no conversion left it; "
+            f"move it away (mv {work} …), then run again"
+        )
+        assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+        assert work.is_symlink() or work.is_file()
+        work.unlink()
+
+
+def test_new_that_gains_a_file_meanwhile_keeps_the_finished_conversion(v2, tmp_path, monkeypatch):
+    """NEW gained a file while the conversion ran: a traceback (Directory not empty), and the finished,
+    validated conversion deleted (trial RV62a F3). One line naming where it is kept."""
+    import pipelines.convert as convert_module
+
+    new = tmp_path / "new"
+    convert = convert_module._convert
+
+    def someone_writes_into_new(*args, **kwargs):
+        info = convert(*args, **kwargs)
+        new.mkdir()
+        (new / "notes.txt").write_text("mine")
+        return info
+
+    monkeypatch.setattr(convert_module, "_convert", someone_writes_into_new)
+    with pytest.raises(DatasetError) as e:
+        convert_dataset(str(v2), str(new), log=lambda *a: None)
+    work = tmp_path / ".new.converting"
+    assert str(e.value).startswith(f"{new} is not empty any more (a file was put in it meanwhile): "), e.value
+    assert f"the validated conversion is kept in {work}: move it into a new place (mv {work} DIR)" in str(
+        e.value
+    )
+    assert (new / "notes.txt").read_text() == "mine"
+    monkeypatch.undo()
+    moved = tmp_path / "moved"
+    os.replace(work, moved)
+    assert read_dataset_info(v2)["fingerprint"] in read_dataset_info(moved)["converted_from"]["fingerprints"]
 
 
 def test_a_conversion_that_loses_the_race_for_new_leaves_nothing(v2, tmp_path, monkeypatch):
