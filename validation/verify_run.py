@@ -38,6 +38,7 @@ from training.checkpoint.hf_export import (
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError, newest_base_record
 from training.contract.batch_record import BatchEntry, read_batches
+from training.contract.dataset_format import DatasetError
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.integrity import read_ledger
@@ -192,10 +193,16 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
     # The plan's batch of each recorded step, as `data inspect RUN --hash` builds it: the global batch.
     whole = tuple(ph.global_batch for ph in plan.phases)
     builder = BatchBuilder(plan, tables, micro_batch=whole, rank=0, world_size=1, check_separators=True)
+    for table in tables:  # the plan's batches from the data as built: a shard changed since is named as
+        table.verify_documents = True  # such, not as the record's difference from the plan (RV62a F1)
     problems: list[tuple[int, str]] = []  # (step, what); a step's difference from the plan said first
     for e in entries:
         if (only is None or e.step == only) and 1 <= e.step <= plan.total_steps:
-            planned = batch_sha256(builder.batch(e.step - 1))
+            try:
+                planned = batch_sha256(builder.batch(e.step - 1))
+            except DatasetError as damaged:
+                check.problem = f"batches: step {e.step}'s batch cannot be rebuilt from the data: {damaged}"
+                return check
             if planned != e.sha256:
                 # the first 16 digits, or where a flipped bit lies past them, all of them
                 n = 16 if planned[:16] != e.sha256[:16] else 64

@@ -97,6 +97,41 @@ def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, 
     assert gristmill(cmd) == 0 and (new / "metrics.jsonl").is_file()
 
 
+def test_a_shard_changed_in_place_after_training_is_named_by_verify_and_inspect(dataset, tmp_path, capsys):
+    """Every document's second id changed in place, within the vocabulary: `verify` said the recorded
+    batches differ from the plan (the record blamed), and `data inspect RUN` showed and hashed the
+    changed bytes, exit 0 (trial RV62a F1). Both name the shard and the row, the data at fault."""
+    import numpy as np
+
+    from training.contract.dataset_index import DocIndex
+
+    ds, run = tmp_path / "ds", tmp_path / "run"
+    shutil.copytree(dataset, ds)
+    assert main(["--config", TINY, "--set", *overrides(ds, run, "schedule.steps=4")]) == 0
+    assert gristmill(["verify", str(run)]) == 0
+    info = json.loads((ds / "dataset.json").read_text())
+    index, itemsize = DocIndex(ds, info), np.dtype(info["dtype"]).itemsize
+    (shard,) = sorted(info["shard_files"])[:1]
+    rows = np.arange(int(index.shard_rows[0]), int(index.shard_rows[1]))
+    with open(ds / "shards" / shard, "r+b") as f:
+        for at in (index.offsets_of(rows) + itemsize).tolist():
+            f.seek(at)
+            token = int.from_bytes(f.read(itemsize), "little")
+            f.seek(at)
+            f.write((token % 200 + 1 if token % 200 + 1 != token else 3).to_bytes(itemsize, "little"))
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("batches:"))
+    damaged = re.escape(str(ds / "shards" / shard))
+    assert re.match(
+        rf"batches: step \d+'s batch cannot be rebuilt from the data: {damaged}: manifest row \d+'s ids "
+        r"\(at byte \d+\) are not the document the build hashed",
+        line,
+    ), line
+    assert gristmill(["data", "inspect", str(run), "--hash", "--step", "1", "--end", "5"]) == 2
+    assert f"error: {ds / 'shards' / shard}: manifest row " in one_error_line(capsys.readouterr().err)
+
+
 def test_a_sigterm_at_the_last_step_says_the_run_is_complete(dataset, tmp_path, monkeypatch):
     """A preemption signal during the last step: "resume with --resume auto", and the resume then
     had nothing to do (review R18d 3)."""

@@ -666,6 +666,16 @@ class DocIndex:
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.shard_rows, rows, side="right") - 1
 
+    def doc_sha256(self, row: int) -> bytes | None:
+        """The sha256 doc_sha256.bin records of manifest row `row`'s ids, None where the dataset's
+        documents have none (an older layout) or its per-document files are not at hand (a bucket's)."""
+        if not self.per_document or DOC_HASHES not in self.entry["files"]:
+            return None
+        if self._doc_hashes is None:
+            self._check_file(DOC_HASHES, present=True)
+            self._doc_hashes = _mapped(self.root / INDEX_DIR / DOC_HASHES, np.dtype(np.uint8))
+        return bytes(self._doc_hashes[row * 32 : row * 32 + 32])
+
     def sample_of(self, rows: np.ndarray) -> np.ndarray:
         """The samples holding manifest rows `rows`."""
         return np.searchsorted(self.sample_first, rows, side="right") - 1
@@ -680,12 +690,21 @@ class DocIndex:
         self.offsets = _mapped(*files[DOC_OFFSETS]) if DOC_OFFSETS in files else None
         self.sample_tokens = _mapped(*files[SAMPLE_TOKENS])
         self.sample_digest = _mapped(*files[SAMPLE_DIGEST]) if SAMPLE_DIGEST in files else None
+        self._doc_hashes: np.ndarray | None = None  # doc_sha256.bin, mapped at its first use (doc_sha256)
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
     def __getstate__(self) -> dict[str, Any]:
         # Maps travel as paths; sample_first (8 bytes a sample: 188 MB at FineWeb-Edu) is derived
         # again from the shard table; a worker never reads the held-out prefix.
-        skip = ("tokens", "offsets", "sample_tokens", "sample_digest", "sample_first", "read_range")
+        skip = (
+            "tokens",
+            "offsets",
+            "sample_tokens",
+            "sample_digest",
+            "sample_first",
+            "read_range",
+            "_doc_hashes",
+        )
         return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "read_range": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

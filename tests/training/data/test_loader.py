@@ -734,6 +734,37 @@ def test_inspect_refuses_a_manifest_changed_after_the_build(text_dataset, tmp_pa
     ] * 2
 
 
+def test_inspect_refuses_a_shard_changed_after_the_build(text_dataset, tmp_path, capsys):
+    """A document's ids changed in place within the vocabulary (no id or separator check sees it):
+    inspect printed and hashed the changed bytes as the data, exit 0 (trial RV62a F1). The documents it
+    reads are held to the index's sha256 of each: one line naming the shard and the row."""
+    from training.contract.dataset_index import DocIndex
+
+    ds = shutil.copytree(text_dataset, tmp_path / "ds")
+    info = read_dataset_info(ds)
+    _, docs, starts, counts, _ = make_loader(ds).builder.read(0)  # step 1's pieces
+    doc = int(docs[0])
+    index = DocIndex(ds, info)
+    shard = sorted(info["shard_files"])[int(index.shard_of(np.array([doc]))[0])]
+    itemsize = np.dtype(info["dtype"]).itemsize
+    at = int(index.offsets_of(np.array([doc]))[0]) + itemsize  # its second token: not a separator
+    with open(ds / "shards" / shard, "r+b") as f:
+        f.seek(at)
+        token = int.from_bytes(f.read(itemsize), "little")
+        f.seek(at)
+        f.write((token % 500 + 1 if token % 500 + 1 != token else 2).to_bytes(itemsize, "little"))
+    common = (ds, "--seq-len", SEQ, "--global-batch", G, "--seed", 1, "--step", 1)
+    for more in ([], ["--hash"]):
+        assert cli(["data", "inspect", *map(str, common), *more]) == 2, more
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"error: {ds / 'shards' / shard}: manifest row {doc}'s ids (at byte {at - itemsize}) are not the "
+            "document the build hashed (index/doc_sha256.bin records another sha256)"
+        ), err
+        assert err.count("\n") == 1, err
+    assert inspect(capsys, text_dataset, *common[1:])[0] == 0  # the intact copy: as before
+
+
 def test_real_build_output(built_dataset, capsys):
     """The dataset `gristmill data build` writes: a full epoch passes the separator check, and
     inspect decodes real text with the dataset's own tokenizer."""
