@@ -110,6 +110,7 @@ from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from pipelines.upload import refuse_nested, upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import (
+    TokenizerError,
     TokenizerFile,
     hub_name_shadowed,
     hub_pin,
@@ -135,6 +136,7 @@ from training.contract.dataset_format import (
     check_fingerprint,
     dataset_files,
     excluded_by_filter,
+    file_sha256,
     parse_dataset_info,
     task_of_file,
 )
@@ -332,7 +334,18 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     tok_pin = pinned_tokenizer(started, cfg.tokenizer)
     if tok_pin is not None and tok_pin != cfg.tokenizer.path:
         log(f"reading tokenizer {tok_pin}, the commit this build started from")
-    tok_bytes, encoder, tok_pin = resolve_tokenizer(cfg, source, log, tok_pin)
+    try:
+        tok_bytes, encoder, tok_pin = resolve_tokenizer(cfg, source, log, tok_pin)
+    except TokenizerError as e:
+        kept, was = out / TOKENIZER_JSON, (started.get("identity") or {}).get("tokenizer") or {}
+        if tok_pin is None or not kept.is_file() or file_sha256(kept) != was.get("sha256"):
+            raise
+        # the pinned commit gone from the hub (a force-push): the build keeps that commit's file, which
+        # the advice did not offer, only a new output (trial RV62c L4)
+        raise TokenizerError(
+            f"{e}; or set tokenizer.path = {kept}, the build's copy of that commit's file (the sha256 this "
+            "build started with): the finished tasks are kept"
+        ) from None
     # last: it may read the tasks' data (lm-eval)
     decontam = stage_index(cfg.decontaminate, log, None if is_url(cfg.output) else out / DECONTAM_DIR)
     identity = content_identity(
