@@ -295,7 +295,11 @@ def run(args: argparse.Namespace) -> int:
             name: [_target(checked[p].losses, sources, w) for p in validation if p.slot.endswith("-" + name)]
             for name in mixes
         }
-        passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
+        # proxies that learned nothing measured no mixture: their proposal "beat" the baselines by
+        # noise and was kept (trial RV62b 1)
+        passed = untrained is None and mix_fit.gate(
+            losses["proposal"], losses["uniform"], losses["proportional"]
+        )
         noise = _noise(fitted, mixes, losses, outside is not None, cfg.validation.seeds, cfg.data.seed)
         report = {
             "sources": sources,
@@ -340,6 +344,8 @@ def run(args: argparse.Namespace) -> int:
             (
                 "gate: the proposal beats uniform and token-proportional on every seed"
                 if passed
+                else "gate: the proxies learned nothing (the warning above); returning the prior"
+                if untrained
                 else "gate: the proposal did not beat both baselines on every seed; returning the prior"
             )
             + f" → mix = {_toml_mix(sources, chosen)} ({out / PROPOSAL_TOML}; {out / REPORT_JSON}; "

@@ -141,6 +141,13 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
                 f"do nothing; set {LENGTH[key]} instead",
                 key="proxy.set",
             )
+        if key in SKIPPING:
+            raise ConfigError(
+                f"proxy.set {item!r}: a proxy that skips steps is not evidence of its mixture (its losses "
+                "are of fewer updates than the others'): a diverging proxy stops the search, exit 3; lower "
+                "proxy.lr instead",
+                key="proxy.set",
+            )
         if key in FROM_PROXY:  # proxy.set won, and OUT/config.toml and the console named [proxy]'s (R25b 5)
             raise ConfigError(
                 f"proxy.set {item!r}: [proxy] sets {key} for every proxy (and the search's config.toml and "
@@ -152,6 +159,9 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
 
 # Keys of a proxy's recipe that the search sets per proxy: proxy.set may not change them.
 OWNED = ("run.output_dir", "run.seed", "data.seed", "data.sources", "data.val_fraction", "phase")
+# Keys that let a proxy skip a non-finite step and go on: proxies that skipped 13 of 14 steps were
+# fitted and gated as evidence, exit 0 (trial RV62b 1).
+SKIPPING = ("run.on_nonfinite", "run.max_skipped")
 # Keys that decide a proxy's length, which [proxy] owns: proxy.set's global_batch_tokens trained
 # steps × it (not proxy.tokens), its data.seq_len nothing (the phase's seq_len is proxy.seq_len), its
 # run.max_steps, val_every or log_every a proxy without its last step's validation (no evidence).

@@ -536,6 +536,9 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         ),
         (["proxy.set=['optim.lrr=1']"], "optim.lrr"),
         (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
+        # proxies that skipped 13 of 14 steps were fitted and gated as evidence, exit 0 (trial RV62b 1)
+        (["proxy.set=['run.on_nonfinite=\"skip\"']"], "a proxy that skips steps is not evidence"),
+        (["proxy.set=['run.max_skipped=100']"], "a proxy that skips steps is not evidence"),
         # proxy.tokens trained at a batch proxy.set changed: 4x the tokens, exit 0 (review R2)
         (
             ["proxy.set=['data.global_batch_tokens=2048']"],
@@ -747,8 +750,12 @@ def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources)
     said = re.search(r"warning: (the best proxy's target loss, [\d.]+, is no better than .*)", done.stdout)
     assert said and "(ln 256 = 5.5452): the proxies learned nothing" in said[1], done.stdout
     assert f"# warning: {said[1]}\n" in (out / "proposal.toml").read_text()
-    best = min(e["target_loss"] for e in json.loads((out / "report.json").read_text())["swarm"])
+    report = json.loads((out / "report.json").read_text())
+    best = min(e["target_loss"] for e in report["swarm"])
     assert best > 5.5452 and f"loss, {best:.4f}," in said[1]
+    # and the proposal of noise is not kept, whatever its validation runs scored (trial RV62b 1)
+    assert report["gate_returned_prior"] is True
+    assert "gate: the proxies learned nothing (the warning above); returning the prior → " in done.stdout
 
 
 @pytest.mark.parametrize("warmup, said", [(2, False), (6, True)])
