@@ -576,8 +576,9 @@ def _gather(
                 # not a run another `gristmill train` (a --write-commands line) is training now
                 check_unlocked(run_dir, ("gristmill train", "rerun the search once it has ended"))
                 why = why.removeprefix(REBUILT)
-                _say(f"{proxy.group}/{proxy.slot}: {why} in {run_dir}; training it again")
-                clear(run_dir)
+                aside = clear(run_dir, why)
+                kept = f"; moved it to {aside}" if aside else ""
+                _say(f"{proxy.group}/{proxy.slot}: {why} in {run_dir}{kept}; training it again")
             jobs[run_dir] = (proxy.label(sources), tc, run_dir)
     if found:
         _say(f"  {len(found)} of {len(proxies)} reused (their runs recorded this recipe on these datasets)")

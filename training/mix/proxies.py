@@ -348,7 +348,7 @@ def read_evidence(
     except GristmillError as e:
         return None, f"its config.toml does not load ({e})"
     if not same:
-        return None, "its config.toml is another recipe"
+        return None, f"{ANOTHER_RECIPE} ({', '.join(_differing(_recipe(saved), _recipe(tc))[:3])} differ)"
     plan = recorded_plan(run_dir)
     recorded = {s["name"]: s.get("fingerprint") for s in (plan or {}).get("sources", [])}
     if recorded != fingerprints:
@@ -529,6 +529,31 @@ def parallelism(cfg: MixConfig, jobs: int) -> int:
     return max(1, min(workers, jobs))
 
 
-def clear(run_dir: Path) -> None:
-    """A proxy directory that is not evidence (an unfinished run): emptied for a fresh run."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+ANOTHER_RECIPE = "its config.toml is another recipe"
+
+
+def _differing(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two recipes."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differing(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def clear(run_dir: Path, why: str) -> str | None:
+    """A proxy directory that is not evidence, made room for a fresh run: the search's own (unfinished,
+    of a rebuilt source) emptied; a run of another recipe (one trained by hand with other settings, a
+    --write-commands line given --set data.micro_batch=8: trial RV62b 2) moved aside to NAME.aside-N,
+    never deleted, and that place returned."""
+    if not why.startswith(ANOTHER_RECIPE) and not why.startswith("its config.toml does not load"):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
+    n = 1
+    while (aside := run_dir.with_name(f"{run_dir.name}.aside-{n}")).exists():
+        n += 1
+    run_dir.rename(aside)
+    return str(aside)

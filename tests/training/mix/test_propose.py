@@ -176,6 +176,25 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
     reproduce = f"# gristmill mix propose --config {config} --out {out} {shown}"
     assert (out / "proposal.toml").read_text().splitlines()[0] == reproduce
 
+    # A proxy trained by hand with another setting (a --write-commands line given `--set
+    # data.micro_batch=…`) was deleted by the next search, --write-commands too (trial RV62b 2): moved
+    # aside, with the key that differs.
+    hand = Path(again["swarm"][2]["run_dir"])
+    toml = (hand / "config.toml").read_text()
+    micro = int(re.search(r"^micro_batch = (\d+)$", toml, re.M)[1])
+    other = toml.replace(f"micro_batch = {micro}", f"micro_batch = {micro % 2 + 1}")
+    (hand / "config.toml").write_text(other)
+    listed = propose(config, out, "--set", *sets, "--write-commands")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    aside = hand.with_name(f"{hand.name}.aside-1")
+    assert (
+        f"swarm/p02: its config.toml is another recipe (data.micro_batch differ) in {hand}; moved it to "
+        f"{aside}; training it again" in listed.stdout
+    ), listed.stdout
+    assert (aside / "metrics.jsonl").is_file() and not hand.exists()
+    aside.rename(hand)  # as it was, for what follows
+    (hand / "config.toml").write_text(toml)
+
     # The code source rebuilt (other documents): no run of the old datasets counts, each slot whose
     # recipe is unchanged says why it trains again, and the old runs stay on disk. --write-commands
     # (the cluster's path) lists every proxy as missing instead of training them.
