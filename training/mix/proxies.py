@@ -39,7 +39,13 @@ from training.checkpoint.base_record import BASE_JSON, base_weights, read_base_r
 from training.checkpoint.base_source import hub_id, locate_base
 from training.checkpoint.model_config import resolve_model_config
 from training.config import TrainConfig, load_train_config
-from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
+from training.contract.config_loader import (
+    ConfigError,
+    config_changes,
+    config_from,
+    json_sha256,
+    to_dict,
+)
 from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.loader import LoaderConfigError
@@ -348,7 +354,7 @@ def read_evidence(
     except GristmillError as e:
         return None, f"its config.toml does not load ({e})"
     if not same:
-        return None, f"{ANOTHER_RECIPE} ({', '.join(_differing(_recipe(saved), _recipe(tc))[:3])} differ)"
+        return None, f"{ANOTHER_RECIPE} ({'; '.join(config_changes(_recipe(tc), _recipe(saved))[:3])})"
     plan = recorded_plan(run_dir)
     recorded = {s["name"]: s.get("fingerprint") for s in (plan or {}).get("sources", [])}
     if recorded != fingerprints:
@@ -530,18 +536,6 @@ def parallelism(cfg: MixConfig, jobs: int) -> int:
 
 
 ANOTHER_RECIPE = "its config.toml is another recipe"
-
-
-def _differing(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two recipes."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += _differing(x, y, f"{prefix}{k}.")
-        elif x != y:
-            out.append(f"{prefix}{k}")
-    return out
 
 
 def clear(run_dir: Path, why: str) -> str | None:

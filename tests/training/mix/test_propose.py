@@ -188,8 +188,8 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
     assert listed.returncode == 0, listed.stdout + listed.stderr
     aside = hand.with_name(f"{hand.name}.aside-1")
     assert (
-        f"swarm/p02: its config.toml is another recipe (data.micro_batch differ) in {hand}; moved it to "
-        f"{aside}; training it again" in listed.stdout
+        f"swarm/p02: its config.toml is another recipe (data.micro_batch {micro} → {micro % 2 + 1}) in "
+        f"{hand}; moved it to {aside}; training it again" in listed.stdout
     ), listed.stdout
     assert (aside / "metrics.jsonl").is_file() and not hand.exists()
     aside.rename(hand)  # as it was, for what follows
