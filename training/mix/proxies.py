@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
+import math
 import multiprocessing
 import os
 import re
@@ -372,9 +374,15 @@ def read_evidence(
     wanted = [f"val/{n}" for n in fingerprints]
     if not last or any(k not in last[-1] for k in wanted):
         return None, f"unfinished: no row of its last step ({steps}) with every source's held-out loss"
+    # held-out losses as numbers: null or text was a traceback, NaN or inf a fit, a proposal and
+    # validation runs of NaN, exit 0 (trial RV62b 5)
+    losses = {n: last[-1][f"val/{n}"] for n in fingerprints}
+    bad = [n for n, v in losses.items() if type(v) not in (int, float) or not math.isfinite(v)]
+    if bad:
+        return None, f"its last row's val/{bad[0]} is {json.dumps(losses[bad[0]])}, not a held-out loss"
     if base is not None and (changed := base_change(run_dir, base)):
         return None, REBUILT + changed
-    return {n: float(last[-1][f"val/{n}"]) for n in fingerprints}, ""
+    return {n: float(v) for n, v in losses.items()}, ""
 
 
 def find_stale(

@@ -194,6 +194,20 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path,
     assert (aside / "metrics.jsonl").is_file() and not hand.exists()
     aside.rename(hand)  # as it was, for what follows
     (hand / "config.toml").write_text(toml)
+    # A held-out loss in the last row that is no number: null or text was a traceback, NaN a fit, a
+    # proposal and validation runs of NaN, exit 0 (trial RV62b 5). Not evidence: trained again.
+    nan = Path(again["swarm"][1]["run_dir"])
+    shutil.copytree(nan, tmp_path / "p01-as-it-was")
+    rows = (nan / "metrics.jsonl").read_text().splitlines()
+    for value, said in (("NaN", "NaN"), ("null", "null"), ('"x"', '"x"')):
+        last = re.sub(r'"val/web": [^,}]+', f'"val/web": {value}', rows[-1])
+        (nan / "metrics.jsonl").write_text("\n".join([*rows[:-1], last]) + "\n")
+        listed = propose(config, out, "--set", *sets, "--write-commands")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        line = f"swarm/p01: its last row's val/web is {said}, not a held-out loss in {nan}; training it again"
+        assert line in listed.stdout, listed.stdout
+        shutil.rmtree(nan, ignore_errors=True)
+        shutil.copytree(tmp_path / "p01-as-it-was", nan)
 
     # The code source rebuilt (other documents): no run of the old datasets counts, each slot whose
     # recipe is unchanged says why it trains again, and the old runs stay on disk. --write-commands
