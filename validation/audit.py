@@ -42,6 +42,7 @@ from training.contract.run_layout import (
     DATA_PLAN_JSON,
     EVAL_DIR,
     EVAL_PARQUET,
+    dataset_around,
     is_training_run,
 )
 from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
@@ -686,6 +687,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
         check_db_path(args.db)
         _refuse_other_file(Path(args.db))
+        if (inside := dataset_around(args.db)) is not None:
+            raise AuditError(f"--db {args.db} {inside}, which does not record it: name a file outside it")
     gone: list[Path] = []  # recorded stats files of a stage before the build's pass, missing: a note
     checked = check_roots(args.dirs, gone)  # the roots' files, hashed once where the views are made twice
     for table in unchecked_tables(args.dirs):  # named as the user named them

@@ -449,6 +449,20 @@ def test_db_file_persists_views(built_dataset, tmp_path, capsys):
     }
 
 
+def test_db_inside_a_dataset_is_refused_before_it_is_written(built_dataset, capsys):
+    """--db in the audited dataset's manifest/ (or any folder of a dataset) wrote a file the dataset does
+    not record: every later audit refused it and `data validate` failed it for good (trial RV62b 7)."""
+    for db in (built_dataset / "manifest" / "zz.parquet", built_dataset / "audit.duckdb"):
+        capsys.readouterr()
+        assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: --db {db} lies inside {built_dataset}, which holds dataset.json: a dataset, which does "
+            "not record it: name a file outside it"
+        ), err
+        assert not db.exists()
+
+
 def test_db_naming_a_data_file_or_a_foreign_table_is_one_line(built_dataset, tmp_path, capsys):
     """--db naming an existing .parquet, .csv or .json: duckdb opened it as a data source, the views
     went into memory and the audit said "wrote", exit 0 (review R18a F2); a duckdb file holding a

@@ -104,6 +104,19 @@ def artifact_in(path: str | Path) -> str | None:
     return None
 
 
+def dataset_around(path: str | Path) -> str | None:
+    """Where `path` lies inside a dataset (a folder above it holds dataset.json or build.json): "lies
+    inside DIR, which holds dataset.json: a dataset", None otherwise. A file written there is one the
+    dataset does not record: an audit's --db in its manifest/, or a mixture search's --out under its
+    excluded/, failed the dataset's validation for good (trial RV62b 7, 8)."""
+    from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
+
+    for folder in Path(os.path.abspath(path)).parents:
+        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if (folder / n).is_file()), None):
+            return f"lies inside {folder}, which holds {held}: a dataset"
+    return None
+
+
 def unlike_a_run(path: str | Path) -> str:
     """What directory `path` is, when no training run (is_training_run): said the same by every command
     that takes a run (review R21f 2b: an unfinished data build's output was "no config.toml")."""

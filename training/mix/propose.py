@@ -33,7 +33,7 @@ from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import ConfigError, add_config_arguments, save_config
 from training.contract.errors import GristmillError, refuse_empty
-from training.contract.run_layout import artifact_in
+from training.contract.run_layout import artifact_in, dataset_around
 from training.mix import fit as mix_fit
 from training.mix import simplex
 from training.mix.proxies import (
@@ -183,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     refuse_empty({"--out": args.out}, required=True)  # "": the working directory's config.toml (R22d S1)
     out = Path(args.out)
     # its config.toml is replaced by the recipe: a dataset's or a run's was, exit 0 (review R22b F4)
+    if (inside := dataset_around(out)) is not None:  # its runs' files in a dataset it does not record
+        raise ConfigError(
+            f"--out {out} {inside}, which does not record it: give the search a directory outside it"
+        )
     if (held := artifact_in(out)) is not None:
         raise ConfigError(
             f"--out {out} {held}, whose config.toml the search would replace with its recipe; give the "

@@ -680,6 +680,16 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
         ), err
         assert sorted(p.name for p in out.iterdir()) == sorted([held, "config.toml"])
         assert (out / "config.toml").read_text() == "# theirs\n"
+    # under a dataset's folder (its excluded/): the proxies' files failed its validation (trial RV62b 8)
+    dataset = tmp_path / "dataset.json"
+    for out in (dataset / "excluded", dataset / "excluded" / "search"):
+        assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: --out {out} lies inside {dataset}, which holds dataset.json: a dataset, which does not "
+            "record it: give the search a directory outside it"
+        ), err
+        assert not out.exists()
     # "": the search ran in the working directory, over a config.toml there (review R22d S1)
     monkeypatch.chdir(tmp_path)
     assert gristmill(["mix", "propose", "--config", str(config), "--out", ""]) == 2
