@@ -76,7 +76,7 @@ from training.contract.dataset_index import (
 )
 from training.contract.disk_space import check_free
 from training.contract.errors import GristmillError, refuse_empty
-from training.contract.object_store import ObjectStore, ObjectURL, is_url
+from training.contract.object_store import ObjectStore, ObjectStoreError, ObjectURL, is_url
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
@@ -94,6 +94,7 @@ NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's end
 
 
 WORK_PREFIX = "gristmill-convert-"  # a conversion's work folder in the temporary directory
+KEPT_PREFIX = "gristmill-converted-"  # a conversion its upload failed to put in the bucket: the user's
 WORK_LOCK = ".owner.lock"  # in it: flock-ed by the conversion while it runs
 UNLOCKED_AFTER_S = 3600  # a work folder without a lock this old is a killed conversion's
 
@@ -159,6 +160,14 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                 ).replace(str(out), "the conversion")
                 try:
                     upload_dataset(out, new, lambda line: log(said(line)))
+                except ObjectStoreError as e:  # the store failed: the conversion, hours at scale, is kept
+                    kept = Path(tempfile.mkdtemp(prefix=KEPT_PREFIX))  # (it was deleted: trial RV62a F4)
+                    os.replace(out, kept / "new")
+                    raise DatasetError(
+                        f"{e}; the validated conversion is kept in {kept / 'new'}: once the store answers, "
+                        f"`gristmill data upload {kept / 'new'} {new}` (it uploads only what is missing or "
+                        f"differs), then remove {kept}"
+                    ) from None
                 except DatasetError as e:
                     raise DatasetError(said(str(e))) from None
             else:

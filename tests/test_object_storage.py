@@ -2894,6 +2894,45 @@ def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_ba
     assert outs[0] == outs[1] and len(outs[0]) == 11
 
 
+def test_a_conversion_whose_upload_the_store_fails_is_kept_for_data_upload(s3, tmp_path, capsys, monkeypatch):
+    """The store down during a conversion's upload deleted the validated conversion with its work folder:
+    the rerun converted all of OLD again, hours at scale (trial RV62a F4). It is kept, and the line gives
+    the `data upload` that puts it in the bucket, uploading only what is missing."""
+    import pipelines.convert as convert_module
+    from tests.helpers.legacy_dataset import write_legacy_dataset
+
+    old, new = tmp_path / "old", s3.url("kept-converted")
+    write_legacy_dataset(old, affine_documents(120), vocab_size=256, target_bytes=16 << 10)
+    real = convert_module.upload_dataset
+
+    def store_goes_down(out, url, log):
+        store = ObjectStore(ObjectURL.parse(url))
+        first = sorted((out / "shards").iterdir())[0]
+        store.put_file(first, f"shards/{first.name}")  # some objects went up before it failed
+        raise ObjectStoreError(f"{url}/shards/x.tar: PUT failed 10 time(s), last with 503; retry later")
+
+    monkeypatch.setattr(convert_module, "upload_dataset", store_goes_down)
+    with pytest.raises(DatasetError) as e:
+        convert_module.convert_dataset(str(old), new, log=lambda *a: None)
+    said = str(e.value)
+    assert said.startswith(f"{new}/shards/x.tar: PUT failed 10 time(s), last with 503; retry later; the "), (
+        said
+    )
+    kept = Path(said.split("the validated conversion is kept in ", 1)[1].split(":", 1)[0])
+    assert f"`gristmill data upload {kept} {new}` (it uploads only what is missing or differs), then " in said
+    assert (kept / DATASET_JSON).is_file() and DATASET_JSON not in s3.keys("kept-converted")
+    monkeypatch.setattr(convert_module, "upload_dataset", real)
+    assert gristmill(["data", "upload", str(kept), new]) == 0
+    assert "1 already there" in capsys.readouterr().out
+    geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "6"]
+    outs = []
+    for where in (str(old), new):
+        assert gristmill(["data", "inspect", where, *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 5
+    shutil.rmtree(kept.parent)
+
+
 def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, tmp_path, capsys):
     """A /1 dataset an older gristmill uploaded with its own index: validate of the bucket said FAILED
     "rebuild the dataset" and replaced the bucket's ok validation.json with ok=false (review R26c M2).
