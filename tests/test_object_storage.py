@@ -2766,6 +2766,15 @@ def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(
     assert f"pass a dataset directory ({run}'s: " in err and "\n" not in err, err
 
 
+def assert_same_batches(old: str, new: str, geometry: list[str], capsys, steps: int) -> None:
+    """`data inspect --hash` of `old` and of its conversion `new` print the same `steps` digests."""
+    outs = []
+    for where in (old, new):
+        assert gristmill(["data", "inspect", where, *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == steps
+
+
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
     from pipelines.convert import convert_dataset
     from tests.helpers.legacy_dataset import put_as_an_older_upload, write_legacy_dataset
@@ -2800,11 +2809,7 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     assert VALIDATION_JSON not in s3.keys("legacy-converted")
     # the upload's line names what it uploaded, not the work folder gone by then (trial RV54a 11)
     assert any(line.startswith(f"uploaded the conversion to {new_url}: ") for line in lines), lines
-    outs = []
-    for where in (str(old), new_url):
-        assert gristmill(["data", "inspect", where, *geometry]) == 0
-        outs.append(capsys.readouterr().out.splitlines()[1:])
-    assert outs[0] == outs[1] and len(outs[0]) == 11
+    assert_same_batches(str(old), new_url, geometry, capsys, 11)
     # a prefix that holds a dataset is refused before any work, as a local NEW that is not empty is
     # (it was refused after the whole conversion, advising `data upload`'s "another prefix": R17b M3)
     with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset") as e:
@@ -2887,11 +2892,7 @@ def test_a_bucket_dataset_from_before_the_files_record_converts_with_the_same_ba
     assert f"run `gristmill data convert {url} {raced}` again" in str(e.value)
     assert "gristmill-convert-" not in str(e.value), str(e.value)
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
-    outs = []
-    for where in (str(old), new_url):
-        assert gristmill(["data", "inspect", where, *geometry]) == 0
-        outs.append(capsys.readouterr().out.splitlines()[1:])
-    assert outs[0] == outs[1] and len(outs[0]) == 11
+    assert_same_batches(str(old), new_url, geometry, capsys, 11)
 
 
 def test_a_conversion_whose_upload_the_store_fails_is_kept_for_data_upload(s3, tmp_path, capsys, monkeypatch):
@@ -2925,11 +2926,7 @@ def test_a_conversion_whose_upload_the_store_fails_is_kept_for_data_upload(s3, t
     assert gristmill(["data", "upload", str(kept), new]) == 0
     assert "1 already there" in capsys.readouterr().out
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "6"]
-    outs = []
-    for where in (str(old), new):
-        assert gristmill(["data", "inspect", where, *geometry]) == 0
-        outs.append(capsys.readouterr().out.splitlines()[1:])
-    assert outs[0] == outs[1] and len(outs[0]) == 5
+    assert_same_batches(str(old), new, geometry, capsys, 5)
     shutil.rmtree(kept.parent)
 
 
