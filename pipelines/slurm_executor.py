@@ -65,6 +65,20 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             raise BuildError(f"build.slurm.{key} = {value}: set it ≥ 1")
     if not sc.time.strip():
         raise BuildError('build.slurm.time = "": set the jobs\' time limit, e.g. "12:00:00"')
+    # sourced by every job: a venv's folder, or a path that is not there, failed each job on the
+    # cluster once queued (`launch_pickled_pipeline: not found`, trial RV62c)
+    venv = Path(sc.venv_path).expanduser() if sc.venv_path else None
+    if venv is not None and not venv.is_file():
+        fix = (
+            f"; its activate script is {venv / 'bin' / 'activate'}"
+            if (venv / "bin" / "activate").is_file()
+            else ""
+        )
+        what = "a folder" if venv.is_dir() else "not there"
+        raise BuildError(
+            f"build.slurm.venv_path = {sc.venv_path!r} is {what}: name the venv's activate script, which "
+            f"every job sources (the path the compute nodes see, shared with this node){fix}"
+        )
 
 
 def _dry_run_lines(submitted: list[tuple[str, list[str]]], scripts: list[Path]) -> list[str]:

@@ -219,6 +219,29 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
             build(load_config(DataConfig, config, sets), log=lambda *a: None)
         assert str(e.value) == said
         assert not (out / "logs" / "launch_script.slurm").exists()
+    # a venv's folder, or a path not there: every job failed on the cluster once queued (trial RV62c)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    fix = f"; its activate script is {venv / 'bin' / 'activate'}"
+    for path, what, then in ((venv, "a folder", fix), (tmp_path / "nowhere", "not there", "")):
+        out = tmp_path / f"ds-{path.name}"
+        sets = [
+            f"output={out}",
+            "build.executor=slurm",
+            "build.slurm.submit=false",
+            f"build.slurm.venv_path={path}",
+        ]
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, sets), log=lambda *a: None)
+        assert str(e.value) == (
+            f"build.slurm.venv_path = {str(path)!r} is {what}: name the venv's activate script, which every "
+            f"job sources (the path the compute nodes see, shared with this node){then}"
+        ), e.value
+        assert not (out / "logs" / "launch_script.slurm").exists()
+    sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
+    sets.append(f"build.slurm.venv_path={venv / 'bin' / 'activate'}")
+    assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "written"
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
