@@ -52,8 +52,18 @@ def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
             raise BuildError(
                 f'build.executor = "slurm": {what}, {path!r}, holds a character a shell splits or expands, '
                 "and the Slurm scripts (datatrove's too) name paths unquoted, so its jobs would fail once "
-                "queued; use a path of letters, digits and -_./+=:@,% only"
+                "queued; use a path of letters, digits and -_./+=:@, only"
             )
+        if "%" in path and what in ("output", "the work directory"):  # the jobs' log files are in it
+            raise BuildError(
+                f'build.executor = "slurm": {what}, {path!r}, holds a %, which Slurm expands in the jobs\' '
+                "log paths (%u: the user's name), so their logs would go elsewhere; use a path without %"
+            )
+    if not re.fullmatch(r"[\w.+-]+", cfg.build.slurm.job_name):  # `#SBATCH --job-name=my job` (RV62c)
+        raise BuildError(
+            f"build.slurm.job_name = {cfg.build.slurm.job_name!r}: the jobs' name in their #SBATCH lines and "
+            "scripts; use letters, digits and -_.+ only"
+        )
 
 
 def _refuse_unusable(sc: SlurmConfig) -> None:

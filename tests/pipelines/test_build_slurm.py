@@ -239,6 +239,16 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
             f"job sources (the path the compute nodes see, shared with this node){then}"
         ), e.value
         assert not (out / "logs" / "launch_script.slurm").exists()
+    # a job name a shell or sbatch splits, an output whose % Slurm expands in the log paths (RV62c)
+    for bad, said in (
+        ('build.slurm.job_name="my job"', "build.slurm.job_name = 'my job': the jobs' name in their #SBATCH"),
+        ("output=" + str(tmp_path / "ds%u"), f"output, {str(tmp_path / 'ds%u')!r}, holds a %, which Slurm"),
+    ):
+        sets = [f"output={tmp_path / 'ds-named'}", "build.executor=slurm", "build.slurm.submit=false", bad]
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, sets), log=lambda *a: None)
+        assert said in str(e.value), e.value
+    assert not list(tmp_path.glob("ds-named/logs/*.slurm")) and not list(tmp_path.glob("ds%u/logs/*.slurm"))
     sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
     sets.append(f"build.slurm.venv_path={venv / 'bin' / 'activate'}")
     assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "written"
