@@ -44,8 +44,8 @@ from training.mix.proxies import (
     base_identity,
     check_held_out,
     check_supply,
-    clear,
     find_stale,
+    make_room,
     open_mix_sources,
     parallelism,
     proxy_key,
@@ -580,7 +580,7 @@ def _gather(
                 # not a run another `gristmill train` (a --write-commands line) is training now
                 check_unlocked(run_dir, ("gristmill train", "rerun the search once it has ended"))
                 why = why.removeprefix(REBUILT)
-                aside = clear(run_dir, why)
+                aside = make_room(run_dir, why)
                 kept = f"; moved it to {aside}" if aside else ""
                 _say(f"{proxy.group}/{proxy.slot}: {why} in {run_dir}{kept}; training it again")
             jobs[run_dir] = (proxy.label(sources), tc, run_dir)

@@ -546,13 +546,18 @@ def parallelism(cfg: MixConfig, jobs: int) -> int:
 ANOTHER_RECIPE = "its config.toml is another recipe"
 
 
-def clear(run_dir: Path, why: str) -> str | None:
-    """A proxy directory that is not evidence, made room for a fresh run: the search's own (unfinished,
-    of a rebuilt source) emptied; a run of another recipe (one trained by hand with other settings, a
-    --write-commands line given --set data.micro_batch=8: trial RV62b 2) moved aside to NAME.aside-N,
-    never deleted, and that place returned."""
+def clear(run_dir: Path) -> None:
+    """A proxy directory that is not evidence (an unfinished run): emptied for a fresh run."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def make_room(run_dir: Path, why: str) -> str | None:
+    """A proxy directory that is not evidence (`why`), made room for a fresh run: the search's own
+    (unfinished, of a rebuilt source) emptied; a run of another recipe (one trained by hand with other
+    settings, a --write-commands line given --set data.micro_batch=8: trial RV62b 2) moved aside to
+    NAME.aside-N, never deleted, and that place returned."""
     if not why.startswith(ANOTHER_RECIPE) and not why.startswith("its config.toml does not load"):
-        shutil.rmtree(run_dir, ignore_errors=True)
+        clear(run_dir)
         return None
     n = 1
     while (aside := run_dir.with_name(f"{run_dir.name}.aside-{n}")).exists():
