@@ -413,19 +413,25 @@ def find_stale(
 WORKER_START = "fork" if sys.platform.startswith("linux") else "spawn"
 
 
-def _worker_start(search: int) -> None:
+_STOPPED: Any = None  # in a worker: the search's event, set once it stops (Pool.__exit__)
+
+
+def _worker_start(search: int, stopped: Any) -> None:
     """A pool worker's first act: end with the search, `search` its pid (taken before the start: a
     spawned worker whose start, seconds of imports, ended after the search's death took the reaper
-    for it and trained its queued proxy for nothing). Imported here: a search that trains nothing
-    never imports training.run.shutdown (torch.distributed)."""
+    for it and trained its queued proxy for nothing), and keep `stopped`, the event the search sets
+    as it stops. Imported here: a search that trains nothing never imports training.run.shutdown
+    (torch.distributed)."""
     from training.run.shutdown import exit_with_parent
 
+    global _STOPPED
+    _STOPPED = stopped
     exit_with_parent(search)
 
 
 # A worker's reply: a source changed, the run refused, or it diverged (its cause, without the trainer's
 # advice: `gristmill train` commands that set optim.lr, where the search's key is proxy.lr)
-CHANGED, REFUSED, DIVERGED = "changed", "refused", "diverged"
+CHANGED, REFUSED, DIVERGED, STOPPED = "changed", "refused", "diverged", "stopped"
 
 
 def _train_in_worker(
@@ -436,6 +442,10 @@ def _train_in_worker(
     ran; else (CHANGED, the line), (DIVERGED, what happened) or (REFUSED, the run's one-line error)."""
     from training.train import train  # forked: the search imported it; spawned: the first job does
 
+    if _STOPPED is not None and _STOPPED.is_set():
+        # queued in the pool before the search stopped (Ctrl-C, a proxy's refusal): a Ctrl-C trained
+        # every queued proxy before the search ended (trial RV62b 3)
+        return STOPPED, "the search stopped"
     if changed := source_changes(sources, fingerprints):
         return CHANGED, changed
     refused = None
@@ -468,11 +478,14 @@ class Pool:
     def __init__(self, parallel: int, cfg: MixConfig, fingerprints: dict[str, str]):
         self.parallel, self.cfg, self.fingerprints = parallel, cfg, fingerprints
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._stopped: Any = None  # the workers' event: set, a queued job returns at once
 
     def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._stopped is not None and exc[0] is not None:
+            self._stopped.set()  # jobs the pool handed its workers already: cancel_futures cannot
         if self._executor is not None:
             self._executor.shutdown(wait=exc[0] is None, cancel_futures=True)
 
@@ -492,11 +505,13 @@ class Pool:
                 import training.train  # noqa: F401
             # a worker outlives no `mix propose` (killed, or its terminal closed): it would train on
             # for nothing, holding cores (training.run.shutdown.exit_with_parent)
+            context = multiprocessing.get_context(WORKER_START)
+            self._stopped = context.Event()
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.parallel,
-                mp_context=multiprocessing.get_context(WORKER_START),
+                mp_context=context,
                 initializer=_worker_start,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self._stopped),
             )
         t0 = time.monotonic()
         futures = {}
@@ -510,8 +525,14 @@ class Pool:
         done = 0
         for fut in concurrent.futures.as_completed(futures):
             i = futures[fut]
-            reply = fut.result()
             label, _, run_dir = jobs[i]
+            try:
+                reply = fut.result()
+            except concurrent.futures.BrokenExecutor:  # a worker killed: a traceback (trial RV62b 4)
+                raise GristmillError(
+                    f"a worker of the search died while proxies trained (killed: the OOM killer? {label} was "
+                    f"among them, in {run_dir}); run the search again: finished proxies are reused"
+                ) from None
             if reply is not None and reply[0] == CHANGED:
                 raise GristmillError(reply[1])
             if reply is not None and reply[0] == DIVERGED:

@@ -745,6 +745,49 @@ def test_a_killed_search_leaves_no_worker_training(tmp_path, long_sources):
     assert not alive, "a worker outlived its search"
 
 
+def _started_training(proc, out: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not any("step " in p.read_text() for p in out.glob("swarm/*/train.log")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no proxy started training"
+        time.sleep(0.2)
+
+
+def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_path, long_sources):
+    """Ctrl-C (SIGINT to the terminal's process group) saved the training proxy and then trained the
+    ones the pool had queued to its workers, to their end, before the search ended (trial RV62b 3); a
+    worker killed (the OOM killer) was a BrokenProcessPool traceback (RV62b 4)."""
+    config, out = recipe(tmp_path, long_sources), tmp_path / "search"
+    argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
+    # a process of its own, in a session of its own: a Ctrl-C reaches the whole group, as from a terminal
+    # (a forked child exits through multiprocessing's bootstrap, which a command never does)
+    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+    try:
+        _started_training(proc, out)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = {p.parent.name[:3]: p.read_text() for p in out.glob("swarm/*/train.log")}
+    assert list(logs) == ["p00"], logs  # p01, queued to the worker, never started
+    out = tmp_path / "again"
+    argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _started_training(proc, out)
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, err
+    said = "error: a worker of the search died while proxies trained (killed: the OOM "
+    assert lines[0].startswith(said), err
+    assert lines[0].endswith("run the search again: finished proxies are reused"), err
+
+
 def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, shared_sources, capsys):
     """What the trainer checks of the model (the preset) is refused in [proxy]'s keys, and before any
     proxy (it refused the first one, once the earlier outputs were moved aside: review R18h 1)."""
