@@ -1071,10 +1071,12 @@ def _check_saved_recipe(out: Path, saved: DataConfig, record: dict[str, Any]) ->
         ) from None
     now = content_identity(saved, tok_sha, was.get("input_files") or [], was.get("decontaminate"))
     if changes := config_changes(was, now):
+        # (the files cannot be restored from build.json, which records only their identity: RV62e 3)
         raise BuildError(
             f"{out / CONFIG_TOML} or {out / TOKENIZER_JSON} is not what the tasks of {out} were built with "
-            f"(changed: {'; '.join(changes)}); put back the file the build wrote (its {BUILD_JSON} records "
-            "it), then run the finalize again: the tasks' output is kept"
+            f"(changed: {'; '.join(changes)}); run `gristmill data build --config RECIPE` with the recipe "
+            "they were built with: it finds every task done, writes both files again and finalizes here (the "
+            "tasks' output is kept)"
         )
 
 

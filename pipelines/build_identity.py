@@ -282,8 +282,13 @@ def _respelled_path(old: Any, new: Any) -> str:
 
 def config_changes(was: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     """`key: old → new` for each setting of a build's identity (build.json's) that differs, the input
-    files aside (their own comparison names them)."""
+    files aside (their own comparison names them), and source.path spelled otherwise for the same
+    folder (_respelled_path: a resume takes it as the same build, and a finalize after it refused the
+    recipe it saved, review RV62e 2)."""
     strip = lambda d: {k: v for k, v in d.items() if k != "input_files"}  # noqa: E731
+    old, new = (d.get("source") if isinstance(d.get("source"), dict) else {} for d in (was, identity))
+    if _respelled_path(old.get("path"), new.get("path")):
+        was = {**was, "source": {**old, "path": new.get("path")}}
     return _diff(strip(was), strip(identity))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import mmap
 import shutil
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -333,9 +334,21 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
         assert str(e.value).startswith(
             f"{recipe} or {tok_file} is not what the tasks of {out} were built with (changed: {says}"
         ), e.value
-        assert str(e.value).endswith("then run the finalize again: the tasks' output is kept"), e.value
+        assert str(e.value).endswith("writes both files again and finalizes here (the tasks' output is kept)")
         assert not (out / "dataset.json").exists()
         path.write_text(kept)
+    # the way out the line gives: the build of the recipe the tasks were built with (review RV62e 3)
+    recipe.write_text(kept_recipe.replace("min_chars = 20", "min_chars = 30", 1))
+    assert build(load_config(DataConfig, build_fixture[2], [f"output={out}", "build.workers=1"]), **QUIET).ok
+    assert "min_chars = 20" in recipe.read_text() and "min_chars = 30" not in recipe.read_text()
+    assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+    # source.path spelled otherwise for the same folder: a resume takes it as the same build, and the
+    # finalize after it refused the recipe it saved (review RV62e 2)
+    (out / "dataset.json").unlink()
+    saved = recipe.read_text()
+    folder = tomllib.loads(saved)["source"]["path"]
+    recipe.write_text(saved.replace(f'path = "{folder}"', f'path = "{folder}/"', 1))
+    assert recipe.read_text() != saved
     assert finalize_only(cfg, **QUIET).ok
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
