@@ -626,7 +626,9 @@ def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built
     assert check_base_data(tmp_path / "f4", built_dataset, info, vocab_size) == []
 
 
-def test_train_plan_refuses_a_base_of_another_tokenizer_as_train_does(tmp_path, built_dataset, capsys):
+def test_train_plan_refuses_a_base_of_another_tokenizer_as_train_does(
+    tmp_path, built_dataset, capsys, monkeypatch
+):
     """`train --plan` printed the plan of a base whose tokenizer is not the data's, exit 0, and `train`
     refused it a second later (trial RV53a 6): both refuse it in one line, creating nothing."""
     from pipelines.cli import main as gristmill
@@ -653,6 +655,13 @@ def test_train_plan_refuses_a_base_of_another_tokenizer_as_train_does(tmp_path, 
         assert f"{built_dataset / 'tokenizer.json'} (dataset) differs from {base / 'tokenizer.json'}" in line
         assert not run.exists(), plan
     (base / "tokenizer.json").write_text((built_dataset / "tokenizer.json").read_text())  # the data's own
+    # a base that is no export: its weights are not hashed for a plan (140 GB read at 70B: review RV62e 5)
+    import training.run.preflight as preflight
+
+    def hashed(*_):
+        raise AssertionError("--plan hashed the weights of a base that is no export")
+
+    monkeypatch.setattr(preflight, "base_weights", hashed)
     assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets]) == 0
     assert not run.exists()
 
@@ -1613,6 +1622,14 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
     line = one_error_line(done.stderr)
     assert line.startswith(f"error: {config}: the hub cache's copy is damaged (git blob sha1 "), line
     assert not (run / "base" / "base.json").exists()
+    # another tool's file in the snapshot, which the run never reads, is neither hashed nor refused
+    # (a pytorch_model.bin: GBs; review RV62e 4)
+    config.resolve().write_bytes(files["config.json"])
+    other = blob.resolve().parent / ("0" * 64)
+    other.write_bytes(b"not the bytes its name says")
+    (blob.parent / "pytorch_model.bin").symlink_to(os.path.relpath(other, blob.parent))
+    done = start(tmp_path / "other-files", env | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:
