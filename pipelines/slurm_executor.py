@@ -59,7 +59,7 @@ def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
                 f'build.executor = "slurm": {what}, {path!r}, holds a %, which Slurm expands in the jobs\' '
                 "log paths (%u: the user's name), so their logs would go elsewhere; use a path without %"
             )
-    if not re.fullmatch(r"[\w.+-]+", cfg.build.slurm.job_name):  # `#SBATCH --job-name=my job` (RV62c)
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", cfg.build.slurm.job_name):  # `#SBATCH --job-name=my job` (RV62c)
         raise BuildError(
             f"build.slurm.job_name = {cfg.build.slurm.job_name!r}: the jobs' name in their #SBATCH lines and "
             "scripts; use letters, digits and -_.+ only"
@@ -128,8 +128,8 @@ def submit_slurm(
     env = [f"export RAYON_NUM_THREADS={sc.cpus_per_task}"]
     if sc.env_command:
         env.append(sc.env_command)
-    elif sc.venv_path:
-        env.append(f"source {sc.venv_path}")
+    elif sc.venv_path:  # as this node resolves it: a relative one was sourced from the jobs' directory
+        env.append(f"source {Path(sc.venv_path).expanduser().resolve()}")
     else:  # this interpreter's environment, as its activation would: datatrove's array scripts run a
         # bare `launch_pickled_pipeline`, not found on a PATH without it (trial RV55a 2)
         env.append(f"export PATH={Path(sys.executable).parent}:$PATH")

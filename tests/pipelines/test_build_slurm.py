@@ -190,7 +190,7 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
     ), e
 
 
-def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path):
+def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path, monkeypatch):
     """An output with a space: the scripts were written and (submitted) queued, and every job failed
     on the cluster (`unrecognized arguments`): datatrove's and the finalize job's paths are unquoted
     (review R18c M3). Refused in one line before any script is written."""
@@ -242,6 +242,7 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
     # a job name a shell or sbatch splits, an output whose % Slurm expands in the log paths (RV62c)
     for bad, said in (
         ('build.slurm.job_name="my job"', "build.slurm.job_name = 'my job': the jobs' name in their #SBATCH"),
+        ('build.slurm.job_name="név"', "build.slurm.job_name = 'név': the jobs' name in their #SBATCH"),
         ("output=" + str(tmp_path / "ds%u"), f"output, {str(tmp_path / 'ds%u')!r}, holds a %, which Slurm"),
     ):
         sets = [f"output={tmp_path / 'ds-named'}", "build.executor=slurm", "build.slurm.submit=false", bad]
@@ -250,8 +251,13 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         assert said in str(e.value), e.value
     assert not list(tmp_path.glob("ds-named/logs/*.slurm")) and not list(tmp_path.glob("ds%u/logs/*.slurm"))
     sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
-    sets.append(f"build.slurm.venv_path={venv / 'bin' / 'activate'}")
+    monkeypatch.chdir(tmp_path)  # a relative one, as this node resolves it (it was sourced as written)
+    sets.append("build.slurm.venv_path=venv/bin/activate")
     assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "written"
+    assert (
+        f"source {venv / 'bin' / 'activate'}"
+        in (tmp_path / "ds-ok" / "logs" / "launch_script.slurm").read_text()
+    )
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):

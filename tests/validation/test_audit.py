@@ -449,16 +449,22 @@ def test_db_file_persists_views(built_dataset, tmp_path, capsys):
     }
 
 
-def test_db_inside_a_dataset_is_refused_before_it_is_written(built_dataset, capsys):
+def test_db_inside_a_dataset_is_refused_before_it_is_written(built_dataset, tmp_path, capsys):
     """--db in the audited dataset's manifest/ (or any folder of a dataset) wrote a file the dataset does
     not record: every later audit refused it and `data validate` failed it for good (trial RV62b 7)."""
-    for db in (built_dataset / "manifest" / "zz.parquet", built_dataset / "audit.duckdb"):
+    link = tmp_path / "manifest-link"  # through a link into it too (trial RV62f 2)
+    link.symlink_to(built_dataset / "manifest")
+    for db in (
+        built_dataset / "manifest" / "zz.parquet",
+        built_dataset / "audit.duckdb",
+        link / "zz.parquet",
+    ):
         capsys.readouterr()
         assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
         err = capsys.readouterr().err.strip()
         assert err == (
-            f"error: --db {db} lies inside {built_dataset}, which holds dataset.json: a dataset, which does "
-            "not record it: name a file outside it"
+            f"error: --db {db} lies inside {built_dataset.resolve()}, which holds dataset.json: a dataset, "
+            "which does not record it: name a file outside it"
         ), err
         assert not db.exists()
 

@@ -111,10 +111,21 @@ def dataset_around(path: str | Path) -> str | None:
     excluded/, failed the dataset's validation for good (trial RV62b 7, 8)."""
     from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
 
-    for folder in Path(os.path.abspath(path)).parents:
-        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if (folder / n).is_file()), None):
+    # the real path: through a link into a dataset's excluded/ was accepted (trial RV62f 2); a folder
+    # counts where its file is gristmill's (a build.json is a common name: review RV62e 9)
+    for folder in Path(os.path.realpath(path)).parents:
+        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if _gristmill_json(folder / n)), None):
             return f"lies inside {folder}, which holds {held}: a dataset"
     return None
+
+
+def _gristmill_json(path: Path) -> bool:
+    """Whether `path` is a dataset.json or build.json gristmill wrote (its fingerprint, its config hash)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(record, dict) and ("fingerprint" in record or "config_sha256" in record)
 
 
 def unlike_a_run(path: str | Path) -> str:

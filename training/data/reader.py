@@ -361,8 +361,8 @@ class DocumentTable:
                 raise DatasetError(
                     f"{self.root / SHARDS_DIR / self.shard_names[shard]}: manifest row {doc}'s ids (at byte "
                     f"{int(self.index.offsets[doc])}) are not the document the build hashed ({INDEX_DIR}/"
-                    f"{DOC_HASHES} records another sha256): the shard was changed after the build; restore "
-                    f"it or rebuild (`gristmill data validate {self.location}` names every such document)"
+                    f"{DOC_HASHES} records another sha256): the shard or that index file changed after the "
+                    f"build; `gristmill data validate {self.location}` says which, and its repair"
                 )
             verified.add(doc)
 

@@ -762,6 +762,11 @@ def test_inspect_refuses_a_shard_changed_after_the_build(text_dataset, tmp_path,
             "document the build hashed (index/doc_sha256.bin records another sha256)"
         ), err
         assert err.count("\n") == 1, err
+        # the index file may be the one at fault: validate tells which (trial RV62f 1, review RV62e 6)
+        assert (
+            f"the shard or that index file changed after the build; `gristmill data validate {ds}` says"
+            in err
+        )
     assert inspect(capsys, text_dataset, *common[1:])[0] == 0  # the intact copy: as before
 
 

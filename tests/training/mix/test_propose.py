@@ -680,9 +680,13 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
         ), err
         assert sorted(p.name for p in out.iterdir()) == sorted([held, "config.toml"])
         assert (out / "config.toml").read_text() == "# theirs\n"
-    # under a dataset's folder (its excluded/): the proxies' files failed its validation (trial RV62b 8)
+    # under a dataset's folder (its excluded/), or through a link into it: the proxies' files failed its
+    # validation (trials RV62b 8, RV62f 2); a folder whose dataset.json is no gristmill's is not one
     dataset = tmp_path / "dataset.json"
-    for out in (dataset / "excluded", dataset / "excluded" / "search"):
+    (dataset / "dataset.json").write_text('{"fingerprint": "0"}')
+    (tmp_path / "link").symlink_to(dataset)
+    assert not (tmp_path / "build.json" / "excluded").exists()
+    for out in (dataset / "excluded", dataset / "excluded" / "search", tmp_path / "link" / "excluded"):
         assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err == (
@@ -690,6 +694,14 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
             "record it: give the search a directory outside it"
         ), err
         assert not out.exists()
+    other = tmp_path / "cordova"  # a build.json of another tool's
+    other.mkdir()
+    (other / "build.json").write_text('{"android": {}}')
+    assert (
+        gristmill(["mix", "propose", "--config", str(config), "--out", str(other / "s"), "--write-commands"])
+        == 0
+    )
+    capsys.readouterr()
     # "": the search ran in the working directory, over a config.toml there (review R22d S1)
     monkeypatch.chdir(tmp_path)
     assert gristmill(["mix", "propose", "--config", str(config), "--out", ""]) == 2
