@@ -337,7 +337,17 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
         write_atomic(
             out / PROPOSAL_TOML,
-            _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed, warnings),
+            _proposal_toml(
+                args,
+                sources,
+                prior,
+                proposal,
+                losses,
+                cfg.validation.seeds,
+                passed,
+                warnings,
+                bool(untrained),
+            ),
         )
         for line in _validation_table(losses, cfg.validation.seeds):
             _say(line)
@@ -641,7 +651,9 @@ def _validation_table(losses: dict[str, list[float]], seeds: list[int]) -> list[
     return ["validation (target loss per seed):", *lines]
 
 
-def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool, warnings: list[str]) -> str:
+def _proposal_toml(
+    args, sources, prior, proposal, losses, seeds, passed: bool, warnings: list[str], untrained: bool
+) -> str:
     runs = "; ".join(
         f"seed {s}: proposal {losses['proposal'][k]:.4f}, uniform {losses['uniform'][k]:.4f}, "
         f"proportional {losses['proportional'][k]:.4f}"
@@ -659,10 +671,15 @@ def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool, 
         return (
             head + f"# the proposal beat both baselines on every seed\nmix = {_toml_mix(sources, proposal)}\n"
         )
+    # why, as the console says it: "did not beat" was false of proxies that learned nothing (trial RV62f 3)
+    why = (
+        "is of proxies that learned nothing (the warning above)"
+        if untrained
+        else ("did not beat both baselines on every seed")
+    )
     return head + (
-        "# the gate returned the prior (token-proportional): "
-        f"the proposal {_toml_mix(sources, proposal)} did not "
-        f"beat both baselines on every seed\nmix = {_toml_mix(sources, prior)}\n"
+        f"# the gate returned the prior (token-proportional): the proposal {_toml_mix(sources, proposal)} "
+        f"{why}\nmix = {_toml_mix(sources, prior)}\n"
     )
 
 

@@ -853,6 +853,14 @@ def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources)
     assert best > 5.5452 and f"loss, {best:.4f}," in said[1]
     # and the proposal of noise is not kept, whatever its validation runs scored (trial RV62b 1)
     assert report["gate_returned_prior"] is True
+    assert (
+        "# the gate returned the prior (token-proportional): the proposal {"
+        in (out / "proposal.toml").read_text()
+    )
+    assert (
+        "} is of proxies that learned nothing (the warning above)\nmix = "
+        in (out / "proposal.toml").read_text()
+    )
     assert "gate: the proxies learned nothing (the warning above); returning the prior → " in done.stdout
 
 
