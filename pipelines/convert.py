@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -161,13 +162,10 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                 try:
                     upload_dataset(out, new, lambda line: log(said(line)))
                 except ObjectStoreError as e:  # the store failed: the conversion, hours at scale, is kept
-                    kept = Path(tempfile.mkdtemp(prefix=KEPT_PREFIX))  # (it was deleted: trial RV62a F4)
-                    os.replace(out, kept / "new")
-                    raise DatasetError(
-                        f"{e}; the validated conversion is kept in {kept / 'new'}: once the store answers, "
-                        f"`gristmill data upload {kept / 'new'} {new}` (it uploads only what is missing or "
-                        f"differs), then remove {kept}"
-                    ) from None
+                    raise DatasetError(f"{e}; {_kept_for_upload(out, new)}") from None  # (trial RV62a F4)
+                except KeyboardInterrupt:  # a Ctrl-C during the upload: kept too (trial RV62f 4)
+                    print(_kept_for_upload(out, new), file=sys.stderr)
+                    raise
                 except DatasetError as e:
                     raise DatasetError(said(str(e))) from None
             else:
@@ -176,9 +174,10 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                         Path(new).rmdir()  # empty (checked above)
                     os.replace(out, new)  # its lock file with it: held until the end, as any writer's
                 except OSError as e:  # a file put in NEW meanwhile: a traceback, the conversion deleted
-                    raise _Kept(  # (trial RV62a F3)
-                        f"{new} is not empty any more (a file was put in it meanwhile): {e.strerror}; the "
-                        f"validated conversion is kept in {out}: move it into a new place (mv {out} DIR)"
+                    raise _Kept(  # (trial RV62a F3); a rerun would empty it and convert again (RV62e 8)
+                        f"{new} changed while the conversion ran ({e.strerror}): the validated conversion is "
+                        f"kept in {out}: move it to a path that is not there yet (mv {out} NEW2); a "
+                        "conversion into NEW again would start over in it"
                     ) from None
         # said once it is there, under the name the user gave (it named the folder it was written in)
         checked = (  # a bucket's validation.json comes only from validating the bucket (trial T38 L9)
@@ -221,6 +220,17 @@ def _writing(old: str, new: str, out: Path) -> Iterator[None]:
 
 class _Kept(DatasetError):
     """A conversion finished and validated that could not be put in NEW's place: its folder stays."""
+
+
+def _kept_for_upload(out: Path, new: str) -> str:
+    """A bucket NEW's validated conversion `out`, its upload failed, moved out of the work folder (which
+    goes with this conversion) into one of the temporary directory's own; what finishes the job."""
+    kept = Path(tempfile.mkdtemp(prefix=KEPT_PREFIX))
+    os.replace(out, kept / "new")
+    return (
+        f"the validated conversion is kept in {kept / 'new'}: `gristmill data upload {kept / 'new'} {new}` "
+        f"uploads it (only what is missing or differs), then remove {kept}"
+    )
 
 
 def _converting(new: str) -> Path:

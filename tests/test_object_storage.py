@@ -2920,13 +2920,25 @@ def test_a_conversion_whose_upload_the_store_fails_is_kept_for_data_upload(s3, t
         said
     )
     kept = Path(said.split("the validated conversion is kept in ", 1)[1].split(":", 1)[0])
-    assert f"`gristmill data upload {kept} {new}` (it uploads only what is missing or differs), then " in said
+    assert f"`gristmill data upload {kept} {new}` uploads it (only what is missing or differs), then " in said
     assert (kept / DATASET_JSON).is_file() and DATASET_JSON not in s3.keys("kept-converted")
     monkeypatch.setattr(convert_module, "upload_dataset", real)
     assert gristmill(["data", "upload", str(kept), new]) == 0
     assert "1 already there" in capsys.readouterr().out
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "6"]
     assert_same_batches(str(old), new, geometry, capsys, 5)
+    shutil.rmtree(kept.parent)
+    # a Ctrl-C during the upload keeps it too, and says where (trial RV62f 4)
+
+    def interrupted(out, url, log):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert_module, "upload_dataset", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert_module.convert_dataset(str(old), s3.url("kept-interrupted"), log=lambda *a: None)
+    said = capsys.readouterr().err
+    kept = Path(said.split("the validated conversion is kept in ", 1)[1].split(":", 1)[0])
+    assert (kept / DATASET_JSON).is_file(), said
     shutil.rmtree(kept.parent)
 
 

@@ -703,9 +703,10 @@ def test_new_that_gains_a_file_meanwhile_keeps_the_finished_conversion(v2, tmp_p
     with pytest.raises(DatasetError) as e:
         convert_dataset(str(v2), str(new), log=lambda *a: None)
     work = tmp_path / ".new.converting"
-    assert str(e.value).startswith(f"{new} is not empty any more (a file was put in it meanwhile): "), e.value
-    assert f"the validated conversion is kept in {work}: move it into a new place (mv {work} DIR)" in str(
-        e.value
+    assert str(e.value).startswith(f"{new} changed while the conversion ran (Directory not empty): "), e.value
+    assert (
+        f"the validated conversion is kept in {work}: move it to a path that is not there yet (mv {work} "
+        in (str(e.value))
     )
     assert (new / "notes.txt").read_text() == "mine"
     monkeypatch.undo()
