@@ -1064,7 +1064,7 @@ def _check_saved_recipe(out: Path, saved: DataConfig, record: dict[str, Any]) ->
     if not isinstance(was, dict):  # a build.json of before the identity was recorded: nothing to hold
         return
     try:
-        tok_sha = hashlib.sha256((out / TOKENIZER_JSON).read_bytes()).hexdigest()
+        tok_sha = file_sha256(out / TOKENIZER_JSON)
     except OSError as e:
         raise BuildError(
             f"{out / TOKENIZER_JSON} cannot be read ({e.strerror}): the build wrote it there"

@@ -292,11 +292,10 @@ def fetch_hub_base(
             "(not a transformers model)",
             "model.init_from",
         )
-    # its small files (config, tokenizer), trusted as they were read: a config.json damaged in the cache,
-    # or altered on its way in, trained with another rms_norm_eps, exit 0 (trial RV62c S1); the
-    # weights are held to their names where they are hashed (base_record.hub_weights_sha256)
-    # What it fetched alone, not another tool's files in the same snapshot (a pytorch_model.bin, GBs to
-    # hash, that the run never reads: review RV62e 4).
+    # Its small files (config, tokenizer) held to their blobs' names: a config.json damaged in the cache,
+    # or altered on its way in, trained with another rms_norm_eps, exit 0 (trial RV62c S1). Those it
+    # fetches alone, not another tool's in the same snapshot (a pytorch_model.bin: GBs the run never
+    # reads, review RV62e 4); the weights where they are hashed (base_record.hub_weights_sha256).
     for name in (n for n in HUB_FILES if "*" not in n):
         if (path / name).exists() and (damage := hub_copy_damage(path / name)) is not None:
             raise BaseModelError(damage)

@@ -674,7 +674,7 @@ class DocIndex:
         if self._doc_hashes is None:
             self._check_file(DOC_HASHES, present=True)
             self._doc_hashes = _mapped(self.root / INDEX_DIR / DOC_HASHES, np.dtype(np.uint8))
-        return bytes(self._doc_hashes[row * 32 : row * 32 + 32])
+        return bytes(self._doc_hashes[row * HASH_BYTES : (row + 1) * HASH_BYTES])
 
     def sample_of(self, rows: np.ndarray) -> np.ndarray:
         """The samples holding manifest rows `rows`."""

@@ -124,7 +124,8 @@ def _inspect(args: argparse.Namespace) -> int:
         check_separators=True,
         cache=cache_of(args),
     )
-    _verify_documents(loader.builder.tables)
+    for table in loader.builder.tables:  # what it shows and hashes, held to the documents' sha256 (as
+        table.verify_documents = True  # run_plan's tables are: trial RV62a F1)
     spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
     step, end = _steps(args, None)
     print(
@@ -143,13 +144,6 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"step {step} = epoch {epoch} batch {batch}; sha256 {_digest(micro, args)}")
     _print_batch(loader, step - 1, args, micro)
     return 0
-
-
-def _verify_documents(tables: list) -> None:
-    """What inspect shows and hashes is checked against the documents' sha256 (DocumentTable's
-    verify_documents): the data as it was built, or one line naming the shard."""
-    for table in tables:
-        table.verify_documents = True
 
 
 def _steps(args: argparse.Namespace, total: int | None) -> tuple[int, int]:
@@ -173,7 +167,6 @@ def _run_mode(args: argparse.Namespace) -> int:
     from training.data.recipe import run_plan, skip_cause, skip_lines
 
     plan, tables, skips = run_plan(Path(args.dataset), args.world_size)  # a rebuilt source: refused
-    _verify_documents(tables)
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,

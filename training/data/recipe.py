@@ -629,8 +629,9 @@ def run_plan(
 ) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...]]:
     """What a run directory trained, from its files alone (`data inspect RUN`, `verify RUN`): the plan
     of RUN/config.toml (every source and phase; checked for `world_size` ranks), its sources' training
-    splits, refused (DatasetError) when one is not the dataset RUN/data_plan.json recorded, when the
-    run recorded no plan, or drew its batches in an older order; and the timeline's skips recorded there."""
+    splits (each document they read held to its sha256: DocumentTable.verify_documents), refused
+    (DatasetError) when one is not the dataset RUN/data_plan.json recorded, when the run recorded no
+    plan, or drew its batches in an older order; and the timeline's skips recorded there."""
     from training.contract.config_loader import load_config
     from training.data.spec import check_config
 
@@ -649,6 +650,8 @@ def run_plan(
         )
     trained = TrainedPlan.of(str(run_dir / DATA_PLAN_JSON), description)
     tables = open_run_sources(run_dir, str(description.get("format")), spec, trained=trained)
+    for table in tables:  # shown or compared: each document held to its sha256 (trial RV62a F1)
+        table.verify_documents = True
     plan = build_plan(cfg, spec, tables)
     check_recorded_plan(run_dir, plan, tables, description)
     # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.

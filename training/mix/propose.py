@@ -675,7 +675,7 @@ def _proposal_toml(
     why = (
         "is of proxies that learned nothing (the warning above)"
         if untrained
-        else ("did not beat both baselines on every seed")
+        else "did not beat both baselines on every seed"
     )
     return head + (
         f"# the gate returned the prior (token-proportional): the proposal {_toml_mix(sources, proposal)} "

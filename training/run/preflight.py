@@ -135,7 +135,7 @@ def model_for_data(
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
         recorded = _recorded_base(cfg)
         source = locate_base(cfg.model.init_from, recorded)
-        if recorded is None and source.directory is not None and is_export(source.directory):
+        if recorded is None and source.directory is not None and _is_export(source.directory):
             # a new run holds an export base's weights to its checksums as it records them (record_base):
             # --plan printed a plan for a damaged export, exit 0 (trial RV61d F3). Only an export's: the
             # weights of any other base are hashed at the run's start, not for a plan (RV62e 5)
@@ -148,7 +148,7 @@ def model_for_data(
     return model_config, notes
 
 
-def is_export(directory: Path) -> bool:
+def _is_export(directory: Path) -> bool:
     """Whether a base's directory is a gristmill export (its checksums, or its record of having them)."""
     return (directory / EXPORT_CHECKSUMS).is_file() or exported_with_checksums(directory)
 
