@@ -1070,12 +1070,12 @@ def _check_saved_recipe(out: Path, saved: DataConfig, record: dict[str, Any]) ->
             f"{out / TOKENIZER_JSON} cannot be read ({e.strerror}): the build wrote it there"
         ) from None
     now = content_identity(saved, tok_sha, was.get("input_files") or [], was.get("decontaminate"))
-    if changes := config_changes(was, now):
+    if changes := config_changes(was, now, respelled_ok=True):
         # (the files cannot be restored from build.json, which records only their identity: RV62e 3)
         raise BuildError(
             f"{out / CONFIG_TOML} or {out / TOKENIZER_JSON} is not what the tasks of {out} were built with "
             f"(changed: {'; '.join(changes)}); run `gristmill data build --config RECIPE` with the recipe "
-            "they were built with: it finds every task done, writes both files again and finalizes here (the "
+            "they were built with: it finds the tasks done, writes both files again and finalizes (the "
             "tasks' output is kept)"
         )
 

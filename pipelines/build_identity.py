@@ -280,14 +280,15 @@ def _respelled_path(old: Any, new: Any) -> str:
     return f"{old!r} → {new!r}" if same else ""
 
 
-def config_changes(was: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+def config_changes(was: dict[str, Any], identity: dict[str, Any], respelled_ok: bool = False) -> list[str]:
     """`key: old → new` for each setting of a build's identity (build.json's) that differs, the input
-    files aside (their own comparison names them), and source.path spelled otherwise for the same
-    folder (_respelled_path: a resume takes it as the same build, and a finalize after it refused the
-    recipe it saved, review RV62e 2)."""
+    files aside (their own comparison names them). `respelled_ok`: source.path spelled otherwise for
+    the same folder (_respelled_path) is no change: a resume takes it as the same build and saves the
+    recipe so spelled, which its finalize then refused (review RV62e 2). Elsewhere it is one, named:
+    the config hash covers the spelling (a bucket's complete dataset is this config's by its hash)."""
     strip = lambda d: {k: v for k, v in d.items() if k != "input_files"}  # noqa: E731
     old, new = (d.get("source") if isinstance(d.get("source"), dict) else {} for d in (was, identity))
-    if _respelled_path(old.get("path"), new.get("path")):
+    if respelled_ok and _respelled_path(old.get("path"), new.get("path")):
         was = {**was, "source": {**old, "path": new.get("path")}}
     return _diff(strip(was), strip(identity))
 

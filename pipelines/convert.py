@@ -76,7 +76,7 @@ from training.contract.dataset_index import (
     unlike_manifest,
 )
 from training.contract.disk_space import check_free
-from training.contract.errors import GristmillError, refuse_empty
+from training.contract.errors import GristmillError, Terminated, refuse_empty, sigterm_raises
 from training.contract.object_store import ObjectStore, ObjectStoreError, ObjectURL, is_url
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
@@ -163,7 +163,7 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                     upload_dataset(out, new, lambda line: log(said(line)))
                 except ObjectStoreError as e:  # the store failed: the conversion, hours at scale, is kept
                     raise DatasetError(f"{e}; {_kept_for_upload(out, new)}") from None  # (trial RV62a F4)
-                except KeyboardInterrupt:  # a Ctrl-C during the upload: kept too (trial RV62f 4)
+                except (KeyboardInterrupt, Terminated):  # a Ctrl-C or SIGTERM: kept too (RV62f 4, RV62g 7)
                     print(_kept_for_upload(out, new), file=sys.stderr)
                     raise
                 except DatasetError as e:
@@ -697,5 +697,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_empty({"OLD": args.old, "NEW": args.new}, required=True)  # "" was `error:  names no …` (RV54a 11)
-    convert_dataset(args.old, args.new)
+    with sigterm_raises():  # a scheduler's SIGTERM ends it as a Ctrl-C does: one line, the upload's work kept
+        convert_dataset(args.old, args.new)
     return 0

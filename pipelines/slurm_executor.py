@@ -62,7 +62,7 @@ def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", cfg.build.slurm.job_name):  # `#SBATCH --job-name=my job` (RV62c)
         raise BuildError(
             f"build.slurm.job_name = {cfg.build.slurm.job_name!r}: the jobs' name in their #SBATCH lines and "
-            "scripts; use letters, digits and -_.+ only"
+            "scripts; use ASCII letters, digits and -_.+ only"
         )
 
 
@@ -128,8 +128,8 @@ def submit_slurm(
     env = [f"export RAYON_NUM_THREADS={sc.cpus_per_task}"]
     if sc.env_command:
         env.append(sc.env_command)
-    elif sc.venv_path:  # as this node resolves it: a relative one was sourced from the jobs' directory
-        env.append(f"source {Path(sc.venv_path).expanduser().resolve()}")
+    elif sc.venv_path:  # absolute (a relative one was sourced from the jobs' directory), links as written:
+        env.append(f"source {os.path.abspath(os.path.expanduser(sc.venv_path))}")  # the nodes may lack theirs
     else:  # this interpreter's environment, as its activation would: datatrove's array scripts run a
         # bare `launch_pickled_pipeline`, not found on a PATH without it (trial RV55a 2)
         env.append(f"export PATH={Path(sys.executable).parent}:$PATH")

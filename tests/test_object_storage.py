@@ -2928,18 +2928,21 @@ def test_a_conversion_whose_upload_the_store_fails_is_kept_for_data_upload(s3, t
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "6"]
     assert_same_batches(str(old), new, geometry, capsys, 5)
     shutil.rmtree(kept.parent)
-    # a Ctrl-C during the upload keeps it too, and says where (trial RV62f 4)
+    # a Ctrl-C or a SIGTERM during the upload keeps it too, and says where (RV62f 4, RV62g 7)
+    from training.contract.errors import Terminated
 
-    def interrupted(out, url, log):
-        raise KeyboardInterrupt
+    for signal_exception in (KeyboardInterrupt, Terminated):
 
-    monkeypatch.setattr(convert_module, "upload_dataset", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        convert_module.convert_dataset(str(old), s3.url("kept-interrupted"), log=lambda *a: None)
-    said = capsys.readouterr().err
-    kept = Path(said.split("the validated conversion is kept in ", 1)[1].split(":", 1)[0])
-    assert (kept / DATASET_JSON).is_file(), said
-    shutil.rmtree(kept.parent)
+        def interrupted(out, url, log, stop=signal_exception):
+            raise stop
+
+        monkeypatch.setattr(convert_module, "upload_dataset", interrupted)
+        with pytest.raises(signal_exception):
+            convert_module.convert_dataset(str(old), s3.url("kept-interrupted"), log=lambda *a: None)
+        said = capsys.readouterr().err
+        kept = Path(said.split("the validated conversion is kept in ", 1)[1].split(":", 1)[0])
+        assert (kept / DATASET_JSON).is_file(), said
+        shutil.rmtree(kept.parent)
 
 
 def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, tmp_path, capsys):

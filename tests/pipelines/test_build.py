@@ -334,7 +334,7 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
         assert str(e.value).startswith(
             f"{recipe} or {tok_file} is not what the tasks of {out} were built with (changed: {says}"
         ), e.value
-        assert str(e.value).endswith("writes both files again and finalizes here (the tasks' output is kept)")
+        assert str(e.value).endswith("writes both files again and finalizes (the tasks' output is kept)")
         assert not (out / "dataset.json").exists()
         path.write_text(kept)
     # the way out the line gives: the build of the recipe the tasks were built with (review RV62e 3)

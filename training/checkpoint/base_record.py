@@ -60,6 +60,7 @@ __all__ = [
     "kept_base_files",
     "base_record_sha256",
     "base_weights",
+    "is_export",
     "check_kept_base",
     "carry_base_record",
     "drop_base_record",
@@ -92,6 +93,12 @@ def _intact_or(directory: Path, what: str) -> str:
     export_fix says (moved aside, never deleted: it may hold the only copy of its weights, and the
     failing file may be a small one, review RV33c F4)."""
     return f"point model.init_from at an intact copy, or {export_fix(directory, what)}"
+
+
+def is_export(directory: Path) -> bool:
+    """Whether a base's directory is a gristmill export: its checksums there, or its record of being
+    written with them (their absence is then damage: _check_export_record)."""
+    return (directory / EXPORT_CHECKSUMS).is_file() or exported_with_checksums(directory)
 
 
 def _check_export_record(directory: Path, got: dict[str, str]) -> None:

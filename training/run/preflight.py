@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.base_record import base_weights, with_run_base
+from training.checkpoint.base_record import base_weights, is_export, with_run_base
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.hf_import import check_base_data
 from training.checkpoint.model_config import resolve_model_config
@@ -25,7 +25,6 @@ from training.config import TrainConfig
 from training.config_checks import mesh_shape
 from training.console import say
 from training.contract.errors import GristmillError
-from training.contract.integrity import EXPORT_CHECKSUMS, exported_with_checksums
 from training.contract.object_store import COUNTS
 from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, batch_shapes, check_config
@@ -135,7 +134,7 @@ def model_for_data(
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
         recorded = _recorded_base(cfg)
         source = locate_base(cfg.model.init_from, recorded)
-        if recorded is None and source.directory is not None and _is_export(source.directory):
+        if recorded is None and source.directory is not None and is_export(source.directory):
             # a new run holds an export base's weights to its checksums as it records them (record_base):
             # --plan printed a plan for a damaged export, exit 0 (trial RV61d F3). Only an export's: the
             # weights of any other base are hashed at the run's start, not for a plan (RV62e 5)
@@ -146,11 +145,6 @@ def model_for_data(
         data_dir = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: fetched, checked
         notes = check_base_data(source.directory, data_dir, info, model_config.vocab_size)
     return model_config, notes
-
-
-def _is_export(directory: Path) -> bool:
-    """Whether a base's directory is a gristmill export (its checksums, or its record of having them)."""
-    return (directory / EXPORT_CHECKSUMS).is_file() or exported_with_checksums(directory)
 
 
 def _recorded_base(cfg: TrainConfig) -> dict[str, Any] | None:

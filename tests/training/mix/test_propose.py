@@ -684,16 +684,16 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
     # validation (trials RV62b 8, RV62f 2); a folder whose dataset.json is no gristmill's is not one
     dataset = tmp_path / "dataset.json"
     (dataset / "dataset.json").write_text('{"fingerprint": "0"}')
-    (tmp_path / "link").symlink_to(dataset)
-    assert not (tmp_path / "build.json" / "excluded").exists()
-    for out in (dataset / "excluded", dataset / "excluded" / "search", tmp_path / "link" / "excluded"):
+    (dataset / "excluded").mkdir()
+    (tmp_path / "link").symlink_to(dataset / "excluded")  # a link to the folder itself (review RV62g 3)
+    for out in (dataset / "excluded", dataset / "excluded" / "search", tmp_path / "link" / "search"):
         assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err == (
             f"error: --out {out} lies inside {dataset}, which holds dataset.json: a dataset, which does not "
             "record it: give the search a directory outside it"
         ), err
-        assert not out.exists()
+        assert not (out / "config.toml").exists()
     other = tmp_path / "cordova"  # a build.json of another tool's
     other.mkdir()
     (other / "build.json").write_text('{"android": {}}')
