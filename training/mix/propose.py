@@ -98,6 +98,18 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
         )
     for key, value, cap in epoch_caps(cfg, tokens):
         hi = np.minimum(hi, cap)
+        seq_key = "constraints.run_seq_len" if key == RUN_TOKENS and c.run_seq_len else "proxy.seq_len"
+        seq = c.run_seq_len if seq_key == "constraints.run_seq_len" else p.seq_len
+        tiny = [s for s in cfg.data.sources if s.max_epochs is not None and tokens[s.name] <= 2 * (seq + 1)]
+        if tiny and ((hi < lo).any() or hi.sum() < 1.0):
+            # no max_epochs reads it: "raise a source's max_epochs" could not help (trial RV62b 9)
+            small = tiny[0]
+            raise ConfigError(
+                f"source {small.name!r} holds {tokens[small.name]:,} tokens, no more than two windows of "
+                f"{seq_key} + 1 = {seq + 1} tokens, which an epoch's end may leave unread: no max_epochs "
+                "lets a mixture read it; add documents to it, or leave it out",
+                key="data.sources",
+            )
         if hi.sum() < 1.0 or (hi < lo).any():
             fits = ", ".join(
                 f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"

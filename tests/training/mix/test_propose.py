@@ -708,6 +708,27 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
     assert capsys.readouterr().err.strip() == 'error: --out "": name a path'
 
 
+def test_a_source_too_small_for_any_max_epochs_is_said_to_be(
+    tmp_path, shared_sources, synthetic_dataset, capsys
+):
+    """A source of fewer tokens than two windows of seq_len + 1 is capped at 0 whatever its max_epochs
+    (an epoch's end may leave that much unread), and the refusal said to raise its max_epochs (trial
+    RV62b 9)."""
+    small = synthetic_dataset(n_docs=8, seed=3)
+    config, out = recipe(tmp_path, {**shared_sources, "code": small}), tmp_path / "search"
+    tokens = read_dataset_info(small)["tokens"]
+    assert 2 * 33 < tokens <= 2 * 1025, tokens  # two windows of the run's seq_len 1024 + 1
+    sets = ["--set", "data.sources[1].max_epochs=100000", "constraints.run_tokens=1e6"]
+    sets.append("constraints.run_seq_len=1024")
+    assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out), *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: source 'code' holds {tokens:,} tokens, no more than two windows of constraints.run_seq_len "
+        "+ 1 = 1025 tokens, which an epoch's end may leave unread: no max_epochs lets a mixture read it; add "
+        "documents to it, or leave it out"
+    ), err
+
+
 def test_a_source_without_held_out_documents_is_one_line_before_any_run(tmp_path, shared_sources, capsys):
     """Every proxy is scored on every source's held-out loss: with a source's own val_fraction = 0
     each one trained to its end, was then found unfinished, and the rerun trained them all again."""
