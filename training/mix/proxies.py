@@ -487,7 +487,10 @@ class Pool:
         if self._stopped is not None and exc[0] is not None:
             self._stopped.set()  # jobs the pool handed its workers already: cancel_futures cannot
         if self._executor is not None:
-            self._executor.shutdown(wait=exc[0] is None, cancel_futures=True)
+            # Waited for on an error too: the workers' running proxies end as they would at the
+            # interpreter's exit, whose own wake of the pool's thread raced that thread's close of its
+            # pipe (CPython 3.11: "Exception ignored … Bad file descriptor" on a refusal's terminal).
+            self._executor.shutdown(wait=True, cancel_futures=True)
 
     def train(
         self,
