@@ -36,6 +36,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
@@ -181,6 +182,15 @@ def download(
             f"--from {root}: {e}; or copy the files into a local folder and give that"
         ) from None
     files = list_remote(fs, root, subset, pattern)
+    if isinstance(fs, LocalFileSystem) and Path(dest).resolve().is_relative_to(
+        Path(fs._strip_protocol(root)).resolve()
+    ):
+        # each run copied the copies again, a level deeper, exit 0: a build of either folder read each
+        # document several times (trial RV62h 5)
+        raise DownloadError(
+            f"--to {dest} is inside --from {root}: every download would copy its own copies again; give "
+            "--to a folder outside it"
+        )
     _refuse_nested(Path(dest))
     Path(dest).mkdir(parents=True, exist_ok=True)
     with _DestLock(Path(dest)):

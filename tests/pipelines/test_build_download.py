@@ -229,6 +229,10 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
         (["--from", str(one), "--subset", "", "--to", dest],  # DEST/<its path>/<its path>, failed 3 times
          f"--from {one} is a file: give the dataset's folder, e.g. --from {one.parent} (--subset and "
          "--pattern choose its files)"),
+        # inside --from: each run copied its copies again, a level deeper, exit 0 (trial RV62h 5)
+        (["--from", str(remote), "--to", str(remote / "sample" / "10BT")],
+         f"--to {remote / 'sample' / '10BT'} is inside --from {remote}: every download would copy its own "
+         "copies again; give --to a folder outside it"),
     ]:  # fmt: skip
         assert main(["data", "download", *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {said}\n"
