@@ -98,8 +98,9 @@ def _dry_run_lines(submitted: list[tuple[str, list[str]]], scripts: list[Path]) 
     and the stats job after each (datatrove's merge_stats, written beside its stage's script; its
     dependency, a shell variable here, goes on the command line, where the shell expands it)."""
     lines, previous = [], scripts[-1]
+    written = {p.read_text(): p for p in scripts if p.is_file()}  # read once, not once a job
     for i, (contents, args) in enumerate(submitted, 1):
-        path = next((p for p in scripts if p.is_file() and p.read_text() == contents), None)
+        path = written.get(contents)
         if path is None:  # the stats job of the stage launched just before
             args = [
                 *args,

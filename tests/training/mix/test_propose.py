@@ -663,6 +663,11 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
     """--out's config.toml is replaced by the search's recipe: a dataset's (its validation then failed)
     or a run's (its verify failed) was, exit 0 (review R22b F4)."""
     config = recipe(tmp_path, shared_sources)
+
+    def refused(out: Path) -> str:
+        assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
+        return capsys.readouterr().err.strip()
+
     for held, what in (
         ("dataset.json", "a dataset"),
         ("build.json", "a dataset"),
@@ -672,8 +677,7 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
         out.mkdir()
         (out / held).write_text("{}")
         (out / "config.toml").write_text("# theirs\n")
-        assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip()
+        err = refused(out)
         assert err == (
             f"error: --out {out} holds {held}: {what}, whose config.toml the search would replace with its "
             "recipe; give the search a directory of its own"
@@ -687,8 +691,7 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
     (dataset / "excluded").mkdir()
     (tmp_path / "link").symlink_to(dataset / "excluded")  # a link to the folder itself (review RV62g 3)
     for out in (dataset / "excluded", dataset / "excluded" / "search", tmp_path / "link" / "search"):
-        assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip()
+        err = refused(out)
         assert err == (
             f"error: --out {out} lies inside {dataset}, which holds dataset.json: a dataset, which does not "
             "record it: give the search a directory outside it"
