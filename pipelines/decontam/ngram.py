@@ -16,10 +16,11 @@ both sides.
 
 Normalising: lowercase and NFKC (a page in decomposed Unicode, with ligatures or fullwidth letters,
 renders as the eval item and must hash as it does), invisible format characters (soft hyphens,
-zero-width spaces) removed, then every run of letters and digits is a word; punctuation, underscores
-and whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the
-definition (a regex); `Words.of` is the same split done with numpy (a per-codepoint table of
-str.isalnum, which is what the regex tests), since the filter sees every training document and a
+zero-width spaces) removed, then every run of letters, digits and combining marks (an Indic vowel
+sign is part of its word) is a word; punctuation, underscores and whitespace only separate words
+("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the definition (a regex); `Words.of` is
+the same split done with numpy (a per-codepoint table of str.isalnum or category M, which is what the
+regex tests), since the filter sees every training document and a
 Python step per word would cost as much as the tokenizer.
 
 Hashing, in a few dozen array operations per document: a word's hash is the polynomial of its
@@ -49,7 +50,8 @@ from training.contract.integrity import seal_broken, sealed
 
 FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
 UNSEALED_FORMAT = "gristmill-decontam/1"  # an index from before the seal: read, nothing to check it by
-NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: old indexes are refused
+NORMALIZER = "nfkc-lower-alnum-words/3"  # change it with normal_form/_words: old indexes are refused
+# /3: combining marks are word characters (trial RV62h 1)
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
 MANIFEST_SEAL = "manifest_sha256"
@@ -66,7 +68,6 @@ UNCHECKED = (
     "'Documents shorter than n'"
 )
 
-_WORDS = re.compile(r"[^\W_]+")  # the reference definition; the fast path below agrees with it
 _P = 0x100000001B3  # per-character base (odd: invertible modulo 2^64)
 _M = 0x9E3779B97F4A7C15  # per-word base (odd)
 _is_word: np.ndarray | None = None  # codepoint -> letter or digit, built on first use (~0.5 s)
@@ -78,19 +79,33 @@ class DecontamIndexError(GristmillError):
     """A decontamination index that cannot be used; the message names the file and the fix."""
 
 
-@functools.cache
-def _invisible() -> re.Pattern:
-    """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
-    mark…): they split a word where a reader sees none. As ranges (21 of them): a class of the 163
-    single characters scanned at ~110 ns a character, the ranges at ~14."""
+def _class_of(category: str) -> str:
+    """A regex class of every codepoint whose Unicode category starts with `category`, as ranges (a class
+    of single characters scans ~8x slower)."""
     spans: list[list[int]] = []
     for c in range(0x110000):
-        if unicodedata.category(chr(c)) == "Cf":
+        if unicodedata.category(chr(c)).startswith(category):
             if spans and spans[-1][1] == c - 1:
                 spans[-1][1] = c
             else:
                 spans.append([c, c])
-    return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans) + "]")
+    return "[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans) + "]"
+
+
+@functools.cache
+def _invisible() -> re.Pattern:
+    """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
+    mark…): they split a word where a reader sees none."""
+    return re.compile(_class_of("Cf"))
+
+
+@functools.cache
+def _words() -> re.Pattern:
+    """The reference definition of a word (the fast path, _word_table, agrees with it): a run of letters,
+    digits (str.isalnum: `[^\\W_]`) and combining marks (category M). The marks are Devanagari's and
+    Tamil's vowel signs and viramas, which NFKC keeps apart: without them कातिब and किताब were both the
+    words क, त, ब, and distinct texts shared n-grams (trial RV62h 1)."""
+    return re.compile(rf"(?:[^\W_]|{_class_of('M')})+")
 
 
 def normal_form(text: str) -> str:
@@ -106,15 +121,17 @@ def normal_form(text: str) -> str:
 
 def normalize_words(text: str) -> list[str]:
     """The words of `text` as both sides of decontamination see them (see the module docstring)."""
-    return _WORDS.findall(normal_form(text))
+    return _words().findall(normal_form(text))
 
 
 def _word_table() -> np.ndarray:
-    """bool per codepoint: a word character of _WORDS (str.isalnum), so the vectorised path splits
-    words exactly where the regex does."""
+    """bool per codepoint: a word character of _words (str.isalnum, or a combining mark), so the
+    vectorised path splits words exactly where the regex does."""
     global _is_word
     if _is_word is None:
-        _is_word = np.fromiter(map(str.isalnum, map(chr, range(0x110000))), bool, 0x110000)
+        chars = list(map(chr, range(0x110000)))
+        marks = np.fromiter((unicodedata.category(c)[0] == "M" for c in chars), bool, 0x110000)
+        _is_word = np.fromiter(map(str.isalnum, chars), bool, 0x110000) | marks
     return _is_word
 
 

@@ -338,6 +338,15 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
     got = [w.chars[a:b].tobytes().decode("utf-32-le") for a, b in zip(w.starts, w.ends)]
     assert got == normalize_words(text)
     assert np.array_equal(text_ngram_hashes(text, 3), text_ngram_hashes(" ".join(normalize_words(text)), 3))
+    # combining marks are part of their words: Devanagari's and Tamil's vowel signs and viramas split
+    # कातिब and किताब into the same words क, त, ब, and distinct texts shared n-grams (trial RV62h 1)
+    indic = "कातिब ने हिन्दी में किताब लिखी और தமிழ் பாடம் படித்தார்"
+    w = Words.of(indic)
+    assert [w.chars[a:b].tobytes().decode("utf-32-le") for a, b in zip(w.starts, w.ends)] == indic.split()
+    assert normalize_words(indic) == indic.split()
+    swapped = indic.replace("कातिब", "किताब", 1)
+    shared = set(text_ngram_hashes(indic, 3)) & set(text_ngram_hashes(swapped, 3))
+    assert len(shared) == len(indic.split()) - 3  # all but the one 3-gram holding the first word
     texts = [text, "two words", "İİ lower() lengthens this one", "", QA[0][0]]  # no n-gram spans two texts
     hashes, owner = many_ngram_hashes(texts, 3)
     assert np.array_equal(hashes, np.concatenate([text_ngram_hashes(t, 3) for t in texts]))
