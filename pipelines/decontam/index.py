@@ -163,7 +163,8 @@ def eval_split(task: Any) -> str:
 
 
 def doc_texts(task: Any, doc: dict[str, Any]) -> list[str]:
-    """The texts of one evaluation document that training data must not contain."""
+    """The texts of one evaluation document that training data must not contain: what lm-eval puts in
+    the prompt and the continuations it scores."""
     from lm_eval import utils
 
     cfg = task.config
@@ -173,16 +174,24 @@ def doc_texts(task: Any, doc: dict[str, Any]) -> list[str]:
             # lm-eval 0.4.13's doc_to_decontamination_query passes a rendered template through
             # ast.literal_eval, which raises on prose ("Question: …"); render it as lm-eval renders
             # doc_to_text.
-            return [utils.apply_template(query, doc)]
-        texts = [task.doc_to_decontamination_query(doc)]
-    else:
-        texts = [task.doc_to_text(doc)]
-        if cfg.doc_to_choice is not None:
-            texts += list(task.doc_to_choice(doc))
-        else:
-            target = task.doc_to_target(doc)
-            texts += target if isinstance(target, list) else [target]
-    return [t for t in texts if isinstance(t, str)]  # an int is an index into the choices
+            return _texts(utils.apply_template(query, doc))
+        return _texts(task.doc_to_decontamination_query(doc))
+    texts = _texts(task.doc_to_text(doc))
+    if cfg.doc_to_choice is not None:
+        texts += _texts(task.doc_to_choice(doc))
+    if cfg.doc_to_choice is None or task.multiple_input:
+        # the scored continuation: with multiple inputs (winogrande) the choices are the contexts and
+        # the target is the text after each (trial RV62h 2: it was left out)
+        texts += _texts(task.doc_to_target(doc))
+    return texts
+
+
+def _texts(value: Any) -> list[str]:
+    """The text in one of a task's values: a string, or the strings of a list (a query naming a list
+    field, several targets; trial RV62h 3: a list was dropped whole). An int indexes the choices."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
 
 
 def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.ndarray, int]:
@@ -201,7 +210,15 @@ def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.nd
 
     for i, doc in enumerate(task.eval_docs):
         count += 1
-        for text in doc_texts(task, doc):
+        found = doc_texts(task, doc)
+        if not found:  # not a short text (documents_without_ngrams), a field that holds none
+            query = task.should_decontaminate()
+            keys = "doc_to_decontamination_query" if query else "doc_to_text/choice/target"
+            raise EvalError(
+                f"task {task.config.task}: evaluation document {i} gives no text to index (its {keys} "
+                "names no string or list of strings); point it at the document's text"
+            )
+        for text in found:
             texts.append(text)
             owners.append(i)
         if len(texts) >= batch:
@@ -246,6 +263,8 @@ def build_index(
         for name, task in sorted(tasks.items()):
             try:
                 hashes, docs, count = task_ngrams(task, n)
+            except EvalError:
+                raise
             except Exception as e:
                 raise EvalError(
                     f"task {name}: could not read its evaluation documents ({type(e).__name__}: "

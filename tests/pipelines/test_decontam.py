@@ -392,6 +392,45 @@ def test_a_task_file_replaced_under_its_old_mtime_is_indexed_as_it_is_now(tmp_pa
     assert not (tmp_path / "own").exists()
 
 
+def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys):
+    """A winogrande-shaped task (doc_to_text an int: the choices are the contexts, the target the scored
+    continuation) had its continuation left out; a doc_to_decontamination_query naming a list field was
+    dropped whole, with advice to lower --ngram (trial RV62h 2, 3). A field holding no text is refused."""
+    fill = "the trophy would not fit in the brown suitcase because it was far too large for the bag"
+    query = ["a first passage of the list with more than enough words for one n-gram here",
+             "and a second passage in that list with plenty of distinct words to hash as well"]  # fmt: skip
+    rows = {
+        "gm_fill": {"option1": "The trophy", "option2": "The suitcase", "answer": "1", "after": fill},
+        "gm_list": {"passages": query, "label": 0, "n": 7},
+    }
+    common = "dataset_path: json\ntest_split: test\noutput_type: multiple_choice\nmetadata:\n  version: 1.0\n"
+    for name, row in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    files = {n: f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / f'{n}.jsonl'}\n" for n in rows}
+    (tmp_path / "gm_fill.yaml").write_text(
+        f'task: gm_fill\n{common}{files["gm_fill"]}doc_to_text: "{{{{answer | int - 1}}}}"\n'
+        'doc_to_choice: "{{[option1, option2]}}"\ndoc_to_target: after\n'
+    )
+    listed = f"task: gm_list\n{common}{files['gm_list']}doc_to_text: x\ndoc_to_choice: [a, b]\n"
+    listed += "doc_to_target: label\nshould_decontaminate: true\ndoc_to_decontamination_query: "
+    (tmp_path / "gm_list.yaml").write_text(listed + "passages\n")
+    opts = ["--include-path", str(tmp_path), "--ngram", "8", "--out"]
+    assert main(["data", "decontam-index", "--tasks", "gm_fill,gm_list", *opts, str(tmp_path / "i")]) == 0
+    capsys.readouterr()
+    index = NgramIndex(tmp_path / "i")
+    assert (index.first_match(f"Intro. {fill} Outro.").task, index.first_match(query[1]).task) == (
+        "gm_fill",
+        "gm_list",
+    )
+    assert all(t["documents_without_ngrams"] == 0 for t in read_manifest(tmp_path / "i")["tasks"])
+    (tmp_path / "gm_list.yaml").write_text(listed + "n\n")  # an int field: no text at all
+    assert main(["data", "decontam-index", "--tasks", "gm_list", *opts, str(tmp_path / "j")]) == 2
+    assert capsys.readouterr().err == (
+        "error: task gm_list: evaluation document 0 gives no text to index (its doc_to_decontamination_query "
+        "names no string or list of strings); point it at the document's text\n"
+    )
+
+
 def test_an_index_written_into_a_task_s_data_folder_is_refused(tmp_path, capsys):
     """A task read from a folder without data_files reads every file datasets finds there: an index
     written into it (its manifest.json, …) was that task's rows at the next read, as the eval's run
