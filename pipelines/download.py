@@ -12,8 +12,8 @@ claim, and a file damaged on disk since was reported complete, review RV54a 1), 
 with an LFS checksum continues from where it stopped (ranged reads; the whole file is held to the
 checksum). A file with no LFS checksum is fetched whole again (a damaged `.part` continued was
 recorded, and re-hashed, as the file: RV54a 2), and is known by what the listing names its content by
-(the hub's git blob id; an object's ETag, a file's mtime): changed upstream, at the same size too, it
-is fetched again. Files an
+(the hub's git blob id; an object's ETag; a local file's mtime, change time and inode): changed
+upstream, at the same size too, it is fetched again. Files an
 earlier download recorded that the listing no longer has (the subset re-sharded upstream) are
 removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
@@ -154,7 +154,11 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
 
 def _version(info: dict) -> str | None:
     """RemoteFile.version from a listing's entry: the first of the keys fsspec's filesystems name a
-    file's content or its last change by (the hub, S3 and GCS, local and SFTP files)."""
+    file's content or its last change by (the hub, S3 and GCS, local and SFTP files). A local file's
+    mtime is set by whoever writes it (cp -p, rsync -a, tar x): one replaced at the same size and mtime
+    was kept (trial RV62h 4); its change time and inode are the kernel's, which no copy sets."""
+    if info.get("ino") is not None and info.get("created") is not None:  # fsspec's local files
+        return f"mtime {info.get('mtime')} ctime {info['created']} inode {info['ino']}"
     for key in ("blob_id", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):
             return f"{key} {info[key]}"

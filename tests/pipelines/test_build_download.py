@@ -158,6 +158,14 @@ def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_p
     rep = download(str(remote), "sample/10BT", dest, progress=False)
     assert (dest / rel).read_bytes() == newest and rep.downloaded == 3
 
+    # replaced at the same size and the same mtime (cp -p, rsync -a, tar x): kept before (trial RV62h 4)
+    before = upstream.stat().st_mtime_ns
+    replaced = os.urandom(upstream.stat().st_size)
+    upstream.write_bytes(replaced)
+    os.utime(upstream, ns=(before, before))
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert (dest / rel).read_bytes() == replaced and (rep.downloaded, rep.skipped) == (1, 2)
+
 
 def test_checksums_as_the_hub_gives_them(remote, tmp_path):
     fs, root, dest = LocalFileSystem(), str(remote), tmp_path / "dest"
