@@ -126,6 +126,11 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
             raise FileNotFoundError(base)
     except FileNotFoundError:
         raise DownloadError(f"{base} does not exist; check --repo/--from and --subset") from None
+    except ValueError as e:  # a malformed repo id or path (HfUriError), not the network (trial RV62h 6)
+        raise DownloadError(
+            f"{base} is not a path the source accepts ({str(e).splitlines()[0] if str(e) else e!r}); check "
+            "--repo/--from and --subset"
+        ) from None
     except Exception as e:  # offline, DNS, auth: one message
         raise DownloadError(
             f"cannot list {base} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
@@ -196,7 +201,10 @@ def download(
             "--to a folder outside it"
         )
     _refuse_nested(Path(dest))
-    Path(dest).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(dest).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(dest, e) from None
     with _DestLock(Path(dest)):
         _refuse_other_source(Path(dest), root, files)
         report = fetch_files(fs, root, files, dest, workers=workers, progress=progress)
@@ -212,7 +220,10 @@ class _DestLock:
         self.path = dest / LOCK
 
     def __enter__(self) -> _DestLock:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _unwritable(self.path.parent, e) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -225,6 +236,13 @@ class _DestLock:
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)  # the lock goes with the descriptor
+
+
+def _unwritable(dest: str | Path, e: OSError) -> DownloadError:
+    """--to where nothing can be written: one line (a traceback before, trial RV62h 6)."""
+    return DownloadError(
+        f"--to {dest}: cannot write there ({e.strerror}: {e.filename}); give a folder you can write"
+    )
 
 
 def _refuse_nested(dest: Path) -> None:

@@ -15,7 +15,16 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from pipelines.cli import main
-from pipelines.download import PART, RECORD, DownloadError, RemoteFile, download, fetch_files, list_remote
+from pipelines.download import (
+    LOCK,
+    PART,
+    RECORD,
+    DownloadError,
+    RemoteFile,
+    download,
+    fetch_files,
+    list_remote,
+)
 
 
 @pytest.fixture
@@ -202,6 +211,11 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot list hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT")
     assert "on a machine with network" in err and len(err.splitlines()) == 1
+    # a malformed repo id was blamed on the network too (trial RV62h 6): it is the path
+    assert main(["data", "download", "--repo", "no such/repo", "--to", str(tmp_path / "hub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: hf://datasets/no such/repo/sample/10BT is not a path the source accepts (")
+    assert err.endswith("check --repo/--from and --subset") and len(err.splitlines()) == 1
     # --from "" (an unset variable) fetched from the hub; --workers 0 ran as one (review R22a A9); --to ""
     # fetched into the working directory (R22d S3)
     monkeypatch.chdir(tmp_path)
@@ -226,7 +240,8 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
     one = remote / "sample" / "10BT" / "000_00000.parquet"
     before = {p: p.stat().st_mtime_ns for p in remote.rglob("*")}
     (tmp_path / "afile").write_text("")
-    dest = str(tmp_path / "dest")
+    dest, under_file, locked = str(tmp_path / "dest"), tmp_path / "afile" / "sub", tmp_path / "locked"
+    (locked / LOCK).mkdir(parents=True)  # a folder where the lock file goes
     for argv, said in [
         (["--from", str(remote / "sample"), "--subset", "../sample/10BT", "--to", dest],
          "--subset ../sample/10BT: name a folder inside the dataset, without '..'"),
@@ -241,6 +256,12 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
         (["--from", str(remote), "--to", str(remote / "sample" / "10BT")],
          f"--to {remote / 'sample' / '10BT'} is inside --from {remote}: every download would copy its own "
          "copies again; give --to a folder outside it"),
+        # a --to nothing can be written in: tracebacks (trial RV62h 6)
+        (["--from", str(remote), "--to", str(under_file)],
+         f"--to {under_file}: cannot write there (Not a directory: {under_file}); give a folder you can "
+         "write"),
+        (["--from", str(remote), "--to", str(locked)],
+         f"--to {locked}: cannot write there (Is a directory: {locked / LOCK}); give a folder you can write"),
     ]:  # fmt: skip
         assert main(["data", "download", *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {said}\n"
