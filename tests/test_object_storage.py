@@ -3968,7 +3968,7 @@ def test_a_group_s_fetch_ends_at_its_first_failure_and_old_data_is_no_progress(
 
 
 def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
-    s3, synthetic, small_blocks, tmp_path
+    s3, synthetic, small_blocks, tmp_path, monkeypatch, capsys
 ):
     """A fetch in an outage tries until its window's end (it gave up up to one backoff early, saying
     the window had passed: review R24i 2); a sample another process wrote before this one's wait for
@@ -3977,8 +3977,19 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     _, url = synthetic
     store = ObjectStore(url, retry_for_s=2)
     name = sorted(store.list("shards"))[0]
+    from training.contract import object_store
+
+    monkeypatch.setattr(object_store, "WAITING_NOTE_AFTER_S", 0.5)  # 10 s: an outage, not a blip
+    monkeypatch.setattr(object_store, "_WAITING_NOTED", [0.0])
     took, line = _a_range_failing(s3, "down", store, name)
     assert took >= 1.95 and re.search(r"kept failing for (1\.9|2\.\d) s", line), (took, line)
+    # said while it waits, once a minute: `data inspect` waited out 300 s without a word (trial RV62a F7)
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"note: {re.escape(url)}/{name}: no answer for [01] s \(.+\); retrying for [12] s more "
+        r"\(data.fetch_timeout_s = 2 s\); check the store and the network \(.+\), or Ctrl-C\n",
+        err,
+    ), err
     s3.proxy.set_faults(FaultMix(slow_down=1.0, truncated=0.0, reset=0.0))  # the store's own words, once
     try:
         with pytest.raises(ObjectStoreError) as throttled:

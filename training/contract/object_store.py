@@ -37,6 +37,7 @@ import os
 import random
 import re
 import select
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,8 @@ ATTEMPTS = 10  # tries per request: at a 13% fault rate all ten fail about once 
 CONNECT_ATTEMPTS = 3  # tries of a refused connection: an endpoint that is not there says so in a second
 BACKOFF_S = 0.1  # first wait; doubled per retry, capped, jittered
 BACKOFF_CAP_S = 5.0
+WAITING_NOTE_AFTER_S = 10.0  # a window's fetches failing this long: an outage, said (not a blip's retries)
+WAITING_NOTE_EVERY_S = 60.0  # at most one such line a minute per process (requests fail together)
 CHUNK = 1 << 20  # download buffer
 MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; a larger file goes up in parts (a multipart upload)
 PART_BYTES = 64 << 20  # a multipart upload's part, at least (S3: 5 MiB to 5 GiB, at most MAX_PARTS)
@@ -540,12 +543,31 @@ class ObjectStore:
                     tried = (now - first, late)
                     raise self._error(what, rel, last, attempt + 1, self.retry_for_s, tried) from None
                 wait = min(wait, window.until - now)
+                if now - first >= WAITING_NOTE_AFTER_S:
+                    self._say_waiting(rel, last, now - first, window.until - now)
             self.counts.add("retries")
             if window is not None:
                 STOP_FETCHING.wait(wait)  # a stop ends the wait: checked before the next try
             else:
                 time.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _say_waiting(self, rel: str | None, e: Exception, waited: float, left: float) -> None:
+        """One line on stderr while a window's fetches keep failing: `data inspect` (and a run's data)
+        waited out data.fetch_timeout_s, 300 s, without a word (trial RV62a F7)."""
+        now = time.monotonic()
+        with _WAITING_NOTED_LOCK:
+            if now - _WAITING_NOTED[0] < WAITING_NOTE_EVERY_S and _WAITING_NOTED[0]:
+                return
+            _WAITING_NOTED[0] = now
+        where = self.url.child(rel) if rel else str(self.url)
+        print(
+            f"note: {where}: no answer for {waited:.0f} s ({self._cause(e)}); retrying for {left:.0f} s more "
+            f"(data.fetch_timeout_s = {self.retry_for_s:g} s); check the store and the network "
+            f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @staticmethod
     def _cause(e: Exception) -> str:
@@ -985,6 +1007,8 @@ def _file_digest(path: Path, algorithm) -> str:
 # (then every rank retried in step), and checkpoints save it (then its stream said how often a store
 # retried: review RV55e 1). Seeded from the OS, again in a forked child, as `random` is.
 _JITTER = random.Random()
+_WAITING_NOTED = [0.0]  # monotonic time of this process's last _say_waiting line (0: none yet)
+_WAITING_NOTED_LOCK = threading.Lock()
 os.register_at_fork(after_in_child=_JITTER.seed)
 
 
