@@ -1963,6 +1963,35 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         assert locate_base(REPO).identity == f"{REPO}@{bare}"
 
 
+def test_a_cached_main_read_because_the_hub_was_not_reached_is_said_to_be(tmp_path, monkeypatch):
+    """Without network (HF_HUB_OFFLINE unset), snapshot_download reads the cache's main without a word:
+    a base pushed to since trained as the old commit, as if current (trial RV62c S3). Said, with the
+    commit; with the hub there, nothing is said."""
+    from huggingface_hub import close_session
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    with HubServer() as hub:
+        first = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        said: list[str] = []
+        assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
+        assert not [s for s in said if s.startswith("note")], said
+        newer = hub.push(REPO, {**files, "README.md": b"a newer commit"}, repo_type="model")
+        assert newer != first
+    close_session()  # the hub is gone
+    said.clear()
+    assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
+    notes = [s for s in said if s.startswith("note")]
+    assert len(notes) == 1 and notes[0].startswith(
+        "note: model.init_from: the Hugging Face hub was not reached ("
+    ), said
+    assert notes[0].endswith(
+        f"); {REPO} is read from the hub cache {tmp_path / 'hf-home' / 'hub'} at commit {first}, what main "
+        "named when it was fetched: the hub's may be newer (the run records this commit)"
+    ), notes
+
+
 def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_counts(tmp_path, monkeypatch):
     """Review R25g 2: with HF_HUB_OFFLINE unset and no network, snapshot_download falls back to the
     cached snapshot, and one holding only tokenizer.json was called "not a transformers model" (R25d

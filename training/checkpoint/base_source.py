@@ -218,6 +218,8 @@ def fetch_hub_base(
         say(f"model.init_from: reading {name} from the hub cache {cache} (HF_HUB_OFFLINE is set)")
     elif say is not None and not (revision and _COMMIT.fullmatch(revision)):
         say(f"model.init_from: fetching {name} from the Hugging Face hub (config, tokenizer, safetensors)")
+    moving = not offline and not (revision and _COMMIT.fullmatch(revision))  # a branch or tag: it moves
+    unreached = _unreached(repo, revision) if moving and say is not None else None
     try:
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError as e:
@@ -296,10 +298,35 @@ def fetch_hub_base(
     # or altered on its way in, trained with another rms_norm_eps, exit 0 (trial RV62c S1). Those it
     # fetches alone, not another tool's in the same snapshot (a pytorch_model.bin: GBs the run never
     # reads, review RV62e 4); the weights where they are hashed (base_record.hub_weights_sha256).
-    for name in (n for n in HUB_FILES if "*" not in n):
-        if (path / name).exists() and (damage := hub_copy_damage(path / name)) is not None:
+    for file in (n for n in HUB_FILES if "*" not in n):
+        if (path / file).exists() and (damage := hub_copy_damage(path / file)) is not None:
             raise BaseModelError(damage)
+    if unreached is not None and say is not None:
+        say(
+            f"note: model.init_from: the Hugging Face hub was not reached ({unreached}); {name} is read from "
+            f"the hub cache {cache} at commit {commit}, what {revision or 'main'} named when it was fetched: "
+            "the hub's may be newer (the run records this commit)"
+        )
     return path, commit
+
+
+def _unreached(repo: str, revision: str | None) -> str | None:
+    """Why the hub gave no answer about `repo` at `revision`, or None: it answered (a missing repository
+    too, which snapshot_download then says). snapshot_download reads the cache's main when the hub is
+    not reached, without a word: an old commit trained as if current (trial RV62c S3)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        HfApi().model_info(repo, revision=revision)
+    except HfHubHTTPError as e:
+        status = e.response.status_code if getattr(e, "response", None) is not None else 0
+        if 0 < status < 500:
+            return None
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    except Exception as e:  # noqa: BLE001 - refused, timed out, DNS: the hub was not reached
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    return None
 
 
 def _lacking(snapshot: Path) -> dict[str, list[str]]:
