@@ -100,9 +100,25 @@ def run(args: argparse.Namespace) -> int:
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     with dataset_lock(Path(args.out), "this command", key="--out"):
+        before = _earlier_index(Path(args.out))
         manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
     print(summary(manifest, Path(args.out)))
+    if before is not None and before.get("sha256") != manifest["sha256"]:  # replaced in silence before
+        tasks = ", ".join(str(t.get("name")) for t in before.get("tasks") or [])
+        print(
+            f"note: this replaced the index {args.out} held (sha256 {str(before.get('sha256'))[:12]}…, "
+            f"{before.get('ngram')}-grams of {tasks or 'no task'}); a recipe that names it by "
+            "decontaminate.index_sha256 now needs the new one"
+        )
     return 0
+
+
+def _earlier_index(out: Path) -> dict[str, Any] | None:
+    """The manifest of the index `out` holds already, if it holds one that reads."""
+    try:
+        return read_manifest(out) if (out / MANIFEST_JSON).is_file() else None
+    except (GristmillError, OSError, ValueError):
+        return None  # a damaged one: replaced, as a rerun repairs it
 
 
 def summary(manifest: dict[str, Any], out: Path) -> str:

@@ -423,6 +423,16 @@ def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys
         "gm_list",
     )
     assert all(t["documents_without_ngrams"] == 0 for t in read_manifest(tmp_path / "i")["tasks"])
+    # an index replaced by another is said to be (it was replaced in silence: trial RV62h); the same, not
+    was = read_manifest(tmp_path / "i")["sha256"]
+    for tasks, note in (("gm_fill,gm_list", False), ("gm_fill", True)):
+        assert main(["data", "decontam-index", "--tasks", tasks, *opts, str(tmp_path / "i")]) == 0
+        out = capsys.readouterr().out
+        assert ("note: this replaced" in out) == note, out
+    assert out.splitlines()[-1] == (
+        f"note: this replaced the index {tmp_path / 'i'} held (sha256 {was[:12]}…, 8-grams of gm_fill, "
+        "gm_list); a recipe that names it by decontaminate.index_sha256 now needs the new one"
+    )
     (tmp_path / "gm_list.yaml").write_text(listed + "n\n")  # an int field: no text at all
     assert main(["data", "decontam-index", "--tasks", "gm_list", *opts, str(tmp_path / "j")]) == 2
     assert capsys.readouterr().err == (
