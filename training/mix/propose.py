@@ -296,14 +296,20 @@ def run(args: argparse.Namespace) -> int:
                 "uniform": simplex.uniform(len(sources), lo, hi),
                 "proportional": prior,
             }
+            # proxies that learned nothing: the gate returns the prior whatever the validation runs
+            # measured, so none is trained (they were: review RV62e 10a)
+            seeds = list(cfg.validation.seeds) if untrained is None else []
             validation = [
                 Proxy("validation", f"s{seed}-{name}", tuple(float(x) for x in mixes[name]), seed)
-                for seed in cfg.validation.seeds
+                for seed in seeds
                 for name in mixes
             ]
             for proxy in validation:
                 check_supply(cfg, proxy, tables)
-            _say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
+            if seeds:
+                _say(f"validation: {len(mixes)} mixtures × seeds {seeds}")
+            else:
+                _say(f"validation: {NOT_VALIDATED}")
             checked = _gather(cfg, out, validation, fingerprints, base, w, pool, args.write_commands)
             if checked is None:
                 return 0
@@ -316,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         passed = untrained is None and mix_fit.gate(
             losses["proposal"], losses["uniform"], losses["proportional"]
         )
-        noise = _noise(fitted, mixes, losses, outside is not None, cfg.validation.seeds, cfg.data.seed)
+        noise = _noise(fitted, mixes, losses, outside is not None, seeds, cfg.data.seed)
         report = {
             "sources": sources,
             "prior": dict(zip(sources, prior.tolist())),
@@ -336,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
             # each mixture as trained (uniform and the prior are projected into the bounds: "uniform"
             # was 0.3598/0.3599/0.2803, which report.json did not say, review R25c 4)
             "validation": {
-                "seeds": list(cfg.validation.seeds),
+                "seeds": seeds,
                 **losses,
                 "mix": {name: dict(zip(sources, mixes[name].tolist())) for name in mixes},
             },
@@ -355,13 +361,13 @@ def run(args: argparse.Namespace) -> int:
                 prior,
                 proposal,
                 losses,
-                cfg.validation.seeds,
+                seeds,
                 passed,
                 warnings,
                 bool(untrained),
             ),
         )
-        for line in _validation_table(losses, cfg.validation.seeds):
+        for line in _validation_table(losses, seeds):
             _say(line)
         _say(f"noise: {noise['explanation']}")
         note = plot_search(report, fitted, w, out / MIX_PNG)
@@ -386,6 +392,9 @@ ONE_SEED = (
     "validation.seeds = {seeds} has one seed: one seed cannot measure seed noise, so the gate's verdict "
     "is weak; use ≥ 2 (e.g. validation.seeds = [1, 2])"
 )
+
+
+NOT_VALIDATED = "the proxies learned nothing: the gate returns the prior whatever they would measure"
 
 
 def _untrained(best: float, vocab_size: int) -> str | None:
@@ -488,6 +497,16 @@ def _noise(
     (review R25c 3); the own seed's gaps are said apart (`own_seed_gap`)."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
+    if not seeds:  # no validation runs (proxies that learned nothing): nothing measured beside the fit
+        return {
+            "cv_error": fitted.cv_error,
+            "seed_spread": spread,
+            "predicted": predicted,
+            "gap": None,
+            "shift": None,
+            "own_seed_gap": None,
+            "explanation": f"no validation runs ({NOT_VALIDATED})",
+        }
     own = [k for k, seed in enumerate(seeds) if seed == swarm_seed]
     others = [k for k, seed in enumerate(seeds) if seed != swarm_seed]
 
@@ -657,6 +676,8 @@ def _write_commands(out: Path, todo: list[tuple[str, TrainConfig, Path]]) -> Non
 
 
 def _validation_table(losses: dict[str, list[float]], seeds: list[int]) -> list[str]:
+    if not seeds:
+        return []
     lines = [f"  {'seed':>6} " + " ".join(f"{name:>13}" for name in losses)]
     for k, seed in enumerate(seeds):
         lines.append(f"  {seed:>6} " + " ".join(f"{losses[name][k]:>13.4f}" for name in losses))
@@ -666,10 +687,13 @@ def _validation_table(losses: dict[str, list[float]], seeds: list[int]) -> list[
 def _proposal_toml(
     args, sources, prior, proposal, losses, seeds, passed: bool, warnings: list[str], untrained: bool
 ) -> str:
-    runs = "; ".join(
-        f"seed {s}: proposal {losses['proposal'][k]:.4f}, uniform {losses['uniform'][k]:.4f}, "
-        f"proportional {losses['proportional'][k]:.4f}"
-        for k, s in enumerate(seeds)
+    runs = (
+        "; ".join(
+            f"seed {s}: proposal {losses['proposal'][k]:.4f}, uniform {losses['uniform'][k]:.4f}, "
+            f"proportional {losses['proportional'][k]:.4f}"
+            for k, s in enumerate(seeds)
+        )
+        or f"none ({NOT_VALIDATED})"
     )
     command = ["gristmill", "mix", "propose", "--config", args.config, "--out", args.out]
     if args.overrides:
@@ -754,6 +778,8 @@ def plot_search(report: dict[str, Any], fitted: mix_fit.Fit, w: np.ndarray, path
     verdict = "prior returned" if report["gate_returned_prior"] else "proposal kept"
     spread = [x for x in noise["seed_spread"].values() if x is not None]
     seeds = f"seed spread ≤ {max(spread):.4f}" if spread else "one seed: spread not measured"
+    if not v["seeds"]:
+        seeds = "no validation runs: the proxies learned nothing"
     bx.set_title(f"validation: {verdict} ({seeds})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -886,6 +886,12 @@ def test_proxies_that_learned_nothing_are_said_to_have(tmp_path, shared_sources)
         in (out / "proposal.toml").read_text()
     )
     assert "gate: the proxies learned nothing (the warning above); returning the prior → " in done.stdout
+    # and no validation run trains: whatever it measured, the prior is returned (review RV62e 10a)
+    assert report["validation"]["seeds"] == [] and report["validation"]["proposal"] == []
+    assert "validation: the proxies learned nothing: the gate returns the prior" in done.stdout
+    assert not list(out.glob("validation*")) and not list(out.rglob("s1-proposal*")), sorted(out.iterdir())
+    assert "# validation: none (the proxies learned nothing" in (out / "proposal.toml").read_text()
+    assert report["noise"]["explanation"].startswith("no validation runs (") and (out / "mix.png").is_file()
 
 
 @pytest.mark.parametrize("warmup, said", [(2, False), (6, True)])
