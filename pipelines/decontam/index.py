@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import shutil
 import tempfile
 import time
@@ -104,21 +105,23 @@ def run(args: argparse.Namespace) -> int:
         manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
     print(summary(manifest, Path(args.out)))
     if before is not None and before.get("sha256") != manifest["sha256"]:  # replaced in silence before
-        tasks = ", ".join(str(t.get("name")) for t in before.get("tasks") or [])
+        tasks = ", ".join(str(t.get("name")) for t in before.get("tasks") or [] if isinstance(t, dict))
         print(
-            f"note: this replaced the index {args.out} held (sha256 {str(before.get('sha256'))[:12]}…, "
+            f"note: this replaced the index {args.out} held (sha256 {before.get('sha256')}, "
             f"{before.get('ngram')}-grams of {tasks or 'no task'}); a recipe that names it by "
-            "decontaminate.index_sha256 now needs the new one"
+            f"decontaminate.index_sha256 now needs the new one, {manifest['sha256']}"
         )
     return 0
 
 
 def _earlier_index(out: Path) -> dict[str, Any] | None:
-    """The manifest of the index `out` holds already, if it holds one that reads."""
+    """The manifest of the index `out` holds already, as it is: one of an older normaliser too, which
+    read_manifest refuses (the first rebuild after an upgrade, which most needs saying: review RV63d 2)."""
     try:
-        return read_manifest(out) if (out / MANIFEST_JSON).is_file() else None
-    except (GristmillError, OSError, ValueError):
-        return None  # a damaged one: replaced, as a rerun repairs it
+        manifest = json.loads((out / MANIFEST_JSON).read_bytes())
+    except (OSError, ValueError):
+        return None  # none, or a damaged one: replaced, as a rerun repairs it
+    return manifest if isinstance(manifest, dict) else None
 
 
 def summary(manifest: dict[str, Any], out: Path) -> str:
@@ -196,7 +199,7 @@ def doc_texts(task: Any, doc: dict[str, Any]) -> list[str]:
     if cfg.doc_to_choice is not None:
         texts += _texts(task.doc_to_choice(doc))
     if cfg.doc_to_choice is None or task.multiple_input:
-        # the scored continuation: with multiple inputs (winogrande) the choices are the contexts and
+        # the scored continuation: with multiple inputs (xwinograd) the choices are the contexts and
         # the target is the text after each (trial RV62h 2: it was left out)
         texts += _texts(task.doc_to_target(doc))
     return texts
@@ -210,11 +213,14 @@ def _texts(value: Any) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
 
 
-def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.ndarray, int]:
-    """(n-gram hashes, document index of each, documents) of a task's evaluation split."""
+def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+    """(n-gram hashes, document index of each, documents, the documents that give no text at all) of
+    a task's evaluation split. A task none of whose documents gives text is refused: its keys name no
+    text field (a list field was dropped whole, with advice to lower --ngram: trial RV62h 3)."""
     hashes, docs = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint32)]
     texts: list[str] = []
     owners: list[int] = []
+    textless: list[int] = []
     count = 0
 
     def flush() -> None:
@@ -227,20 +233,25 @@ def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.nd
     for i, doc in enumerate(task.eval_docs):
         count += 1
         found = doc_texts(task, doc)
-        if not found:  # not a short text (documents_without_ngrams), a field that holds none
-            query = task.should_decontaminate()
-            keys = "doc_to_decontamination_query" if query else "doc_to_text/choice/target"
-            raise EvalError(
-                f"task {task.config.task}: evaluation document {i} gives no text to index (its {keys} "
-                "names no string or list of strings); point it at the document's text"
-            )
+        if not found:  # not a short text: a field that holds none (a null in one row, a number)
+            textless.append(i)
         for text in found:
             texts.append(text)
             owners.append(i)
         if len(texts) >= batch:
             flush()
     flush()
-    return np.concatenate(hashes), np.concatenate(docs), count
+    if count and len(textless) == count:
+        keys = (
+            "doc_to_decontamination_query"
+            if task.should_decontaminate()
+            else "doc_to_text, doc_to_choice or doc_to_target"
+        )
+        raise EvalError(
+            f"task {task.config.task}: no evaluation document gives text to index (its {keys} names no "
+            "string or list of strings); point it at the documents' text"
+        )
+    return np.concatenate(hashes), np.concatenate(docs), count, textless
 
 
 @contextmanager
@@ -278,7 +289,7 @@ def build_index(
         tasks = load_tasks(names, list(include_path), out)
         for name, task in sorted(tasks.items()):
             try:
-                hashes, docs, count = task_ngrams(task, n)
+                hashes, docs, count, textless = task_ngrams(task, n)
             except EvalError:
                 raise
             except Exception as e:
@@ -300,7 +311,13 @@ def build_index(
             all_hashes.append(hashes)
             all_docs.append(docs)
             print(
-                f"[decontam-index] {name}: {count:,} documents, {entries[-1]['ngrams']:,} {n}-grams",
+                f"[decontam-index] {name}: {count:,} documents, {entries[-1]['ngrams']:,} {n}-grams"
+                + (
+                    f"; {len(textless):,} give no text at all (counted without n-grams; the first: "
+                    f"document {textless[0]})"
+                    if textless
+                    else ""
+                ),
                 file=terminal,
             )
     # no timing in the manifest: an index built again from the same tasks is the same bytes, which a

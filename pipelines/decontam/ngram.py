@@ -16,11 +16,12 @@ both sides.
 
 Normalising: lowercase and NFKC (a page in decomposed Unicode, with ligatures or fullwidth letters,
 renders as the eval item and must hash as it does), invisible format characters (soft hyphens,
-zero-width spaces) removed, then every run of letters, digits and combining marks (an Indic vowel
-sign is part of its word) is a word; punctuation, underscores and whitespace only separate words
-("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the definition (a regex); `Words.of` is
-the same split done with numpy (a per-codepoint table of str.isalnum or category M, which is what the
-regex tests), since the filter sees every training document and a
+zero-width spaces) and variation selectors removed, then every run of letters and digits, with the
+combining marks that follow them (an Indic vowel sign is part of its word), is a word; punctuation,
+underscores and whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). A text written
+without spaces (Chinese, Japanese, Thai, Khmer…) is one word per run. `normalize_words` is the
+definition (a regex); `Words.of` is the same split done with numpy (a per-codepoint table of
+str.isalnum and the marks, which is what the regex tests), since the filter sees every training document and a
 Python step per word would cost as much as the tokenizer.
 
 Hashing, in a few dozen array operations per document: a word's hash is the polynomial of its
@@ -37,6 +38,7 @@ import functools
 import json
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,15 +64,15 @@ none; one of FORMAT without it was edited (the key removed with the n: review RV
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
-    "evaluation documents with no {n}-gram: {count:,} (every text under {n} words; a text without "
-    "spaces, as Chinese or Thai, is one word): no training document is checked against them; a smaller "
-    "decontaminate.ngram (--ngram) checks more, in a new output; see docs/dedup-and-decontamination.md, "
-    "'Documents shorter than n'"
+    "evaluation documents with no {n}-gram: {count:,} (every text under {n} words, a text without "
+    "spaces, as Chinese or Thai, being one word; or no text at all): no training document is checked "
+    "against them; a smaller decontaminate.ngram (--ngram) checks more, in a new output; see "
+    "docs/dedup-and-decontamination.md, 'Documents shorter than n'"
 )
 
 _P = 0x100000001B3  # per-character base (odd: invertible modulo 2^64)
 _M = 0x9E3779B97F4A7C15  # per-word base (odd)
-_is_word: np.ndarray | None = None  # codepoint -> letter or digit, built on first use (~0.5 s)
+_word_kind: np.ndarray | None = None  # codepoint -> _word_table's kind, built on first use (~1 s)
 _powers: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # base -> (base^i, base^-i) mod 2^64
 _BIT = np.left_shift(np.uint8(1), np.arange(8, dtype=np.uint8))  # bit k of a byte
 
@@ -79,12 +81,18 @@ class DecontamIndexError(GristmillError):
     """A decontamination index that cannot be used; the message names the file and the fix."""
 
 
-def _class_of(category: str) -> str:
-    """A regex class of every codepoint whose Unicode category starts with `category`, as ranges (a class
-    of single characters scans ~8x slower)."""
+@functools.cache
+def _categories() -> tuple[str, ...]:
+    """Unicode's general category of every codepoint (one scan, ~0.3 s, shared by the classes below)."""
+    return tuple(unicodedata.category(chr(c)) for c in range(0x110000))
+
+
+def _class_of(wanted: Callable[[int, str], bool]) -> str:
+    """A regex class of every codepoint c for which wanted(c, its category), as ranges (a class of
+    single characters scans ~8x slower)."""
     spans: list[list[int]] = []
-    for c in range(0x110000):
-        if unicodedata.category(chr(c)).startswith(category):
+    for c, category in enumerate(_categories()):
+        if wanted(c, category):
             if spans and spans[-1][1] == c - 1:
                 spans[-1][1] = c
             else:
@@ -92,20 +100,32 @@ def _class_of(category: str) -> str:
     return "[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans) + "]"
 
 
+def _variation_selector(c: int) -> bool:
+    """Presentation only (❤ and ❤️, text or emoji style): category Mn, but no part of a word."""
+    return 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF
+
+
+def _mark(c: int, category: str) -> bool:
+    """A combining mark that belongs to the word it follows: Devanagari's and Tamil's vowel signs and
+    viramas (Mn, Mc), which NFKC keeps apart from their letters; not an enclosing mark (Me: a keycap, a
+    circle drawn around a character) nor a variation selector (removed first)."""
+    return category in ("Mn", "Mc") and not _variation_selector(c)
+
+
 @functools.cache
 def _invisible() -> re.Pattern:
     """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
-    mark…): they split a word where a reader sees none."""
-    return re.compile(_class_of("Cf"))
+    mark…), which split a word where a reader sees none, and variation selectors."""
+    return re.compile(_class_of(lambda c, category: category == "Cf" or _variation_selector(c)))
 
 
 @functools.cache
 def _words() -> re.Pattern:
-    """The reference definition of a word (the fast path, _word_table, agrees with it): a run of letters,
-    digits (str.isalnum: `[^\\W_]`) and combining marks (category M). The marks are Devanagari's and
-    Tamil's vowel signs and viramas, which NFKC keeps apart: without them कातिब and किताब were both the
-    words क, त, ब, and distinct texts shared n-grams (trial RV62h 1)."""
-    return re.compile(rf"(?:[^\W_]|{_class_of('M')})+")
+    """The reference definition of a word (the fast path, _word_table, agrees with it): a letter or digit
+    (str.isalnum: `[^\\W_]`), then letters, digits and the combining marks that follow them (_mark).
+    Without the marks कातिब and किताब were both the words क, त, ब, and distinct texts shared n-grams
+    (trial RV62h 1); a mark after no letter (a stray accent) is no word, as punctuation is not."""
+    return re.compile(rf"[^\W_](?:[^\W_]|{_class_of(_mark)})*")
 
 
 def normal_form(text: str) -> str:
@@ -125,14 +145,15 @@ def normalize_words(text: str) -> list[str]:
 
 
 def _word_table() -> np.ndarray:
-    """bool per codepoint: a word character of _words (str.isalnum, or a combining mark), so the
-    vectorised path splits words exactly where the regex does."""
-    global _is_word
-    if _is_word is None:
-        chars = list(map(chr, range(0x110000)))
-        marks = np.fromiter((unicodedata.category(c)[0] == "M" for c in chars), bool, 0x110000)
-        _is_word = np.fromiter(map(str.isalnum, chars), bool, 0x110000) | marks
-    return _is_word
+    """uint8 per codepoint: 1 a letter or digit (str.isalnum), 2 a combining mark of a word (_mark), 0
+    anything else; Words.of splits with it exactly where the regex _words does."""
+    global _word_kind
+    if _word_kind is None:
+        kind = np.fromiter(map(str.isalnum, map(chr, range(0x110000))), bool, 0x110000).astype(np.uint8)
+        marks = np.fromiter((_mark(c, k) for c, k in enumerate(_categories())), bool, 0x110000)
+        kind[marks] = 2
+        _word_kind = kind
+    return _word_kind
 
 
 def _pow_tables(base: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -178,8 +199,13 @@ class Words:
         """`normal`: the caller already put `text` in normal_form (not free)."""
         text = text if normal else normal_form(text)
         chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+        kind = _word_table()[chars]
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
-        np.take(_word_table(), chars, out=inside[1:-1])
+        np.equal(kind, 1, out=inside[1:-1])
+        marks = kind == 2
+        if marks.any():  # a mark is inside where the last character before it that is no mark is
+            last = np.maximum.accumulate(np.where(marks, -1, np.arange(len(chars))))
+            inside[1:-1] |= marks & (last >= 0) & (kind[np.maximum(last, 0)] == 1)
         return cls(chars, np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1]))
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ from pipelines.decontam.ngram import (
     DecontamIndexError,
     NgramIndex,
     Words,
+    _words,
     many_ngram_hashes,
     normalize_words,
     read_manifest,
@@ -347,6 +348,16 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
     swapped = indic.replace("कातिब", "किताब", 1)
     shared = set(text_ngram_hashes(indic, 3)) & set(text_ngram_hashes(swapped, 3))
     assert len(shared) == len(indic.split()) - 3  # all but the one 3-gram holding the first word
+    # a mark after no letter is no word: a variation selector (❤️, category Mn) made one, and a page
+    # with ❤️ for the item's ❤ shared half its n-grams (review RV63d 1)
+    assert normalize_words("I love \u2764\ufe0f New York") == normalize_words("I love \u2764 New York")
+    assert normalize_words(" \u0301x 1\ufe0f\u20e3 1") == ["x", "1", "1"]
+    # and the vectorised split is the regex's on every codepoint: after a letter, doubled, after a space
+    # and before a letter (the numpy table and the regex class are built apart)
+    every = "".join(f"a{chr(c)}{chr(c)} {chr(c)}b " for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    w = Words.of(every, normal=True)
+    split = [w.chars[a:b].tobytes().decode("utf-32-le", "surrogatepass") for a, b in zip(w.starts, w.ends)]
+    assert split == _words().findall(every)
     texts = [text, "two words", "İİ lower() lengthens this one", "", QA[0][0]]  # no n-gram spans two texts
     hashes, owner = many_ngram_hashes(texts, 3)
     assert np.array_equal(hashes, np.concatenate([text_ngram_hashes(t, 3) for t in texts]))
@@ -393,9 +404,10 @@ def test_a_task_file_replaced_under_its_old_mtime_is_indexed_as_it_is_now(tmp_pa
 
 
 def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys):
-    """A winogrande-shaped task (doc_to_text an int: the choices are the contexts, the target the scored
-    continuation) had its continuation left out; a doc_to_decontamination_query naming a list field was
-    dropped whole, with advice to lower --ngram (trial RV62h 2, 3). A field holding no text is refused."""
+    """A multiple-input task (xwinograd: doc_to_text an int, the choices the contexts, the target the
+    scored continuation) had its continuation left out; a doc_to_decontamination_query naming a list field
+    was dropped whole, with advice to lower --ngram (trial RV62h 2, 3). A document giving no text is
+    counted and said; a task none of whose documents gives text is refused."""
     fill = "the trophy would not fit in the brown suitcase because it was far too large for the bag"
     query = ["a first passage of the list with more than enough words for one n-gram here",
              "and a second passage in that list with plenty of distinct words to hash as well"]  # fmt: skip
@@ -406,6 +418,8 @@ def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys
     common = "dataset_path: json\ntest_split: test\noutput_type: multiple_choice\nmetadata:\n  version: 1.0\n"
     for name, row in rows.items():
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    with (tmp_path / "gm_list.jsonl").open("a") as f:  # a row whose field is null: counted, not refused
+        f.write(json.dumps({"passages": None, "label": 0, "n": 8}) + "\n")
     files = {n: f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / f'{n}.jsonl'}\n" for n in rows}
     (tmp_path / "gm_fill.yaml").write_text(
         f'task: gm_fill\n{common}{files["gm_fill"]}doc_to_text: "{{{{answer | int - 1}}}}"\n'
@@ -416,28 +430,42 @@ def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys
     (tmp_path / "gm_list.yaml").write_text(listed + "passages\n")
     opts = ["--include-path", str(tmp_path), "--ngram", "8", "--out"]
     assert main(["data", "decontam-index", "--tasks", "gm_fill,gm_list", *opts, str(tmp_path / "i")]) == 0
-    capsys.readouterr()
+    assert re.search(  # the progress lines' terminal: stderr
+        r"\[decontam-index\] gm_list: 2 documents, \d+ 8-grams; 1 give no text at all \(counted without "
+        r"n-grams; the first: document 1\)\n",
+        capsys.readouterr().err,
+    )
     index = NgramIndex(tmp_path / "i")
     assert (index.first_match(f"Intro. {fill} Outro.").task, index.first_match(query[1]).task) == (
         "gm_fill",
         "gm_list",
     )
-    assert all(t["documents_without_ngrams"] == 0 for t in read_manifest(tmp_path / "i")["tasks"])
-    # an index replaced by another is said to be (it was replaced in silence: trial RV62h); the same, not
+    assert [t["documents_without_ngrams"] for t in read_manifest(tmp_path / "i")["tasks"]] == [0, 1]
+    # an index replaced by another is said to be (it was replaced in silence: trial RV62h); the same, not;
+    # one of an older normaliser too, which the reader refuses (review RV63d 2)
     was = read_manifest(tmp_path / "i")["sha256"]
-    for tasks, note in (("gm_fill,gm_list", False), ("gm_fill", True)):
+    for tasks, note in (("gm_fill,gm_list", False), ("gm_fill", True), ("gm_fill,gm_list", True)):
+        if tasks == "gm_fill":
+            manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
+        else:
+            manifest = {**json.loads((tmp_path / "i" / "manifest.json").read_text()), "normalizer": "old/1"}
+            (tmp_path / "i" / "manifest.json").write_text(json.dumps(manifest))
         assert main(["data", "decontam-index", "--tasks", tasks, *opts, str(tmp_path / "i")]) == 0
         out = capsys.readouterr().out
         assert ("note: this replaced" in out) == note, out
-    assert out.splitlines()[-1] == (
-        f"note: this replaced the index {tmp_path / 'i'} held (sha256 {was[:12]}…, 8-grams of gm_fill, "
-        "gm_list); a recipe that names it by decontaminate.index_sha256 now needs the new one"
-    )
-    (tmp_path / "gm_list.yaml").write_text(listed + "n\n")  # an int field: no text at all
+        now = read_manifest(tmp_path / "i")["sha256"]
+        if note:
+            assert out.splitlines()[-1] == (
+                f"note: this replaced the index {tmp_path / 'i'} held (sha256 {manifest['sha256']}, "
+                f"8-grams of {', '.join(t['name'] for t in manifest['tasks'])}); a recipe that names it by "
+                f"decontaminate.index_sha256 now needs the new one, {now}"
+            )
+    assert now == was
+    (tmp_path / "gm_list.yaml").write_text(listed + "n\n")  # an int field: no document gives text
     assert main(["data", "decontam-index", "--tasks", "gm_list", *opts, str(tmp_path / "j")]) == 2
     assert capsys.readouterr().err == (
-        "error: task gm_list: evaluation document 0 gives no text to index (its doc_to_decontamination_query "
-        "names no string or list of strings); point it at the document's text\n"
+        "error: task gm_list: no evaluation document gives text to index (its doc_to_decontamination_query "
+        "names no string or list of strings); point it at the documents' text\n"
     )
 
 
@@ -949,7 +977,7 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     assert build(cfg, log=lambda *a: lines.append(" ".join(map(str, a)))).ok
     printed = "\n".join(lines)
     assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
-    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words;" in printed, printed
+    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words," in printed, printed
     # "with no", which reads right for every n ("without a 8-gram" did not), and the key to change (R27d m5)
     assert re.search(r"^  task +split +documents +13-grams +documents with no 13-gram$", printed, re.M), (
         printed
