@@ -13,7 +13,8 @@ with an LFS checksum continues from where it stopped (ranged reads; the whole fi
 checksum). A file with no LFS checksum is fetched whole again (a damaged `.part` continued was
 recorded, and re-hashed, as the file: RV54a 2), and is known by what the listing names its content by
 (the hub's git blob id; an object's ETag; a local file's mtime, change time and inode): changed
-upstream, at the same size too, it is fetched again. Files an
+upstream, at the same size too, it is fetched again (a local file's content is compared first: a
+chmod changes its change time only). Files an
 earlier download recorded that the listing no longer has (the subset re-sharded upstream) are
 removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
@@ -127,16 +128,14 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
     except FileNotFoundError:
         raise DownloadError(f"{base} does not exist; check --repo/--from and --subset") from None
     except ValueError as e:  # a malformed repo id or path (HfUriError), not the network (trial RV62h 6)
+        if isinstance(e, json.JSONDecodeError):  # a proxy's HTML page for the listing: the network
+            raise _unlisted(base, e) from None
         raise DownloadError(
             f"{base} is not a path the source accepts ({str(e).splitlines()[0] if str(e) else e!r}); check "
             "--repo/--from and --subset"
         ) from None
     except Exception as e:  # offline, DNS, auth: one message
-        raise DownloadError(
-            f"cannot list {base} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            "run `gristmill data download` on a machine with network, then copy the directory to the "
-            "offline nodes"
-        ) from None
+        raise _unlisted(base, e) from None
     top = fs._strip_protocol(root).rstrip("/")
     if top in entries:  # the root is a file: its path was joined to itself under --to (RV54a 9)
         folder = root.rstrip("/").rsplit("/", 1)[0] if "/" in root.rstrip("/") else "."  # as written
@@ -157,13 +156,24 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
     return files
 
 
+def _unlisted(base: str, e: Exception) -> DownloadError:
+    return DownloadError(
+        f"cannot list {base} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+        "run `gristmill data download` on a machine with network, then copy the directory to the "
+        "offline nodes"
+    )
+
+
 def _version(info: dict) -> str | None:
     """RemoteFile.version from a listing's entry: the first of the keys fsspec's filesystems name a
     file's content or its last change by (the hub, S3 and GCS, local and SFTP files). A local file's
     mtime is set by whoever writes it (cp -p, rsync -a, tar x): one replaced at the same size and mtime
-    was kept (trial RV62h 4); its change time and inode are the kernel's, which no copy sets."""
+    was kept (trial RV62h 4); its change time and inode are the kernel's, which no copy sets. They change
+    with metadata too (a chmod, a hard link, a remount): the file's content is compared then
+    (`_complete`), not fetched again."""
     if info.get("ino") is not None and info.get("created") is not None:  # fsspec's local files
-        return f"mtime {info.get('mtime')} ctime {info['created']} inode {info['ino']}"
+        st = os.stat(info["name"])  # fsspec's `created` is the birth time where there is one (macOS)
+        return f"mtime_ns {st.st_mtime_ns} ctime_ns {st.st_ctime_ns} inode {st.st_ino}"
     for key in ("blob_id", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):
             return f"{key} {info[key]}"
@@ -206,7 +216,7 @@ def download(
     except OSError as e:
         raise _unwritable(dest, e) from None
     with _DestLock(Path(dest)):
-        _refuse_other_source(Path(dest), root, files)
+        _refuse_other_source(Path(dest), root, files, _local_root(fs, root))
         report = fetch_files(fs, root, files, dest, workers=workers, progress=progress)
         report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
     return report
@@ -265,7 +275,12 @@ def _refuse_nested(dest: Path) -> None:
         )
 
 
-def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile]) -> None:
+def _local_root(fs, root: str) -> Path | None:
+    """The source's folder where it is on this machine (its files can be hashed), else None."""
+    return Path(fs._strip_protocol(root)) if isinstance(fs, LocalFileSystem) else None
+
+
+def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: Path | None) -> None:
     """A file the folder already holds from another source under the same path that this download
     would replace (another dataset's subset downloaded into it): overwritten, the two datasets' other
     files mixed in one folder that a build reads whole (review R17e F5). Refused before any transfer.
@@ -274,7 +289,12 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile]) -> None
     for f in files:
         rec = record.get(f.path) or {}
         was, final = rec.get("source"), dest / f.path
-        if was is not None and was != source_of(root) and final.exists() and not _complete(final, f, rec):
+        if (
+            was is not None
+            and was != source_of(root)
+            and final.exists()
+            and not _complete(final, f, rec, local)
+        ):
             raise DownloadError(
                 f"{dest / f.path} was downloaded from {was}, not {source_of(root)}: download into another "
                 "folder (--to), or remove the other download's files first"
@@ -327,6 +347,7 @@ def fetch_files(
     """Fetch `files` (paths relative to `root` on `fs`) into `dest`; resumable and checksummed."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    local = _local_root(fs, root)
     need = sum(f.size for f in files) - sum(
         (dest / f.path).stat().st_size for f in files if (dest / f.path).is_file()
     )
@@ -345,7 +366,7 @@ def fetch_files(
 
     def one(f: RemoteFile) -> None:
         final = dest / f.path
-        digest = _complete(final, f, record.get(f.path))
+        digest = _complete(final, f, record.get(f.path), local)
         if digest:
             record.set(f.path, f.size, digest, source_of(root), f.version)
             with lock:
@@ -395,15 +416,19 @@ def fetch_files(
     return report
 
 
-def _complete(final: Path, f: RemoteFile, rec: dict | None) -> str | None:
+def _complete(final: Path, f: RemoteFile, rec: dict | None, local: Path | None) -> str | None:
     """The sha256 of an already complete FINAL, its bytes hashed now (the record beside it is a
     claim: a file damaged on disk was "already complete", review RV54a 1), or None if it must be
-    (re)fetched."""
+    (re)fetched. `local`: the source's folder when it is on this machine, where a file whose version
+    changed is hashed: the same content as recorded (a chmod, a remount; a record of an older gristmill)
+    is not fetched again (review RV63d 5)."""
     if not final.is_file() or final.stat().st_size != f.size:
         return None
-    if f.version and (rec or {}).get("version") != f.version:
-        return None  # changed upstream since it was fetched, or fetched before versions were recorded
     expected = f.sha256 or (rec or {}).get("sha256")
+    if f.version and (rec or {}).get("version") != f.version:
+        # changed upstream since it was fetched, or fetched before versions were recorded
+        if local is None or expected is None or _sha256(local / f.path) != expected:
+            return None
     digest = _sha256(final)
     return digest if expected is None or digest == expected else None
 

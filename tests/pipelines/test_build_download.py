@@ -25,6 +25,7 @@ from pipelines.download import (
     fetch_files,
     list_remote,
 )
+from tests.helpers.hub_server import point_hub_at
 
 
 @pytest.fixture
@@ -158,14 +159,19 @@ def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_p
     download(str(remote), "sample/10BT", dest, progress=False)
     assert (dest / rel).read_bytes() == newer
 
-    # a file an earlier gristmill downloaded records no version: fetched again, not taken as current
+    # a file an earlier gristmill downloaded records no version (or an older form of it): not taken as
+    # current; its source is hashed, the same content kept (each was fetched again: review RV63d 5)
     record = json.loads((dest / RECORD).read_text())
     (dest / RECORD).write_text(
         json.dumps({"files": {k: {**v, "version": None} for k, v in record["files"].items()}})
     )
     newest = change()
     rep = download(str(remote), "sample/10BT", dest, progress=False)
-    assert (dest / rel).read_bytes() == newest and rep.downloaded == 3
+    assert (dest / rel).read_bytes() == newest and (rep.downloaded, rep.skipped) == (1, 2)
+    # a chmod changes a file's ctime, not its content: hashed, kept (a rerun fetched all of them)
+    for p in remote.rglob("*.parquet"):
+        p.chmod(0o640)
+    assert (download(str(remote), "sample/10BT", dest, progress=False).skipped) == 3
 
     # replaced at the same size and the same mtime (cp -p, rsync -a, tar x): kept before (trial RV62h 4)
     before = upstream.stat().st_mtime_ns
@@ -216,6 +222,37 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: hf://datasets/no such/repo/sample/10BT is not a path the source accepts (")
     assert err.endswith("check --repo/--from and --subset") and len(err.splitlines()) == 1
+    # a proxy's HTML page where the hub's listing should be: the network, not the path (review RV63d 10)
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    class Portal(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>sign in to the network</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    portal = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=portal.serve_forever, daemon=True).start()
+    try:
+        with monkeypatch.context() as m:
+            point_hub_at(SimpleNamespace(url=f"http://127.0.0.1:{portal.server_port}"), m, tmp_path / "hf")
+            assert main(["data", "download", "--to", str(tmp_path / "portal")]) == 2
+    finally:
+        portal.shutdown()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot list hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT (") and (
+        "on a machine with network" in err
+    ), err
     # --from "" (an unset variable) fetched from the hub; --workers 0 ran as one (review R22a A9); --to ""
     # fetched into the working directory (R22d S3)
     monkeypatch.chdir(tmp_path)
