@@ -3981,12 +3981,15 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
 
     monkeypatch.setattr(object_store, "WAITING_NOTE_AFTER_S", 0.5)  # 10 s: an outage, not a blip
     monkeypatch.setattr(object_store, "_WAITING_NOTED", [0.0])
-    took, line = _a_range_failing(s3, "down", store, name)
+    with monkeypatch.context() as ranks:  # as torchrun sets them: the line names the rank waiting
+        ranks.setenv("WORLD_SIZE", "2")
+        ranks.setenv("RANK", "1")
+        took, line = _a_range_failing(s3, "down", store, name)
     assert took >= 1.95 and re.search(r"kept failing for (1\.9|2\.\d) s", line), (took, line)
     # said while it waits, once a minute: `data inspect` waited out 300 s without a word (trial RV62a F7)
     err = capsys.readouterr().err
     assert re.fullmatch(
-        rf"note: {re.escape(url)}/{name}: no answer for [01] s \(.+\); retrying for [12] s more "
+        rf"note: rank 1: {re.escape(url)}/{name}: failing for [01] s \(.+\); retrying for [12] s more "
         r"\(data.fetch_timeout_s = 2 s\); check the store and the network \(.+\), or Ctrl-C\n",
         err,
     ), err

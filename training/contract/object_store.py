@@ -561,9 +561,11 @@ class ObjectStore:
                 return
             _WAITING_NOTED[0] = now
         where = self.url.child(rel) if rel else str(self.url)
+        # which rank waits, as a failure's line says (torchrun's environment; a loader worker inherits it)
+        rank = f"rank {os.environ.get('RANK', '?')}: " if int(os.environ.get("WORLD_SIZE") or 1) > 1 else ""
         print(
-            f"note: {where}: no answer for {waited:.0f} s ({self._cause(e)}); retrying for {left:.0f} s more "
-            f"(data.fetch_timeout_s = {self.retry_for_s:g} s); check the store and the network "
+            f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for {left:.0f} s "
+            f"more (data.fetch_timeout_s = {self.retry_for_s:g} s); check the store and the network "
             f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
             file=sys.stderr,
             flush=True,
