@@ -1964,32 +1964,45 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
 
 
 def test_a_cached_main_read_because_the_hub_was_not_reached_is_said_to_be(tmp_path, monkeypatch):
-    """Without network (HF_HUB_OFFLINE unset), snapshot_download reads the cache's main without a word:
-    a base pushed to since trained as the old commit, as if current (trial RV62c S3). Said, with the
-    commit; with the hub there, nothing is said."""
+    """Without network (HF_HUB_OFFLINE unset), or with the repository gone from the hub (404: deleted,
+    made private), snapshot_download reads the cache's main without a word: a base pushed to since
+    trained as the old commit, as if current (trial RV62c S3, review RV63d 3). Said, with the commit;
+    with the hub there and naming that commit, nothing is said."""
     from huggingface_hub import close_session
 
     make_base(tmp_path / "base")
     files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    cache = tmp_path / "hf-home" / "hub"
+    said: list[str] = []
+
+    def note() -> str:
+        notes = [s for s in said if s.startswith("note")]
+        assert len(notes) == 1, said
+        said.clear()
+        return notes[0]
+
     with HubServer() as hub:
         first = hub.add_repo(REPO, files, repo_type="model")
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
-        said: list[str] = []
         assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
         assert not [s for s in said if s.startswith("note")], said
+        said.clear()
         newer = hub.push(REPO, {**files, "README.md": b"a newer commit"}, repo_type="model")
         assert newer != first
+        gone = hub.repos.pop(("model", REPO))  # deleted, or made private: the hub answers 404
+        assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
+        assert re.fullmatch(
+            r"note: model\.init_from: the Hugging Face hub did not say which commit main names \(HTTP 404 "
+            rf".+\); {REPO} is read from the hub cache {cache} at commit {first}, what main named when it "
+            r"was fetched: the hub's may be newer \(the run records this commit\)",
+            note(),
+        )
+        hub.repos[("model", REPO)] = gone
     close_session()  # the hub is gone
-    said.clear()
     assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
-    notes = [s for s in said if s.startswith("note")]
-    assert len(notes) == 1 and notes[0].startswith(
-        "note: model.init_from: the Hugging Face hub was not reached ("
-    ), said
-    assert notes[0].endswith(
-        f"); {REPO} is read from the hub cache {tmp_path / 'hf-home' / 'hub'} at commit {first}, what main "
-        "named when it was fetched: the hub's may be newer (the run records this commit)"
-    ), notes
+    assert note().startswith(
+        "note: model.init_from: the Hugging Face hub did not say which commit main names (ConnectError: "
+    )
 
 
 def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_counts(tmp_path, monkeypatch):

@@ -219,7 +219,7 @@ def fetch_hub_base(
     elif say is not None and not (revision and _COMMIT.fullmatch(revision)):
         say(f"model.init_from: fetching {name} from the Hugging Face hub (config, tokenizer, safetensors)")
     moving = not offline and not (revision and _COMMIT.fullmatch(revision))  # a branch or tag: it moves
-    unreached = _unreached(repo, revision) if moving and say is not None else None
+    named = _hub_names(repo, revision) if moving and say is not None else None
     try:
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError as e:
@@ -301,32 +301,42 @@ def fetch_hub_base(
     for file in (n for n in HUB_FILES if "*" not in n):
         if (path / file).exists() and (damage := hub_copy_damage(path / file)) is not None:
             raise BaseModelError(damage)
-    if unreached is not None and say is not None:
-        say(
-            f"note: model.init_from: the Hugging Face hub was not reached ({unreached}); {name} is read from "
-            f"the hub cache {cache} at commit {commit}, what {revision or 'main'} named when it was fetched: "
-            "the hub's may be newer (the run records this commit)"
-        )
+    if named is not None and named[0] != commit and say is not None:
+        say(_not_the_hub_s(name, revision, commit, cache, *named))
     return path, commit
 
 
-def _unreached(repo: str, revision: str | None) -> str | None:
-    """Why the hub gave no answer about `repo` at `revision`, or None: it answered (a missing repository
-    too, which snapshot_download then says). snapshot_download reads the cache's main when the hub is
-    not reached, without a word: an old commit trained as if current (trial RV62c S3)."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+def _hub_names(repo: str, revision: str | None) -> tuple[str | None, str]:
+    """(the commit the hub says `revision` of `repo` names now, or None; why not). snapshot_download
+    reads the cache's main when the hub is not reached, or answers 401, 403 or 404 for a repository
+    deleted, made private or whose token expired, without a word: an old commit trained as if current
+    (trial RV62c S3, review RV63d 3). Bounded as huggingface_hub bounds its own metadata requests: a
+    firewall that drops packets would hold the start twice as long (review RV63d 4)."""
+    from huggingface_hub import HfApi, constants
 
     try:
-        HfApi().model_info(repo, revision=revision)
-    except HfHubHTTPError as e:
-        status = e.response.status_code if getattr(e, "response", None) is not None else 0
-        if 0 < status < 500:
-            return None
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-    except Exception as e:  # noqa: BLE001 - refused, timed out, DNS: the hub was not reached
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-    return None
+        return HfApi().model_info(repo, revision=revision, timeout=constants.HF_HUB_ETAG_TIMEOUT).sha, ""
+    except Exception as e:  # noqa: BLE001 - refused, timed out, 401/403/404, 5xx: no commit named
+        response = getattr(e, "response", None)
+        status = f"HTTP {response.status_code} " if getattr(response, "status_code", None) else ""
+        return None, f"{status}{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
+def _not_the_hub_s(
+    name: str, revision: str | None, commit: str, cache: str, now: str | None, why: str
+) -> str:
+    """The note for a base snapshot of another commit than the one the hub named just before."""
+    ref = revision or "main"
+    if now is None:
+        return (
+            f"note: model.init_from: the Hugging Face hub did not say which commit {ref} names ({why}); "
+            f"{name} is read from the hub cache {cache} at commit {commit}, what {ref} named when it was "
+            "fetched: the hub's may be newer (the run records this commit)"
+        )
+    return (
+        f"note: model.init_from: {name} is commit {commit}, while the hub's {ref} named {now} a moment "
+        f"before (pushed to meanwhile, or read from the hub cache {cache}); the run records {commit}"
+    )
 
 
 def _lacking(snapshot: Path) -> dict[str, list[str]]:
