@@ -63,6 +63,7 @@ from validation.audit_views import (
     describe_views,
     find_damaged,
     persist,
+    run_tables_read_once,
     unchecked_tables,
     unfinished_builds,
 )
@@ -110,7 +111,10 @@ def _damaged_files_named(roots: list[str | Path]):
 
 
 def _damaged_error(roots: list[str | Path]) -> AuditError | None:
-    damaged = find_damaged(roots)
+    try:
+        damaged = find_damaged(roots)
+    except DamagedFile as e:  # its check of the `verified` tables: raised in a handler, it went unnamed
+        damaged = e.damaged
     return None if damaged is None else _refusal(roots, damaged)
 
 
@@ -485,7 +489,7 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     long cells wrapped to the terminal's width, no dataset_name column for a single dataset.
     `make demo` shows it."""
     _refuse_unfinished(roots)
-    with _damaged_files_named(roots):
+    with run_tables_read_once(roots), _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
             results = [run_preset(con, n) for n in default_reports(roots, con)]
@@ -533,7 +537,7 @@ def _audit(args: argparse.Namespace) -> int:
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
-    with _damaged_files_named(args.dirs):
+    with run_tables_read_once(args.dirs), _damaged_files_named(args.dirs):
         return _run(args)
 
 

@@ -17,10 +17,14 @@ database file that the duckdb CLI or Python can open.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -475,9 +479,88 @@ def _unreadable(root: Path, rel: str, e: OSError) -> Damaged:
     return Damaged(root, root / rel, f"{root / rel} is unreadable ({why})", isinstance(e, PermissionError))
 
 
-def view_files(view: FileView, root: Path) -> list[str]:
-    """This dataset's files of `view`, as absolute paths, listed here rather than globbed by duckdb."""
+def view_files(view: FileView, root: Path, in_place: bool = False) -> list[str]:
+    """This dataset's files of `view`, as absolute paths, listed here rather than globbed by duckdb: a
+    training run's live tables in this audit's copies of them (run_tables_read_once), unless `in_place`
+    (the views of --db, which outlive the audit)."""
+    copy = None if in_place or view.pattern not in LIVE_RUN_FILES else _copies.get(os.path.realpath(root))
+    if copy is not None:
+        return [str(copy / view.pattern)] if (copy / view.pattern).is_file() else []
     return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
+
+
+LIVE_RUN_FILES = (CONSUMPTION_PARQUET, EVAL_PARQUET, DATA_PLAN_JSON)  # replaced as a run trains
+_copies: dict[str, Path] = {}  # a run directory's real path -> this audit's copies of its LIVE_RUN_FILES
+
+
+@contextlib.contextmanager
+def run_tables_read_once(roots: list[str | Path]) -> Iterator[None]:
+    """The tables a training run's trainer replaces as it goes (consumption.parquet at each log,
+    eval.parquet at each eval, data_plan.json at a rewind) each read once, into a private copy that the
+    audit checks and its views read. Read where they lie, a replacement between two of the audit's
+    opens (duckdb opens a file for its footer, again for its pages; pyarrow twice) was called damaged,
+    or a bare duckdb error (trial RV63c F1). A file this user may not read is left where it is: the
+    checks name it."""
+    with tempfile.TemporaryDirectory(prefix="gristmill-audit-") as tmp:
+        taken = []
+        for i, root in enumerate(dict.fromkeys(map(str, roots))):
+            copy = Path(tmp) / str(i)
+            try:
+                if not (Path(root).is_dir() and is_training_run(root)):
+                    continue
+                copy.mkdir()
+                for name in LIVE_RUN_FILES:
+                    with contextlib.suppress(FileNotFoundError):
+                        (copy / name).write_bytes((Path(root) / name).read_bytes())
+            except OSError:
+                continue
+            _as_of_the_ledger(Path(root), copy)
+            taken.append(os.path.realpath(root))
+            _copies[taken[-1]] = copy
+        try:
+            yield
+        finally:
+            for key in taken:
+                _copies.pop(key, None)
+
+
+def _as_of_the_ledger(root: Path, copy: Path) -> None:
+    """The copied data_plan.json without the rewinds the copied consumption.parquet does not hold yet:
+    a rewind writes the plan, then draws plan.png, then the ledger, seconds apart (for good if the run
+    dies there), and a query joining `skips` and `consumption` counted the discarded steps as trained
+    and as skipped (trial RV63c F2). The audit answers as of the ledger's step, and says so."""
+    import pyarrow.parquet as pq
+
+    try:
+        plan = json.loads((copy / DATA_PLAN_JSON).read_bytes())
+        ledger = pq.read_table(copy / CONSUMPTION_PARQUET, columns=["step", "rewinds"])
+        skips = plan["skips"]
+        held = {r for rewinds in ledger.column("rewinds").to_pylist() for r in rewinds or ()}
+        step = max(ledger.column("step").to_pylist())
+        # a rewind that skipped windows (one that skipped none is in no ledger row)
+        ahead = sorted(
+            s["rewind"]
+            for s in skips
+            if s["rewind"] not in held and any(d.get("windows") for d in s.get("sources") or ())
+        )
+    except Exception:  # noqa: BLE001 - none there, damaged, or an older writer's: the checks say which
+        return
+    if not ahead:
+        return
+    plan["skips"] = [s for s in skips if s["rewind"] not in ahead]
+    (copy / DATA_PLAN_JSON).write_text(json.dumps(plan))
+    print(
+        f"note: {root}: {DATA_PLAN_JSON} records rewind {', '.join(map(str, ahead))}, which "
+        f"{CONSUMPTION_PARQUET} (step {step}) does not yet: the run is between the two writes, or stopped "
+        f"there (its resume writes both); the `skips` view answers as of step {step}",
+        file=sys.stderr,
+    )
+
+
+def _as_named(root: Path, path: str | Path) -> Path:
+    """`path` as the user named it: a copy of a live table (run_tables_read_once) as the run's file."""
+    copy = _copies.get(os.path.realpath(root))
+    return Path(root) / Path(path).name if copy is not None and Path(path).parent == copy else Path(path)
 
 
 GLOB_CHARS = "[*?"  # what makes duckdb glob a file name (`{` does not, in 2.0.1)
@@ -494,9 +577,9 @@ def glob_literal(path: str) -> str:
     return "".join(f"[{c}]" if c in GLOB_CHARS else c for c in path)
 
 
-def _source(view: FileView, root: Path) -> str | None:
+def _source(view: FileView, root: Path, in_place: bool = False) -> str | None:
     """The FROM-able reader of this dataset's files, or None when it has none."""
-    paths = view_files(view, root)
+    paths = view_files(view, root, in_place)
     if not paths:
         return None
     files = "[" + ", ".join(sql_str(glob_literal(f)) for f in paths) + "]"
@@ -573,11 +656,13 @@ def _empty_source(view: FileView) -> str | None:
     return None
 
 
-def view_sql(name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBPyConnection) -> str | None:
+def view_sql(
+    name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBPyConnection, in_place: bool = False
+) -> str | None:
     """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out."""
     view = FILE_VIEWS[name]
     parts = []
-    sources = [_source(view, r) for r in roots]
+    sources = [_source(view, r, in_place) for r in roots]
     empty = _empty_source(view)
     if all(s is None for s in sources) and empty is None:
         return None
@@ -596,10 +681,12 @@ def view_sql(name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBP
     return "\nUNION ALL BY NAME\n".join(parts)
 
 
-def create_views(con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[str]) -> list[str]:
+def create_views(
+    con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[str], in_place: bool = False
+) -> list[str]:
     created = []
     for name in FILE_VIEWS:
-        sql = view_sql(name, roots, names, con)
+        sql = view_sql(name, roots, names, con, in_place)
         if sql is not None:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
             created.append(name)
@@ -628,8 +715,9 @@ def connect(
     create_views(con, paths, names)
     # duckdb checks a reader's pattern against these before it globs (so the escaped name too), then
     # each file it found (the name itself); an escaped name matches only its own directory
+    readable = [*paths, *(copy for p in paths if (copy := _copies.get(str(p))) is not None)]
     allowed = ", ".join(
-        sql_str(d) for p in paths for d in dict.fromkeys([str(p) + os.sep, glob_literal(str(p)) + os.sep])
+        sql_str(d) for p in readable for d in dict.fromkeys([str(p) + os.sep, glob_literal(str(p)) + os.sep])
     )
     con.execute(f"SET allowed_directories = [{allowed}]")
     con.execute("SET enable_external_access = false")
@@ -644,7 +732,7 @@ def persist(roots: list[str | Path], db_path: str | Path, checked: list[Path] | 
     paths = check_roots(roots) if checked is None else checked
     con = duckdb.connect(str(db_path), config=_CONFIG)
     try:
-        return create_views(con, paths, dataset_names(paths))
+        return create_views(con, paths, dataset_names(paths), in_place=True)  # they outlive the audit
     finally:
         con.close()
 
@@ -713,7 +801,7 @@ def unchecked_tables(roots: list[str | Path]) -> list[Damaged]:
     they were read as they are, and the audit says so and what writes them again (review RV32e F7:
     it said nothing)."""
     return [
-        Damaged(root, Path(path), f"{path} was written without page checksums")
+        Damaged(root, _as_named(root, path), f"{_as_named(root, path)} was written without page checksums")
         for root in map(Path, roots)
         for view in FILE_VIEWS.values()
         if view.verified
@@ -769,11 +857,12 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
 
     for view in views:
         for path in view_files(view, root):
+            named = _as_named(root, path)
             try:
                 if view.verified:  # small: read whole, each page against its checksum where it has one
                     arrow = pq.read_table(path, page_checksum_verification=True).schema
                     if why := _unread_as_written(view, path, arrow):
-                        return Damaged(root, Path(path), f"{path} is damaged: {why}")
+                        return Damaged(root, named, f"{named} is damaged: {why}")
                 elif view.reader == "parquet":
                     pq.read_metadata(path)
                 elif view.reader == "text":  # every text view casts the content to JSON
@@ -781,7 +870,7 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
             except Exception as e:  # noqa: BLE001 - any failure is the answer
                 why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 denied = isinstance(e, PermissionError)
-                return Damaged(root, Path(path), f"{path} is unreadable ({why})", denied)
+                return Damaged(root, named, f"{named} is unreadable ({why})", denied)
     return None
 
 

@@ -35,7 +35,7 @@ from training.data.recipe import (
 from training.data.spec import resolve
 from training.metrics import data_row
 from training.run.timeline import Timeline
-from validation.audit_views import connect
+from validation.audit_views import connect, run_tables_read_once
 from validation.eval import _rewinds
 
 
@@ -287,6 +287,37 @@ def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
     trained_steps = [s for s in range(1, 23) if skip_of(SKIPS, s) is None]
     assert row["tokens/web"] + row["tokens/code"] == per_step * len(trained_steps) == per_step * 14
     assert not any(k.startswith("skipped_tokens/") for k in data_row(plain, 22, plain.consumed(22)))
+
+
+def test_an_audit_reads_a_live_run_s_tables_once_and_as_of_its_ledger(tmp_path, capsys):
+    """A trainer replaces consumption.parquet at every log: one replaced between two of the audit's
+    opens was called damaged (trial RV63c F1), so the audit reads each of a run's live tables once, into
+    a copy. A rewind writes data_plan.json seconds before the ledger (for good if the run dies there):
+    `skips` listed a rewind whose steps `consumption` still counted as trained (RV63c F2); the audit
+    answers as of the ledger and says so."""
+    plan, run = small_plan(), tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("")  # a training run's directory
+    write_consumption(plan, 22, plan.consumed(22, SKIPS[:1]), run / "consumption.parquet")  # the ledger
+    record_plan(plan, run, SKIPS)  # the plan, a rewind ahead
+    ledger = sorted(r["windows"] for r in plan.consumed(22, SKIPS[:1]))
+    with run_tables_read_once([run]):
+        assert capsys.readouterr().err == (
+            f"note: {run}: data_plan.json records rewind {SKIPS[1].rewind}, which consumption.parquet (step "
+            "22) does not yet: the run is between the two writes, or stopped there (its resume writes both); "
+            "the `skips` view answers as of step 22\n"
+        )
+        (run / "consumption.parquet").write_bytes(b"replaced meanwhile")  # read only once, before
+        con, _ = connect([run])
+        assert sorted(w for (w,) in con.execute("SELECT windows FROM consumption").fetchall()) == ledger
+        assert {r for (r,) in con.execute("SELECT rewind FROM skips").fetchall()} == {SKIPS[0].rewind}
+        con.close()
+    write_consumption(plan, 22, plan.consumed(22, SKIPS), run / "consumption.parquet")  # both written
+    with run_tables_read_once([run]):
+        con, _ = connect([run])
+        assert {r for (r,) in con.execute("SELECT rewind FROM skips").fetchall()} == {s.rewind for s in SKIPS}
+        con.close()
+    assert capsys.readouterr().err == ""
 
 
 def test_a_damaged_source_line_leaves_the_rewinds_readable(tmp_path):
