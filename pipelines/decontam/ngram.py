@@ -21,8 +21,8 @@ combining marks that follow them (an Indic vowel sign is part of its word), is a
 underscores and whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). A text written
 without spaces (Chinese, Japanese, Thai, Khmer…) is one word per run. `normalize_words` is the
 definition (a regex); `Words.of` is the same split done with numpy (a per-codepoint table of
-str.isalnum and the marks, which is what the regex tests), since the filter sees every training document and a
-Python step per word would cost as much as the tokenizer.
+str.isalnum and the marks, which is what the regex tests), since the filter sees every training
+document and a Python step per word would cost as much as the tokenizer.
 
 Hashing, in a few dozen array operations per document: a word's hash is the polynomial of its
 codepoints modulo 2^64 (prefix sums in numpy's wrapping uint64 arithmetic) put through splitmix64's
@@ -53,7 +53,8 @@ from training.contract.integrity import seal_broken, sealed
 FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
 UNSEALED_FORMAT = "gristmill-decontam/1"  # an index from before the seal: read, nothing to check it by
 NORMALIZER = "nfkc-lower-alnum-words/3"  # change it with normal_form/_words: old indexes are refused
-# /3: combining marks are word characters (trial RV62h 1)
+# /3: the combining marks after a letter or digit are part of its word, variation selectors removed
+# (trial RV62h 1, review RV63d 1)
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
 MANIFEST_SEAL = "manifest_sha256"
