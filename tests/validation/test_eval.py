@@ -457,6 +457,26 @@ def test_scores_copied_in_from_another_run_are_refused_in_one_line(eval_run, tmp
     assert main(["eval", str(ours), "--table"]) == 0
 
 
+def test_scores_copied_under_another_step_s_folder_are_refused(eval_run, tmp_path, capsys):
+    """A step's eval folder copied under another step's name was tabled as that step's scores, and
+    --watch took the step as scored (trial RV63b 3): its results.json says which step it scored."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    shutil.copytree(eval_dir(run, 5), eval_dir(run, 7))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--table"]) == 2
+    results = eval_dir(run, 7) / "results.json"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {results} holds step 5's scores (its gristmill.step), not step 7's: move {results.parent} "
+        f"out of {run / 'eval'}; while the run keeps step 7's export or checkpoint, `gristmill eval {run} "
+        "--step 7` scores it"
+    )
+    shutil.rmtree(eval_dir(run, 7))
+    assert main(["eval", str(run), "--table"]) == 0
+
+
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
     """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
     for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the

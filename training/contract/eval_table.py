@@ -247,6 +247,15 @@ def read_step_results(
             f"that step's export or checkpoint, evaluate it again (`gristmill eval {run_dir} --step {step}"
             f"{' --merged' if merged else ''}`)"
         ) from None
+    header = results.get("gristmill")
+    said = header.get("step") if isinstance(header, dict) else None
+    if isinstance(said, int) and not isinstance(said, bool) and said != step:
+        # a step's folder copied under another's name: its scores were that step's, exit 0 (trial RV63b 3)
+        raise EvalResultsError(
+            f"{path} holds step {said}'s scores (its gristmill.step), not step {step}'s: move {path.parent} "
+            f"out of {Path(run_dir) / EVAL_DIR}; while the run keeps step {step}'s export or checkpoint, "
+            f"`gristmill eval {run_dir} --step {step}{' --merged' if merged else ''}` scores it"
+        )
     if foreign := _scored_by_another_run(run_dir, step, results, ledger):
         task, run = foreign
         record, evals = Path(run_dir) / CHECKPOINTS_JSONL, Path(run_dir) / EVAL_DIR
