@@ -38,7 +38,6 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,9 @@ from training.contract.integrity import seal_broken, sealed
 
 FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
 UNSEALED_FORMAT = "gristmill-decontam/1"  # an index from before the seal: read, nothing to check it by
-NORMALIZER = "nfkc-lower-alnum-words/3"  # change it with normal_form/_words: old indexes are refused
-# /3: the combining marks after a letter or digit are part of its word, variation selectors removed
-# (trial RV62h 1, review RV63d 1)
+NORMALIZER = "nfkc-lower-alnum-words/4"  # change it with normal_form/_words: old indexes are refused
+# /3 (a day): combining marks are word characters; /4: the marks after a letter or digit are part of its
+# word, variation selectors removed (trial RV62h 1, reviews RV63d 1, RV63f 3)
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
 MANIFEST_SEAL = "manifest_sha256"
@@ -73,7 +72,7 @@ UNCHECKED = (
 
 _P = 0x100000001B3  # per-character base (odd: invertible modulo 2^64)
 _M = 0x9E3779B97F4A7C15  # per-word base (odd)
-_word_kind: np.ndarray | None = None  # codepoint -> _word_table's kind, built on first use (~1 s)
+_is_word: np.ndarray | None = None  # codepoint -> _word_table's bool, built on first use (~1 s)
 _powers: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # base -> (base^i, base^-i) mod 2^64
 _BIT = np.left_shift(np.uint8(1), np.arange(8, dtype=np.uint8))  # bit k of a byte
 
@@ -83,50 +82,47 @@ class DecontamIndexError(GristmillError):
 
 
 @functools.cache
-def _categories() -> tuple[str, ...]:
-    """Unicode's general category of every codepoint (one scan, ~0.3 s, shared by the classes below)."""
-    return tuple(unicodedata.category(chr(c)) for c in range(0x110000))
+def _masks() -> tuple[np.ndarray, np.ndarray]:
+    """(invisible, mark), a bool per codepoint, from one scan of Unicode's categories (~0.5 s; the
+    categories themselves are not kept: 80 MiB as strings in every build worker, review RV63f 4).
+    Invisible: the format characters (Cf: soft hyphen, zero-width space and joiners, byte order mark…),
+    which split a word where a reader sees none, and the variation selectors (❤ and ❤️: text or emoji
+    style, category Mn but no part of a word). Mark: a combining mark that belongs to the word it
+    follows (Mn, Mc: Devanagari's and Tamil's vowel signs and viramas, which NFKC keeps apart from
+    their letters), not an enclosing one (Me: a keycap, a circle drawn around a character)."""
+    code = {"Cf": 1, "Mn": 2, "Mc": 2}
+    kinds = np.fromiter(
+        (code.get(unicodedata.category(chr(c)), 0) for c in range(0x110000)), np.uint8, 0x110000
+    )
+    selector = np.zeros(0x110000, bool)
+    selector[0xFE00:0xFE10] = selector[0xE0100:0xE01F0] = True
+    return (kinds == 1) | selector, (kinds == 2) & ~selector
 
 
-def _class_of(wanted: Callable[[int, str], bool]) -> str:
-    """A regex class of every codepoint c for which wanted(c, its category), as ranges (a class of
-    single characters scans ~8x slower)."""
-    spans: list[list[int]] = []
-    for c, category in enumerate(_categories()):
-        if wanted(c, category):
-            if spans and spans[-1][1] == c - 1:
-                spans[-1][1] = c
-            else:
-                spans.append([c, c])
-    return "[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans) + "]"
-
-
-def _variation_selector(c: int) -> bool:
-    """Presentation only (❤ and ❤️, text or emoji style): category Mn, but no part of a word."""
-    return 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF
-
-
-def _mark(c: int, category: str) -> bool:
-    """A combining mark that belongs to the word it follows: Devanagari's and Tamil's vowel signs and
-    viramas (Mn, Mc), which NFKC keeps apart from their letters; not an enclosing mark (Me: a keycap, a
-    circle drawn around a character) nor a variation selector (removed first)."""
-    return category in ("Mn", "Mc") and not _variation_selector(c)
+def _class_of(mask: np.ndarray) -> str:
+    """A regex class of the codepoints `mask` holds, as ranges (a class of single characters scans
+    ~8x slower)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return (
+        "["
+        + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b - 1))}" for a, b in zip(edges[::2], edges[1::2]))
+        + "]"
+    )
 
 
 @functools.cache
 def _invisible() -> re.Pattern:
-    """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
-    mark…), which split a word where a reader sees none, and variation selectors."""
-    return re.compile(_class_of(lambda c, category: category == "Cf" or _variation_selector(c)))
+    """What normal_form removes (_masks: format characters and variation selectors)."""
+    return re.compile(_class_of(_masks()[0]))
 
 
 @functools.cache
 def _words() -> re.Pattern:
     """The reference definition of a word (the fast path, _word_table, agrees with it): a letter or digit
-    (str.isalnum: `[^\\W_]`), then letters, digits and the combining marks that follow them (_mark).
+    (str.isalnum: `[^\\W_]`), then letters, digits and the combining marks that follow them (_masks).
     Without the marks कातिब and किताब were both the words क, त, ब, and distinct texts shared n-grams
     (trial RV62h 1); a mark after no letter (a stray accent) is no word, as punctuation is not."""
-    return re.compile(rf"[^\W_](?:[^\W_]|{_class_of(_mark)})*")
+    return re.compile(rf"[^\W_](?:[^\W_]|{_class_of(_masks()[1])})*")
 
 
 def normal_form(text: str) -> str:
@@ -146,15 +142,13 @@ def normalize_words(text: str) -> list[str]:
 
 
 def _word_table() -> np.ndarray:
-    """uint8 per codepoint: 1 a letter or digit (str.isalnum), 2 a combining mark of a word (_mark), 0
-    anything else; Words.of splits with it exactly where the regex _words does."""
-    global _word_kind
-    if _word_kind is None:
-        kind = np.fromiter(map(str.isalnum, map(chr, range(0x110000))), bool, 0x110000).astype(np.uint8)
-        marks = np.fromiter((_mark(c, k) for c, k in enumerate(_categories())), bool, 0x110000)
-        kind[marks] = 2
-        _word_kind = kind
-    return _word_kind
+    """bool per codepoint: a letter or digit (str.isalnum) or a combining mark (_masks), which Words.of
+    takes for a word's characters, then drops the marks that begin a run: it splits exactly where the
+    regex _words does."""
+    global _is_word
+    if _is_word is None:
+        _is_word = np.fromiter(map(str.isalnum, map(chr, range(0x110000))), bool, 0x110000) | _masks()[1]
+    return _is_word
 
 
 def _pow_tables(base: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -200,14 +194,19 @@ class Words:
         """`normal`: the caller already put `text` in normal_form (not free)."""
         text = text if normal else normal_form(text)
         chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
-        kind = _word_table()[chars]
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
-        np.equal(kind, 1, out=inside[1:-1])
-        marks = kind == 2
-        if marks.any():  # a mark is inside where the last character before it that is no mark is
-            last = np.maximum.accumulate(np.where(marks, -1, np.arange(len(chars))))
-            inside[1:-1] |= marks & (last >= 0) & (kind[np.maximum(last, 0)] == 1)
-        return cls(chars, np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1]))
+        np.take(_word_table(), chars, out=inside[1:-1])  # letters, digits and marks
+        starts, ends = np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1])
+        mark = _masks()[1]
+        stray = starts[mark[chars[starts]]]
+        if len(stray):  # marks that begin a run follow no letter: no word (rare: a stray accent)
+            for start in stray:
+                end = start
+                while end < len(chars) and mark[chars[end]]:
+                    end += 1
+                inside[start + 1 : end + 1] = False
+            starts, ends = np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1])
+        return cls(chars, starts, ends)
 
     def __len__(self) -> int:
         return len(self.starts)
