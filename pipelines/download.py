@@ -172,7 +172,10 @@ def _version(info: dict) -> str | None:
     with metadata too (a chmod, a hard link, a remount): the file's content is compared then
     (`_complete`), not fetched again."""
     if info.get("ino") is not None and info.get("created") is not None:  # fsspec's local files
-        st = os.stat(info["name"])  # fsspec's `created` is the birth time where there is one (macOS)
+        try:  # fsspec's `created` is the birth time where there is one (macOS)
+            st = os.stat(info["name"])
+        except OSError:  # a dangling link, gone since the listing: its fetch names it
+            return f"mtime {info.get('mtime')}"
         return f"mtime_ns {st.st_mtime_ns} ctime_ns {st.st_ctime_ns} inode {st.st_ino}"
     for key in ("blob_id", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):

@@ -170,7 +170,9 @@ def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_p
     assert (dest / rel).read_bytes() == newest and (rep.downloaded, rep.skipped) == (1, 2)
     # a chmod changes a file's ctime, not its content: hashed, kept (a rerun fetched all of them)
     for p in remote.rglob("*.parquet"):
-        p.chmod(0o640)
+        before = p.stat().st_ctime_ns
+        while p.stat().st_ctime_ns == before:  # a coarse clock: chmod again until its change time moves
+            p.chmod(0o640 if p.stat().st_mode & 0o777 != 0o640 else 0o644)
     assert (download(str(remote), "sample/10BT", dest, progress=False).skipped) == 3
 
     # replaced at the same size and the same mtime (cp -p, rsync -a, tar x): kept before (trial RV62h 4)
@@ -303,6 +305,19 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
         assert main(["data", "download", *argv]) == 2, argv
         assert capsys.readouterr().err == f"error: {said}\n"
     assert {p: p.stat().st_mtime_ns for p in remote.rglob("*")} == before and not (tmp_path / "dest").exists()
+
+
+def test_a_dangling_link_in_the_source_is_one_line(remote, tmp_path, capsys):
+    """A link to nothing among the source's files was a traceback once the listing stat-ed local files
+    for their change time (review RV63f 6): its fetch names it."""
+    link = remote / "sample" / "10BT" / "009_00000.parquet"
+    link.symlink_to(tmp_path / "nothing")
+    assert main(["data", "download", "--from", str(remote), "--to", str(tmp_path / "dest")]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith(
+        "error: sample/10BT/009_00000.parquet: transfer failed"
+    ), err
 
 
 def test_short_transfer_is_not_a_complete_file(remote, tmp_path):
