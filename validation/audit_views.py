@@ -320,13 +320,20 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
         missing = _check_tables(p, info)
         if gone is not None:
             gone += [p / rel for rel in missing]
-        if damaged := _first_damaged(p, [v for v in FILE_VIEWS.values() if v.verified]):
+        verified = [v for v in FILE_VIEWS.values() if v.verified]
+        if damaged := _first_damaged(p, verified):
             raise DamagedFile(damaged)
         # the `eval` view reads the table alone; read again while a live run's eval, which changes
         # results.json and the table in one hold of the eval lock, is between the two (review R31b F1),
-        # holding no lock (review RV32e F1)
-        if is_training_run(p) and (stale := read_between_writes(p, lambda p=p: stale_eval_table(p))):
+        # holding no lock (review RV32e F1); the table the views read, copied again with each read (the
+        # copy taken before the datasets were hashed was older than the results.json read now: RV63f 1),
+        # then checked as the first copy was
+        if is_training_run(p) and (
+            stale := read_between_writes(p, lambda p=p: stale_eval_table(p, _eval_copy(p)))
+        ):
             raise DatasetError(f"cannot audit {p}: {stale}")
+        if _copies.get(real) is not None and (damaged := _first_damaged(p, [FILE_VIEWS["eval"]])):
+            raise DamagedFile(damaged)
         out.append(Path(real))
     return out
 
@@ -502,26 +509,38 @@ def run_tables_read_once(roots: list[str | Path]) -> Iterator[None]:
     or a bare duckdb error (trial RV63c F1). A file this user may not read is left where it is: the
     checks name it."""
     with tempfile.TemporaryDirectory(prefix="gristmill-audit-") as tmp:
-        taken = []
-        for i, root in enumerate(dict.fromkeys(map(str, roots))):
-            copy = Path(tmp) / str(i)
-            try:
-                if not (Path(root).is_dir() and is_training_run(root)):
-                    continue
-                copy.mkdir()
-                for name in LIVE_RUN_FILES:
-                    with contextlib.suppress(FileNotFoundError):
-                        (copy / name).write_bytes((Path(root) / name).read_bytes())
-            except OSError:
-                continue
-            _as_of_the_ledger(Path(root), copy)
-            taken.append(os.path.realpath(root))
-            _copies[taken[-1]] = copy
+        before = dict(_copies)  # an audit inside another's (one process): the outer's copies come back
         try:
+            for i, root in enumerate(dict.fromkeys(map(str, roots))):
+                copy = Path(tmp) / str(i)
+                try:
+                    if not (Path(root).is_dir() and is_training_run(root)):
+                        continue
+                    copy.mkdir()
+                    for name in LIVE_RUN_FILES:
+                        with contextlib.suppress(FileNotFoundError):
+                            (copy / name).write_bytes((Path(root) / name).read_bytes())
+                except OSError:
+                    continue
+                _as_of_the_ledger(Path(root), copy)
+                _copies[os.path.realpath(root)] = copy
             yield
-        finally:
-            for key in taken:
-                _copies.pop(key, None)
+        finally:  # a failure while copying too: no entry left naming the removed folder (review RV63f 2)
+            _copies.clear()
+            _copies.update(before)
+
+
+def _eval_copy(root: Path) -> Path | None:
+    """The run's eval.parquet as the audit's views read it: its copy, taken again now, or None where
+    they read it in place (no copy: the file itself)."""
+    copy = _copies.get(os.path.realpath(root))
+    if copy is None:
+        return None
+    try:
+        (copy / EVAL_PARQUET).write_bytes((Path(root) / EVAL_PARQUET).read_bytes())
+    except FileNotFoundError:
+        (copy / EVAL_PARQUET).unlink(missing_ok=True)
+    return copy / EVAL_PARQUET
 
 
 def _as_of_the_ledger(root: Path, copy: Path) -> None:
@@ -549,10 +568,15 @@ def _as_of_the_ledger(root: Path, copy: Path) -> None:
         return
     plan["skips"] = [s for s in skips if s["rewind"] not in ahead]
     (copy / DATA_PLAN_JSON).write_text(json.dumps(plan))
+    rewinds = (
+        f"rewind {ahead[0]}"
+        if len(ahead) == 1
+        else f"rewinds {', '.join(map(str, ahead[:-1]))} and {ahead[-1]}"
+    )
     print(
-        f"note: {root}: {DATA_PLAN_JSON} records rewind {', '.join(map(str, ahead))}, which "
-        f"{CONSUMPTION_PARQUET} (step {step}) does not yet: the run is between the two writes, or stopped "
-        f"there (its resume writes both); the `skips` view answers as of step {step}",
+        f"note: {root}: {DATA_PLAN_JSON} records {rewinds}, which {CONSUMPTION_PARQUET} (step {step}) does "
+        "not yet: the run is between the two writes, or stopped there (its resume writes both); the "
+        f"`skips` view answers as of step {step} (--db's views read the files as they are)",
         file=sys.stderr,
     )
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if before is not None and before.get("sha256") != manifest["sha256"]:  # replaced in silence before
         tasks = ", ".join(str(t.get("name")) for t in before.get("tasks") or [] if isinstance(t, dict))
         print(
-            f"note: this replaced the index {args.out} held (sha256 {before.get('sha256')}, "
+            f"note: this replaced the index {args.out} held (sha256 {before.get('sha256') or 'unrecorded'}, "
             f"{before.get('ngram')}-grams of {tasks or 'no task'}); a recipe that names it by "
             f"decontaminate.index_sha256 now needs the new one, {manifest['sha256']}"
         )

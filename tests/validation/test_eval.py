@@ -477,6 +477,25 @@ def test_scores_copied_under_another_step_s_folder_are_refused(eval_run, tmp_pat
     assert main(["eval", str(run), "--table"]) == 0
 
 
+def test_an_audit_s_eval_view_reads_the_table_its_stale_check_read(eval_run, tmp_path):
+    """The audit reads a live run's eval.parquet into a copy (trial RV63c F1); the copy was taken before
+    the datasets were hashed, and an eval that changed the scores meanwhile passed the check of the table
+    as it was then while the view answered the copy: scores no results.json holds (review RV63f 1)."""
+    from pipelines.cli import main
+    from training.contract.eval_table import eval_lock, write_eval_table
+    from validation.audit_views import connect, run_tables_read_once
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    with run_tables_read_once([run]):  # the copy: step 5's scores
+        with eval_lock(run):  # meanwhile an eval sets step 5 aside and rebuilds the table
+            shutil.move(eval_dir(run, 5), tmp_path / "aside")
+            write_eval_table(run)
+        con, _ = connect([run])
+        assert con.execute("SELECT count(*) FROM eval").fetchone() == (0,)
+        con.close()
+
+
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
     """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
     for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the
@@ -847,11 +866,13 @@ def test_a_later_eval_of_a_local_task_gives_no_heldout_to_a_task_that_reads_none
         })  # fmt: skip
     # an old file's local task, scored before settings were recorded, then a later eval of another
     # local task on other held-out documents (the header replaced)
-    write_step_json(tmp_path, 8, {"results": {"heldout_cloze": {"acc,none": 0.5}}, "gristmill": header})
+    write_step_json(
+        tmp_path, 8, {"results": {"heldout_cloze": {"acc,none": 0.5}}, "gristmill": {**header, "step": 8}}
+    )
     write_step_json(tmp_path, 8, {
         "results": {"heldout_ppl": {"bits_per_byte,none": 2.0}},
         "gristmill_tasks": {"heldout_ppl": {"settings": {"docs": 5}}},
-        "gristmill": {**header, "heldout": {"source": "other", "dataset": "o"}},
+        "gristmill": {**header, "step": 8, "heldout": {"source": "other", "dataset": "o"}},
     })  # fmt: skip
     old, new = read_step_results(tmp_path, 4), read_step_results(tmp_path, 8)
     assert settings_of(new, "own_ppl") == settings_of(old, "own_ppl"), settings_of(new, "own_ppl")

@@ -381,24 +381,26 @@ _LATER_COLUMNS: dict[str, Any] = {"decontamination": None, "merged": False, "set
 EVAL_COLUMNS_ADDED = tuple(_LATER_COLUMNS)
 
 
-def stale_eval_table(run_dir: str | Path) -> str | None:
+def stale_eval_table(run_dir: str | Path, copy: Path | None = None) -> str | None:
     """Why RUN/eval.parquet does not hold the rows of the results.json files now under RUN/eval/ (gone
     while they hold scores, rows of a step whose folder was removed, a value changed) and the fix, else
     None (also when the table cannot be read: the audit names an unreadable file itself; and for a
     table written before some of today's columns, whose own columns hold those rows). The audit
-    answered the `eval` view from the table alone: deleted, it was 0 rows, exit 0 (review R23a A1)."""
+    answered the `eval` view from the table alone: deleted, it was 0 rows, exit 0 (review R23a A1).
+    `copy`: the table's bytes as the caller read them (the audit's copy), named as the run's file."""
     path = Path(run_dir) / EVAL_PARQUET
+    read_from = copy or path
     fix = f"write it again from them with `gristmill eval {run_dir} --table` (it scores nothing)"
     results = {merged: read_results(run_dir, merged) for merged in (False, True)}
     want = [r for merged, by_step in results.items() for r in result_rows(by_step, merged)]
-    if not path.exists():
+    if not read_from.exists():
         return (
             f"{path} is missing, but {Path(run_dir) / EVAL_DIR}/*/results.json hold scores: {fix}"
             if want
             else None
         )
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(read_from)
     except Exception:  # noqa: BLE001 - unreadable: named by the audit's own check of its files
         return None
     have = table.to_pylist()

@@ -305,7 +305,7 @@ def test_an_audit_reads_a_live_run_s_tables_once_and_as_of_its_ledger(tmp_path, 
         assert capsys.readouterr().err == (
             f"note: {run}: data_plan.json records rewind {SKIPS[1].rewind}, which consumption.parquet (step "
             "22) does not yet: the run is between the two writes, or stopped there (its resume writes both); "
-            "the `skips` view answers as of step 22\n"
+            "the `skips` view answers as of step 22 (--db's views read the files as they are)\n"
         )
         (run / "consumption.parquet").write_bytes(b"replaced meanwhile")  # read only once, before
         con, _ = connect([run])
@@ -318,6 +318,14 @@ def test_an_audit_reads_a_live_run_s_tables_once_and_as_of_its_ledger(tmp_path, 
         assert {r for (r,) in con.execute("SELECT rewind FROM skips").fetchall()} == {s.rewind for s in SKIPS}
         con.close()
     assert capsys.readouterr().err == ""
+    # --db's views outlive the audit: they read the run's files where they lie, not its copies
+    db = tmp_path / "audit.duckdb"
+    assert gristmill(["data", "audit", str(run), "--db", str(db), "--sql", "SELECT count(*) FROM skips"]) == 0
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM consumption").fetchone()[0] == len(plan.consumed(22, SKIPS))
+        assert {r for (r,) in con.execute("SELECT rewind FROM skips").fetchall()} == {s.rewind for s in SKIPS}
 
 
 def test_a_damaged_source_line_leaves_the_rewinds_readable(tmp_path):
