@@ -1993,8 +1993,8 @@ def test_a_cached_main_read_because_the_hub_was_not_reached_is_said_to_be(tmp_pa
         assert locate_base(REPO, say=said.append).identity == f"{REPO}@{first}"
         assert re.fullmatch(
             r"note: model\.init_from: the Hugging Face hub did not say which commit main names \(HTTP 404 "
-            rf".+\); {REPO} is read from the hub cache {cache} at commit {first}, what main named when it "
-            r"was fetched: the hub's may be newer \(the run records this commit\)",
+            rf".+\); {REPO} is commit {first}, the one the hub cache {cache} holds for main: the hub's "
+            r"may be newer \(the run records this commit\)",
             note(),
         )
         hub.repos[("model", REPO)] = gone

@@ -330,8 +330,8 @@ def _not_the_hub_s(
     if now is None:
         return (
             f"note: model.init_from: the Hugging Face hub did not say which commit {ref} names ({why}); "
-            f"{name} is read from the hub cache {cache} at commit {commit}, what {ref} named when it was "
-            "fetched: the hub's may be newer (the run records this commit)"
+            f"{name} is commit {commit}, the one the hub cache {cache} holds for {ref}: the hub's may be "
+            "newer (the run records this commit)"
         )
     return (
         f"note: model.init_from: {name} is commit {commit}, while the hub's {ref} named {now} a moment "
