@@ -538,6 +538,32 @@ def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset)
     assert check_base_data(tmp_path / "chat", built_dataset, info, info["vocab_size"]) == []
 
 
+def test_a_generation_config_an_export_cannot_ship_stops_a_run_before_step_1(tmp_path, built_dataset, capsys):
+    """A base's generation_config.json that is no JSON object passed every check at the start; the run
+    stopped with a traceback at its first export, after the checkpoint, and so did every resume (the
+    missed export is written first), `gristmill export` too (trial RV63b 5). One line before step 1."""
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    (base / "generation_config.json").write_text('{"a":')
+    run = tmp_path / "run"
+    sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
+            "data.global_batch_tokens=512", "data.micro_batch=2", "run.val_every=0", "metrics.plot=false",
+            "checkpoint.interval=2", "checkpoint.export_interval=2", "run.threads=1", "run.device=cpu",
+            "metrics.tensorboard=false", "schedule.steps=2", "schedule.warmup_steps=1"]  # fmt: skip
+    capsys.readouterr()
+    assert train_main(["--config", TINY, "--set", *sets]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {base / 'generation_config.json'} is not a generation config (JSONDecodeError"
+    ), line
+    assert line.endswith("fix the base's file (or remove it: exports then write their own from config.json's "
+                         "ids) and start the run again"), line  # fmt: skip
+    assert not complete_steps(run) and not metrics(run)  # nothing trained
+    (base / "generation_config.json").write_text('{"max_new_tokens": 5}')
+    assert train_main(["--config", TINY, "--set", *sets]) == 0
+    assert json.loads((export_dir(run, 2) / "generation_config.json").read_text())["max_new_tokens"] == 5
+
+
 def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_path, built_dataset, capsys):
     """Review RV29a F1: tokenizer files an export refuses stopped a run at its first export (the
     steps an async checkpoint had trained since lost), and every resume again before step 1, naming

@@ -897,6 +897,8 @@ def check_run_tokenizer(
     else:
         base = base_files(source_run) if source_run is not None else {}
     export = f"{run_dir}'s exports"
+    if GENERATION_CONFIG in base:  # shipped by every export: a JSON error there stopped the run at its
+        _generation_config(base[GENERATION_CONFIG])  # first export, and every resume (trial RV63b 5)
     if not _brings_tokenizer_files(base):  # their tokenizer.json alone, the base's or the dataset's
         if TOKENIZER_JSON in base:
             _check_shipped_vocab(base[TOKENIZER_JSON], export)
@@ -906,6 +908,23 @@ def check_run_tokenizer(
         return
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
         write_tokenizer(dataset_dir(), model_cfg, tmp, base, export=export)
+
+
+def _generation_config(path: Path) -> dict[str, Any]:
+    """The base's generation_config.json, which every export ships (with the run's bos/eos ids), as
+    a JSON object; one that is not is an ExportError naming it."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(kept, dict):
+            raise ValueError(f"a JSON {type(kept).__name__}, not an object")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        raise ExportError(
+            f"{path} is not a generation config ({why}), and every export of the run ships it: fix the "
+            "base's file (or remove it: exports then write their own from config.json's ids) and start "
+            "the run again"
+        ) from None
+    return kept
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
@@ -997,7 +1016,7 @@ def export_hf(
             for name, content in files.items():
                 (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
             if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
-                kept = json.loads(base[GENERATION_CONFIG].read_text(encoding="utf-8"))
+                kept = _generation_config(base[GENERATION_CONFIG])
                 ids = {k: config[k] for k in TOKEN_ID_KEYS if k in kept}
                 if all(kept[k] == v for k, v in ids.items()):
                     shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
