@@ -174,6 +174,33 @@ def test_llama3_scaling_is_not_the_default_rope(tmp_path):
         # named as the file and key say it, not ModelConfig's n_kv_heads under "model" (R28a m1)
         ({"num_key_value_heads": 3}, "num_key_value_heads = 3 does not divide num_attention_heads = 4"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, '"yarn"'),
+        # what transformers versions read differently: a θ inside rope_scaling (5 reads it, 4 the top
+        # level's), `type` beside `rope_type` (4 copies it over); gristmill read neither (trial RV63b 1)
+        (
+            {
+                "rope_parameters": None,
+                "rope_theta": 1e4,
+                "rope_scaling": {"rope_type": "default", "rope_theta": 5e5},
+            },
+            "rope_scaling.rope_theta = 500000.0 and rope_theta = 10000.0 describe different RoPE",
+        ),
+        (
+            {"rope_parameters": None, "rope_scaling": {"rope_type": "default", "type": "llama3"}},
+            'rope_scaling.type = "llama3" and rope_scaling.rope_type = "default" describe different RoPE',
+        ),
+        # numbers that are none, or no number: tracebacks, or NaN from step 1 (trial RV63b 6, 7)
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}},
+            'rope_parameters.rope_theta = "abc" is not a positive number',
+        ),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+            "rope_parameters.rope_theta = 0 is not a positive number",
+        ),
+        ({"rms_norm_eps": -1}, "rms_norm_eps = -1 is not a positive number"),
+        ({"rms_norm_eps": None}, "rms_norm_eps = null is not a positive number"),
+        ({"max_position_embeddings": None}, "max_position_embeddings = null is not a positive integer"),
+        ({"max_position_embeddings": 256.0}, "max_position_embeddings = 256.0 is not a positive integer"),
     ],
 )
 def test_what_gristmill_cannot_compute_is_one_line(tmp_path, edit, key):

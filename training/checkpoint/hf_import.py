@@ -130,12 +130,36 @@ def _refuse(path: Path, key: str, value: Any, why: str) -> ConfigError:
     )
 
 
+def _positive(path: Path, key: str, value: Any, integer: bool = False) -> float | int:
+    """`value` of config.json's `key` as the number it must be: > 0 (an integer where `integer`). A string,
+    null or list was a traceback, and rope_theta = 0 or rms_norm_eps = -1 trained NaN from step 1 with
+    advice to lower the learning rate (trial RV63b 6, 7)."""
+    kind = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+        what = "a positive integer" if integer else "a positive number"
+        raise ConfigError(f"{path}: {key} = {json.dumps(value)} is not {what}", "model.init_from")
+    return value if integer else float(value)
+
+
 def _rope_spelling(c: dict[str, Any], path: Path, key: str, params: Any, theta: Any) -> dict[str, Any]:
     """RoPE fields from one spelling: `params` (the table under `key`) and its θ."""
     if not isinstance(params, dict):
         raise _refuse(path, key, params, "expected a table of RoPE parameters, as transformers requires")
     if any(isinstance(v, dict) for v in params.values()):
         raise _refuse(path, key, params, "per-layer-type RoPE parameters")
+    # what transformers versions read differently (trial RV63b 1): 4 copies `type` over `rope_type` and
+    # takes θ from the top level; 5 reads a θ inside rope_scaling too
+    if "type" in params and "rope_type" in params and params["type"] != params["rope_type"]:
+        raise _ambiguous(path, f"{key}.type = {json.dumps(params['type'])}", f"{key}.rope_type = "
+                         f"{json.dumps(params['rope_type'])}")  # fmt: skip
+    if key == "rope_scaling" and "rope_theta" in params and params["rope_theta"] != theta:
+        top = (
+            f"rope_theta = {json.dumps(c['rope_theta'])}"
+            if "rope_theta" in c
+            else "no rope_theta (θ = 10000)"
+        )
+        raise _ambiguous(path, f"rope_scaling.rope_theta = {json.dumps(params['rope_theta'])}", top)
+    theta = _positive(path, "rope_theta" if key == "rope_scaling" else f"{key}.rope_theta", theta)
     rope_type = params.get("rope_type", params.get("type", "default"))
     # transformers 5 moved partial_rotary_factor under rope_parameters; 4 reads it at the top level.
     where = params if "partial_rotary_factor" in params else c
@@ -143,7 +167,7 @@ def _rope_spelling(c: dict[str, Any], path: Path, key: str, params: Any, theta: 
     if partial != 1.0:
         name = f"{key}.partial_rotary_factor" if where is params else "partial_rotary_factor"
         raise _refuse(path, name, partial, "partial RoPE")
-    fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    fields: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
     if rope_type == "default":
         return fields
     if rope_type != "llama3":
@@ -155,13 +179,26 @@ def _rope_spelling(c: dict[str, Any], path: Path, key: str, params: Any, theta: 
                 "model.init_from",
             )
     # As transformers: without original_max_position_embeddings, max_position_embeddings.
-    original = params.get("original_max_position_embeddings", c.get("max_position_embeddings", 2048))
+    if "original_max_position_embeddings" in params:
+        original = _positive(
+            path, f"{key}.original_max_position_embeddings", params["original_max_position_embeddings"], True
+        )
+    else:
+        original = _positive(path, "max_position_embeddings", c.get("max_position_embeddings", 2048), True)
     return fields | {
-        "rope_factor": float(params["factor"]),
-        "rope_low_freq_factor": float(params["low_freq_factor"]),
-        "rope_high_freq_factor": float(params["high_freq_factor"]),
-        "rope_original_max_seq_len": int(original),
+        "rope_factor": _positive(path, f"{key}.factor", params["factor"]),
+        "rope_low_freq_factor": _positive(path, f"{key}.low_freq_factor", params["low_freq_factor"]),
+        "rope_high_freq_factor": _positive(path, f"{key}.high_freq_factor", params["high_freq_factor"]),
+        "rope_original_max_seq_len": original,
     }
+
+
+def _ambiguous(path: Path, one: str, other: str) -> ConfigError:
+    return ConfigError(
+        f"{path}: {one} and {other} describe different RoPE; transformers versions differ in which one "
+        "they read, so gristmill reads neither: keep the one the base was trained with and delete the other",
+        "model.init_from",
+    )
 
 
 def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -186,15 +223,10 @@ def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
                     f" without rope_theta, which transformers 4 reads as θ = {v4['rope_theta']:g} "
                     f"(LlamaConfig's default) against rope_parameters' {fields['rope_theta']:g}"
                 )
-    elif "rope_theta" in c and float(c["rope_theta"]) != fields["rope_theta"]:
+    elif "rope_theta" in c and c["rope_theta"] != fields["rope_theta"]:
         other = f"rope_theta = {json.dumps(c['rope_theta'])}"
     if other is not None:
-        raise ConfigError(
-            f"{path}: rope_parameters = {json.dumps(v5)} and {other} describe different RoPE; "
-            "transformers versions differ in which one they read, so gristmill reads neither: keep the one "
-            "the base was trained with and delete the other",
-            "model.init_from",
-        )
+        raise _ambiguous(path, f"rope_parameters = {json.dumps(v5)}", other)
     return fields
 
 
@@ -244,9 +276,11 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
         "n_kv_heads": kv_heads,
         "ffn_dim": c["intermediate_size"],
         "vocab_size": c["vocab_size"],
-        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+        "norm_eps": _positive(path, "rms_norm_eps", c.get("rms_norm_eps", 1e-6)),
         "tie_embeddings": tie,
-        "max_seq_len": int(c.get("max_position_embeddings", 2048)),
+        "max_seq_len": _positive(
+            path, "max_position_embeddings", c.get("max_position_embeddings", 2048), True
+        ),
         **_rope_fields(c, path),
     }
 
