@@ -69,7 +69,13 @@ COLUMNS = ["kind", "step", "status", "files", "size", "detail"]
 
 
 def _size(path: Path) -> tuple[int, str]:
-    return sum(p.is_file() for p in path.iterdir()), fmt_bytes(dir_size(path))
+    try:
+        return sum(p.is_file() for p in path.iterdir()), fmt_bytes(dir_size(path))
+    except FileNotFoundError:  # deleted while it was read: _row says so
+        return 0, fmt_bytes(0)
+
+
+GONE = "deleted while it was read (retention of a run training now)"
 
 
 def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
@@ -86,20 +92,27 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
             path = run_dir / sub / step_name(step, merged)
             reason = incomplete_reason(path) if kind == "checkpoint" else None
             if reason is not None:
-                rows.append((kind, step, "incomplete", *_size(path), reason))
+                rows.append(_row(path, (kind, step, "incomplete", *_size(path), reason)))
                 continue
             try:
                 note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path, step, merged)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
                     status, detail = "DAMAGED", not_the_run_s(run_dir, step, merged)
-            except (CheckpointError, ExportError) as e:
+            except (CheckpointError, ExportError, FileNotFoundError) as e:
                 status, detail = "DAMAGED", str(e)
-            rows.append((kind, step, status, *_size(path), detail))
+            rows.append(_row(path, (kind, step, status, *_size(path), detail)))
     # Every export of a step ships RUN/base/'s files, so `--step N` shows the base too; step 0 is the
     # base itself, rebuilt from its own files (what export checks), so its row there is only a fault's
     base = [r for r in _base_row(run_dir) if only is None or only > 0 or r[2] != "ok"]
     return rows + base + ([] if only is not None else _record_row(run_dir))
+
+
+def _row(path: Path, row: tuple) -> tuple:
+    """`row` of the folder at `path`, or, where the folder is gone since it was listed (a live run's
+    retention: verify crashed with a traceback, or would call the half-read folder damaged: trial
+    RV63a 4), a row that says so."""
+    return row if path.exists() else (*row[:2], "deleted", 0, fmt_bytes(0), GONE)
 
 
 def _record_row(run_dir: Path) -> list[tuple]:

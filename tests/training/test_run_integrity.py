@@ -132,6 +132,36 @@ def test_a_shard_changed_in_place_after_training_is_named_by_verify_and_inspect(
     assert f"error: {ds / 'shards' / shard}: manifest row " in one_error_line(capsys.readouterr().err)
 
 
+def test_a_checkpoint_retention_deletes_while_verify_reads_it_is_said_to_be(
+    dataset, tmp_path, monkeypatch, capsys
+):
+    """`gristmill verify` of a run training now: retention deleted a checkpoint between the listing and
+    its read, and verify ended in a FileNotFoundError traceback about 1 in 10 times (trial RV63a 4).
+    The row says the folder was deleted while it was read; it is no damage."""
+    from validation import verify_run as verify_module
+
+    run = tmp_path / "run"
+    assert (
+        main(
+            ["--config", TINY, "--set", *overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=2")]
+        )
+        == 0
+    )
+    real = verify_module.verify_checkpoint
+
+    def retention_meanwhile(path):  # the live run's retention, between verify's listing and its read
+        if path.name == "step-000002":
+            shutil.rmtree(path)
+        return real(path)
+
+    monkeypatch.setattr(verify_module, "verify_checkpoint", retention_meanwhile)
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.split()[:3] == ["checkpoint", "2", "deleted"])
+    assert row.endswith("deleted while it was read (retention of a run training now)"), out
+
+
 def test_a_sigterm_at_the_last_step_says_the_run_is_complete(dataset, tmp_path, monkeypatch):
     """A preemption signal during the last step: "resume with --resume auto", and the resume then
     had nothing to do (review R18d 3)."""

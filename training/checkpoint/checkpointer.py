@@ -296,7 +296,12 @@ def _too_large(exc: BaseException) -> str | None:
 
 
 def delete_checkpoint(path: Path) -> None:
-    """COMPLETE first (and made durable), so a deletion cut short never leaves a 'complete' husk."""
+    """COMPLETE first (and made durable), so a deletion cut short never leaves a 'complete' husk. A
+    link (a checkpoint kept elsewhere, linked in) is removed, never what it names: retention deleted
+    the copy's COMPLETE through it, then failed on the link at every resume (trial RV63a 2)."""
+    if path.is_symlink():
+        path.unlink()
+        return
     marker = path / COMPLETE_FILE
     if marker.exists():
         marker.unlink()
@@ -828,7 +833,7 @@ class Checkpointer:
         for s in list_steps(self.root):
             path = checkpoint_dir(self.run_dir, s)
             if s > step and not is_complete_checkpoint(path):
-                shutil.rmtree(path)
+                delete_checkpoint(path)
         moved = set_aside_after(self.root, step)
         for path, target in moved:
             self.log(f"note: {path.name} is newer than {what}; moved it to {target.name}")

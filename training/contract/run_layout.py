@@ -294,11 +294,19 @@ def named_step(path: str | Path) -> int | None:
 
 def list_steps(parent: str | Path, merged: bool = False) -> list[int]:
     """Steps of the `step-N` directories directly under `parent` (`merged`: of the `merged-step-N`
-    ones), ascending (temporary names ignored)."""
+    ones), ascending (temporary names, and names the run does not write, ignored)."""
     parent, pattern = Path(parent), _MERGED_DIR if merged else _STEP_DIR
     if not parent.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in parent.iterdir() if p.is_dir() and (m := pattern.match(p.name)))
+    # the names the run writes only (step-000005): a `step-5` beside them was listed as step 5, whose
+    # folder every use then rebuilt as step-000005, stopping retention and every resume (trial RV63a 3)
+    return sorted(
+        step
+        for p in parent.iterdir()
+        if (m := pattern.match(p.name))
+        and p.name == step_name(step := int(m.group(1)), merged)
+        and p.is_dir()
+    )
 
 
 def incomplete_reason(path: str | Path) -> str | None:

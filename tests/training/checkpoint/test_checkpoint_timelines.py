@@ -172,6 +172,33 @@ def test_retention_keeps_the_save_it_follows_and_counts_only_its_timeline(tmp_pa
     ckpt.close()
 
 
+def test_retention_passes_stray_step_names_and_removes_links_not_what_they_name(tmp_path):
+    """A `step-2` copy beside step-000002 was listed as step 2, whose folder every use rebuilt as
+    step-000002: retention failed at each save and resume (trial RV63a 3). A checkpoint kept elsewhere
+    and linked in had its COMPLETE deleted through the link, then rmtree failed on the link at every
+    resume (RV63a 2): the link goes, what it names stays whole."""
+    model = torch.nn.Linear(4, 3)
+    ckpt = Checkpointer(CheckpointSection(interval=2, keep_last=1), tmp_path, {"model": ModelState(model)},
+                        rank=0, world_size=1, last_step=10, config_sha256="t", estimate_bytes=0)  # fmt: skip
+    ckpt.save(2, 0)
+    ckpt._join_retention()
+    root = tmp_path / "checkpoints"
+    shutil.copytree(checkpoint_dir(tmp_path, 2), root / "step-2")  # a copy the user named
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ckpt.save(4, 0)
+    ckpt._join_retention()
+    checkpoint_dir(tmp_path, 4).rename(elsewhere / "step-000004")
+    checkpoint_dir(tmp_path, 4).symlink_to(elsewhere / "step-000004")
+    for step in (6, 8):
+        ckpt.save(step, 0)
+        ckpt._join_retention()
+    ckpt.close()
+    assert complete_steps(tmp_path) == [8]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step")) == ["step-000008", "step-2"]
+    assert (elsewhere / "step-000004" / COMPLETE_FILE).is_file()  # the linked copy, whole
+
+
 def _safetensors_names(path: Path) -> set[str]:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
