@@ -202,3 +202,41 @@ def check_unlocked(run_dir: str | Path, user: tuple[str, str] = TRAIN) -> None:
         except OSError as e:
             if e.errno not in _NO_FLOCK:
                 raise
+
+
+CHECKPOINTS_OWNER = ".run"  # RUN/checkpoints/.run: the run directory (real path) whose checkpoints they are
+
+
+def own_checkpoints(run_dir: Path) -> None:
+    """RUN/checkpoints/ claimed for this run directory, rank 0, under the run lock, before any save,
+    retention or set-aside. A copy of a run (`cp -a`) whose checkpoints/ is a link (to scratch storage)
+    saved into the original's folder and its retention deleted the original's checkpoints, each run
+    under a lock of its own (trial RV63a 1): refused while the run that claimed the folder is still a
+    run directory whose checkpoints/ is this folder. A run directory moved (its old path gone, or its
+    checkpoints/ another folder now) is taken over."""
+    from training.contract.atomic_write import write_atomic
+    from training.contract.run_layout import CHECKPOINTS_DIR
+
+    folder = run_dir / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return  # made at the first save, by this run
+    mine, real = os.path.realpath(run_dir), os.path.realpath(folder)
+    marker = folder / CHECKPOINTS_OWNER
+    try:
+        other = marker.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        other = ""
+    if (
+        other
+        and other != mine
+        and os.path.realpath(Path(other) / CHECKPOINTS_DIR) == real
+        and (Path(other) / LOCK_FILE).exists()
+    ):
+        raise GristmillError(
+            f"{folder} is {real}, the checkpoints folder of the run {other} too (a copy of that run, its "
+            "checkpoints/ a link?): each run would save into the other's and its retention delete them; "
+            f"give {run_dir} a checkpoints folder of its own (replace the link with a copy of what it needs, "
+            "e.g. cp -rL) and start again"
+        )
+    if other != mine:
+        write_atomic(marker, mine + "\n")

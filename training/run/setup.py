@@ -54,7 +54,7 @@ from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.batch_digests import BatchDigests
 from training.run.faults import LossFaults, kill_point, replace_dataset
-from training.run.lock import RunLock, run_dir_lost
+from training.run.lock import RunLock, own_checkpoints, run_dir_lost
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
 from training.run.rewind import Rewinder
@@ -693,10 +693,14 @@ def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
             lock = RunLock(run_dir).acquire()
             if lock.note:
                 say(lock.note)
+            own_checkpoints(run_dir)  # one run's checkpoints per folder, a linked one too
         except GristmillError as e:
             problem = str(e)
         except OSError as e:
             problem = str(unwritable(run_dir, e))
+        if problem is not None and lock is not None:
+            lock.release()
+            lock = None
     raise_rank0_problem(problem, env.world_size)
     try:
         yield

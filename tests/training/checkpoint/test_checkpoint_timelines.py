@@ -199,6 +199,34 @@ def test_retention_passes_stray_step_names_and_removes_links_not_what_they_name(
     assert (elsewhere / "step-000004" / COMPLETE_FILE).is_file()  # the linked copy, whole
 
 
+def test_a_copy_of_a_run_whose_checkpoints_are_a_link_is_refused_not_given_the_original_s(
+    dataset, tmp_path, capsys
+):
+    """`cp -a` of a run whose checkpoints/ links to scratch storage keeps the link: the copy resumed,
+    saved into the original's folder and its retention deleted the original's checkpoints, each run
+    under its own lock (trial RV63a 1). Refused at the copy's start; a run directory moved (the old
+    path gone) takes its folder over."""
+    original, copy = tmp_path / "a", tmp_path / "b"
+    original.mkdir()
+    (tmp_path / "scratch").mkdir()
+    (original / "checkpoints").symlink_to(tmp_path / "scratch")
+    assert run(dataset, original, "run.max_steps=4", "checkpoint.keep_last=1") == 0
+    shutil.copytree(original, copy, symlinks=True)
+    kept = sorted(p.name for p in (tmp_path / "scratch").iterdir())
+    capsys.readouterr()
+    assert run(dataset, copy, "run.max_steps=8", "checkpoint.keep_last=1", "checkpoint.resume=auto") == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {copy / 'checkpoints'} is {tmp_path / 'scratch'}, the checkpoints folder of the run "
+        f"{original} too (a copy of that run, its checkpoints/ a link?): each run would save into the "
+        f"other's and its retention delete them; give {copy} a checkpoints folder of its own (replace the "
+        "link with a copy of what it needs, e.g. cp -rL) and start again"
+    )
+    assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == kept
+    shutil.rmtree(original)  # the original gone (moved): the copy is the folder's run now
+    assert run(dataset, copy, "run.max_steps=8", "checkpoint.keep_last=1", "checkpoint.resume=auto") == 0
+    assert complete_steps(copy) == [8]
+
+
 def _safetensors_names(path: Path) -> set[str]:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
