@@ -591,6 +591,29 @@ def test_a_generation_config_an_export_cannot_ship_stops_a_run_before_step_1(tmp
     assert json.loads((export_dir(run, 2) / "generation_config.json").read_text())["max_new_tokens"] == 5
 
 
+def test_a_resume_of_a_continued_run_with_evals_finds_every_record(tmp_path, built_dataset, capsys):
+    """A continued run's eval of its base writes a row of step 0, which no step trained: every resume
+    said step 0 had no record in batches.bin and set the file aside, .damaged, .damaged.2 … (trial
+    RV63b 8)."""
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    run = tmp_path / "run"
+    sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
+            "data.global_batch_tokens=512", "data.micro_batch=2", "run.val_every=0", "metrics.plot=false",
+            "checkpoint.interval=2", "run.threads=1", "run.device=cpu", "metrics.tensorboard=false",
+            "schedule.steps=4", "schedule.warmup_steps=1", "eval.interval=2", 'eval.tasks=["heldout_ppl"]',
+            "eval.limit=4"]  # fmt: skip
+    pytest.importorskip("lm_eval")
+    from validation.train_eval import main as train_with_eval
+
+    assert train_with_eval(["--config", TINY, "--set", *sets, "run.max_steps=2"]) == 0
+    assert 0 in {m["step"] for m in metrics(run)}  # the base's eval row
+    capsys.readouterr()
+    assert train_with_eval(["--config", TINY, "--set", *sets, "checkpoint.resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert "no record of step" not in out and not list(run.glob("batches.bin.damaged*")), out
+
+
 def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_path, built_dataset, capsys):
     """Review RV29a F1: tokenizer files an export refuses stopped a run at its first export (the
     steps an async checkpoint had trained since lost), and every resume again before step 1, naming

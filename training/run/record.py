@@ -424,7 +424,9 @@ class RunRecord:
         # to count from. The kept records alone missed a damaged first record and a file deleted whole
         # (review R22e 3); the rows alone, a record without rows (R22g 2, 3).
         firsts = [
-            min((r["step"] for r in kept_rows(self.rows)), default=None),
+            # step 0 is no trained step: a continued run's eval of its base writes its row (every resume
+            # said step 0 had no record and set the file aside: trial RV63b 8)
+            min((r["step"] for r in kept_rows(self.rows) if r["step"] >= 1), default=None),
             kept[0].step if kept else None,
         ]
         start = min((s for s in firsts if s is not None), default=resumed + 1)
