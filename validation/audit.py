@@ -34,7 +34,7 @@ import duckdb
 
 from training.console import answer_on_stdout
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, DatasetError, redo_task, task_of_file
-from training.contract.errors import GristmillError, print_error, refuse_empty
+from training.contract.errors import GristmillError, print_error, refuse_empty, sigterm_raises
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
     CONFIG_TOML,
@@ -537,7 +537,8 @@ def _audit(args: argparse.Namespace) -> int:
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
-    with run_tables_read_once(args.dirs), _damaged_files_named(args.dirs):
+    # SIGTERM raises, so the copies' folder goes with the audit (it was left: trial RV63e 3)
+    with sigterm_raises(), run_tables_read_once(args.dirs), _damaged_files_named(args.dirs):
         return _run(args)
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,7 +333,7 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
             stale := read_between_writes(p, lambda p=p: stale_eval_table(p, _eval_copy(p)))
         ):
             raise DatasetError(f"cannot audit {p}: {stale}")
-        if _copies.get(real) is not None and (damaged := _first_damaged(p, [FILE_VIEWS["eval"]])):
+        if _copies().get(real) is not None and (damaged := _first_damaged(p, [FILE_VIEWS["eval"]])):
             raise DamagedFile(damaged)
         out.append(Path(real))
     return out
@@ -490,14 +491,23 @@ def view_files(view: FileView, root: Path, in_place: bool = False) -> list[str]:
     """This dataset's files of `view`, as absolute paths, listed here rather than globbed by duckdb: a
     training run's live tables in this audit's copies of them (run_tables_read_once), unless `in_place`
     (the views of --db, which outlive the audit)."""
-    copy = None if in_place or view.pattern not in LIVE_RUN_FILES else _copies.get(os.path.realpath(root))
+    copy = None if in_place or view.pattern not in LIVE_RUN_FILES else _copies().get(os.path.realpath(root))
     if copy is not None:
         return [str(copy / view.pattern)] if (copy / view.pattern).is_file() else []
     return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
 
 
 LIVE_RUN_FILES = (CONSUMPTION_PARQUET, EVAL_PARQUET, DATA_PLAN_JSON)  # replaced as a run trains
-_copies: dict[str, Path] = {}  # a run directory's real path -> this audit's copies of its LIVE_RUN_FILES
+_this_thread = threading.local()  # its audit's copies: audits in two threads of a process are apart
+
+
+def _copies() -> dict[str, Path]:
+    """A run directory's real path -> this thread's audit's copies of its LIVE_RUN_FILES (one registry for
+    the process: one thread's audit ending cleared another's, which then read files that were gone:
+    trial RV63e 1)."""
+    if not hasattr(_this_thread, "copies"):
+        _this_thread.copies = {}
+    return _this_thread.copies
 
 
 @contextlib.contextmanager
@@ -509,7 +519,7 @@ def run_tables_read_once(roots: list[str | Path]) -> Iterator[None]:
     or a bare duckdb error (trial RV63c F1). A file this user may not read is left where it is: the
     checks name it."""
     with tempfile.TemporaryDirectory(prefix="gristmill-audit-") as tmp:
-        before = dict(_copies)  # an audit inside another's (one process): the outer's copies come back
+        before = dict(_copies())  # an audit inside another's (one process): the outer's copies come back
         try:
             for i, root in enumerate(dict.fromkeys(map(str, roots))):
                 copy = Path(tmp) / str(i)
@@ -523,17 +533,17 @@ def run_tables_read_once(roots: list[str | Path]) -> Iterator[None]:
                 except OSError:
                     continue
                 _as_of_the_ledger(Path(root), copy)
-                _copies[os.path.realpath(root)] = copy
+                _copies()[os.path.realpath(root)] = copy
             yield
         finally:  # a failure while copying too: no entry left naming the removed folder (review RV63f 2)
-            _copies.clear()
-            _copies.update(before)
+            _copies().clear()
+            _copies().update(before)
 
 
 def _eval_copy(root: Path) -> Path | None:
     """The run's eval.parquet as the audit's views read it: its copy, taken again now, or None where
     they read it in place (no copy: the file itself)."""
-    copy = _copies.get(os.path.realpath(root))
+    copy = _copies().get(os.path.realpath(root))
     if copy is None:
         return None
     try:
@@ -547,13 +557,14 @@ def _as_of_the_ledger(root: Path, copy: Path) -> None:
     """The copied data_plan.json without the rewinds the copied consumption.parquet does not hold yet:
     a rewind writes the plan, then draws plan.png, then the ledger, seconds apart (for good if the run
     dies there), and a query joining `skips` and `consumption` counted the discarded steps as trained
-    and as skipped (trial RV63c F2). The audit answers as of the ledger's step, and says so."""
+    and as skipped (trial RV63c F2). The audit answers as of the ledger's step, and says so; a ledger
+    ahead of the plan (a resume from an earlier checkpoint) cannot be answered so, and is said."""
     import pyarrow.parquet as pq
 
     try:
         plan = json.loads((copy / DATA_PLAN_JSON).read_bytes())
         ledger = pq.read_table(copy / CONSUMPTION_PARQUET, columns=["step", "rewinds"])
-        skips = plan["skips"]
+        skips = plan.get("skips") or []
         held = {r for rewinds in ledger.column("rewinds").to_pylist() for r in rewinds or ()}
         step = max(ledger.column("step").to_pylist())
         # a rewind that skipped windows (one that skipped none is in no ledger row)
@@ -562,28 +573,37 @@ def _as_of_the_ledger(root: Path, copy: Path) -> None:
             for s in skips
             if s["rewind"] not in held and any(d.get("windows") for d in s.get("sources") or ())
         )
+        behind = sorted(held - {s["rewind"] for s in skips})
     except Exception:  # noqa: BLE001 - none there, damaged, or an older writer's: the checks say which
         return
-    if not ahead:
-        return
-    plan["skips"] = [s for s in skips if s["rewind"] not in ahead]
-    (copy / DATA_PLAN_JSON).write_text(json.dumps(plan))
-    rewinds = (
-        f"rewind {ahead[0]}"
-        if len(ahead) == 1
-        else f"rewinds {', '.join(map(str, ahead[:-1]))} and {ahead[-1]}"
-    )
-    print(
-        f"note: {root}: {DATA_PLAN_JSON} records {rewinds}, which {CONSUMPTION_PARQUET} (step {step}) does "
-        "not yet: the run is between the two writes, or stopped there (its resume writes both); the "
-        f"`skips` view answers as of step {step} (--db's views read the files as they are)",
-        file=sys.stderr,
-    )
+    if ahead:
+        plan["skips"] = [s for s in skips if s["rewind"] not in ahead]
+        (copy / DATA_PLAN_JSON).write_text(json.dumps(plan))
+        print(
+            f"note: {root}: {DATA_PLAN_JSON} records {_rewinds(ahead)}, which {CONSUMPTION_PARQUET} (step "
+            f"{step}) does not yet: the run is between the two writes, or stopped there (its resume writes "
+            f"both); the `skips` view answers as of step {step} (--db's views read the files as they are)",
+            file=sys.stderr,
+        )
+    if behind:  # a resume from a checkpoint before a rewind writes the plan first too (trial RV63e 4)
+        print(
+            f"note: {root}: {CONSUMPTION_PARQUET} (step {step}) holds {_rewinds(behind)}, which "
+            f"{DATA_PLAN_JSON} no longer records: a resume from an earlier checkpoint is between its two "
+            "writes, or stopped there (the resume writes both); `skips` and `consumption` disagree until "
+            "then: audit again after the run's next log",
+            file=sys.stderr,
+        )
+
+
+def _rewinds(numbers: list[int]) -> str:
+    if len(numbers) == 1:
+        return f"rewind {numbers[0]}"
+    return f"rewinds {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
 
 
 def _as_named(root: Path, path: str | Path) -> Path:
     """`path` as the user named it: a copy of a live table (run_tables_read_once) as the run's file."""
-    copy = _copies.get(os.path.realpath(root))
+    copy = _copies().get(os.path.realpath(root))
     return Path(root) / Path(path).name if copy is not None and Path(path).parent == copy else Path(path)
 
 
@@ -739,7 +759,7 @@ def connect(
     create_views(con, paths, names)
     # duckdb checks a reader's pattern against these before it globs (so the escaped name too), then
     # each file it found (the name itself); an escaped name matches only its own directory
-    readable = [*paths, *(copy for p in paths if (copy := _copies.get(str(p))) is not None)]
+    readable = [*paths, *(copy for p in paths if (copy := _copies().get(str(p))) is not None)]
     allowed = ", ".join(
         sql_str(d) for p in readable for d in dict.fromkeys([str(p) + os.sep, glob_literal(str(p)) + os.sep])
     )
@@ -886,13 +906,14 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
                 if view.verified:  # small: read whole, each page against its checksum where it has one
                     arrow = pq.read_table(path, page_checksum_verification=True).schema
                     if why := _unread_as_written(view, path, arrow):
-                        return Damaged(root, named, f"{named} is damaged: {why}")
+                        return Damaged(root, named, f"{named} is damaged: {why.replace(path, str(named))}")
                 elif view.reader == "parquet":
                     pq.read_metadata(path)
                 elif view.reader == "text":  # every text view casts the content to JSON
                     json.loads(Path(path).read_bytes())
             except Exception as e:  # noqa: BLE001 - any failure is the answer
-                why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                # the file as the user names it, not the audit's copy (trial RV63e 2)
+                why = f"{type(e).__name__}: {str(e).splitlines()[0]}".replace(path, str(named))
                 denied = isinstance(e, PermissionError)
                 return Damaged(root, named, f"{named} is unreadable ({why})", denied)
     return None

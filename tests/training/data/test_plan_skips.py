@@ -318,6 +318,48 @@ def test_an_audit_reads_a_live_run_s_tables_once_and_as_of_its_ledger(tmp_path, 
         assert {r for (r,) in con.execute("SELECT rewind FROM skips").fetchall()} == {s.rewind for s in SKIPS}
         con.close()
     assert capsys.readouterr().err == ""
+    # a resume from a checkpoint before a rewind writes the plan without it first: said, not silent
+    record_plan(plan, run, SKIPS[:1])
+    with run_tables_read_once([run]):
+        assert capsys.readouterr().err == (
+            f"note: {run}: consumption.parquet (step 22) holds rewind {SKIPS[1].rewind}, which "
+            "data_plan.json no longer records: a resume from an earlier checkpoint is between its two "
+            "writes, or stopped there (the resume writes both); `skips` and `consumption` disagree until "
+            "then: audit again after the run's next log\n"
+        )
+    record_plan(plan, run, SKIPS)
+    # two threads' audits of one process apart: one ending cleared the other's copies (trial RV63e 1)
+    import threading
+
+    inside, go_on, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def other_audit() -> None:  # begins before this thread's, ends during it
+        with run_tables_read_once([run]):
+            inside.set()
+            go_on.wait(30)
+        ended.set()
+
+    threading.Thread(target=other_audit).start()
+    assert inside.wait(30)
+    with run_tables_read_once([run]):
+        go_on.set()
+        assert ended.wait(30)
+        (run / "consumption.parquet").write_bytes(b"replaced meanwhile")
+        con, _ = connect([run])  # this thread's copy still there, and read
+        assert sorted(w for (w,) in con.execute("SELECT windows FROM consumption").fetchall()) == sorted(
+            r["windows"] for r in plan.consumed(22, SKIPS)
+        )
+        con.close()
+    # a damaged table is named as the run's file, nowhere as the audit's copy (trial RV63e 2)
+    from validation.audit_views import DamagedFile, check_roots
+
+    with run_tables_read_once([run]), pytest.raises(DamagedFile) as damaged:
+        check_roots([run])
+    assert str(run / "consumption.parquet") in str(damaged.value) and "gristmill-audit-" not in str(
+        damaged.value
+    )
+    write_consumption(plan, 22, plan.consumed(22, SKIPS), run / "consumption.parquet")
+    capsys.readouterr()
     # --db's views outlive the audit: they read the run's files where they lie, not its copies
     db = tmp_path / "audit.duckdb"
     assert gristmill(["data", "audit", str(run), "--db", str(db), "--sql", "SELECT count(*) FROM skips"]) == 0
