@@ -315,6 +315,55 @@ def test_a_truncated_weights_file_is_one_line_naming_it(tmp_path):
         assert str(victim) in msg and "is truncated" in msg and "\n" not in msg, msg
 
 
+def _rewrite_header(path: Path, edit) -> None:
+    """`path`'s safetensors header replaced by edit(header) (the data section kept as it is)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = edit(json.loads(raw[8 : 8 + n]))
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+
+
+def test_weights_transformers_reads_otherwise_or_cannot_read_are_one_line(tmp_path):
+    """A tensor in two shards (transformers reads every shard, the last one's wins; gristmill the
+    index's: two models, trial RV63b 2); overlapping offsets (safetensors refuses them, gristmill read
+    another tensor's bytes: RV63b 12); entries and weight maps of the wrong shape (tracebacks: RV63b 6)."""
+    base = tmp_path / "base"
+    make_base(base, shard=True)
+    shards = sorted(base.glob("model-*.safetensors"))
+    index = json.loads((base / "model.safetensors.index.json").read_text())
+    norm = "model.norm.weight"
+    home = base / index["weight_map"][norm]
+    other = next(p for p in shards if p != home)
+    original = {p: p.read_bytes() for p in [*shards, base / "model.safetensors.index.json"]}
+
+    def refused(want: str) -> None:
+        with pytest.raises(BaseModelError) as e:
+            gristmill_model(base)
+        assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+        for p, raw in original.items():
+            p.write_bytes(raw)
+
+    def first(h: dict) -> str:  # the tensor at the start of a shard's data
+        return min((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+
+    def with_norm(h: dict) -> dict:  # the norm's entry in another shard too, over its first tensor's bytes
+        begin, end = h[first(h)]["data_offsets"]
+        return h | {norm: {"dtype": "F32", "shape": [(end - begin) // 4], "data_offsets": [begin, end]}}
+
+    _rewrite_header(other, lambda h: {k: v for k, v in with_norm(h).items() if k != first(h)})
+    sides = sorted([str(home), str(other)])
+    refused(f"{sides[0]} and {sides[1]} both hold {norm}: transformers reads every shard")
+    _rewrite_header(other, with_norm)
+    refused("overlap")
+    _rewrite_header(home, lambda h: h | {norm: {"dtype": "F32", "shape": [4]}})
+    refused(f"{home} is not a readable safetensors file (its entry '{norm}' is ")
+    for weight_map in ([], {norm: None}, {norm: "../outside.safetensors"}):
+        (base / "model.safetensors.index.json").write_text(json.dumps(index | {"weight_map": weight_map}))
+        refused(f"{base / 'model.safetensors.index.json'} is damaged (ValueError: weight_map is not a table")
+
+
 def test_shape_key_must_agree_with_the_base(tmp_path):
     make_base(tmp_path)
     info = {"vocab_size": 256, "separator": {"id": 0}}

@@ -75,6 +75,12 @@ def weights_files(base: Path) -> tuple[dict[str, str] | None, list[str]]:
     if (base / INDEX_JSON).is_file():
         try:
             weight_map = json.loads((base / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
+            # a list, or a null file name, was a traceback (trial RV63b 6); a file outside the folder is
+            # read by no transformers (RV63b 12)
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) and f and Path(f).name == f for f in weight_map.values()
+            ):
+                raise ValueError("weight_map is not a table of tensor names to file names in the folder")
         except (ValueError, KeyError, TypeError) as e:
             raise BaseModelError(f"{base / INDEX_JSON} is damaged ({type(e).__name__}: {e})") from None
         return weight_map, sorted(set(weight_map.values()))

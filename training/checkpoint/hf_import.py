@@ -323,7 +323,26 @@ def _header(path: Path) -> tuple[dict[str, Any], int]:
         raise BaseModelError(f"{path} not found (named by the base's weights index)") from None
     except (OSError, ValueError) as e:
         raise BaseModelError(f"{path} is not a readable safetensors file ({e})") from None
+    if not isinstance(header, dict):
+        raise BaseModelError(f"{path} is not a readable safetensors file (its header is no JSON object)")
     header.pop("__metadata__", None)
+    # each entry as safetensors requires it (a traceback before: trial RV63b 6), and no two overlapping
+    # (safetensors refuses those; gristmill read another tensor's bytes: RV63b 12)
+    spans = []
+    for name, h in header.items():
+        offsets = h.get("data_offsets") if isinstance(h, dict) else None
+        if not (
+            isinstance(h, dict) and isinstance(h.get("dtype"), str) and isinstance(h.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in h["shape"]) and isinstance(offsets, list)
+            and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):  # fmt: skip
+            raise BaseModelError(f"{path} is not a readable safetensors file (its entry {name!r} is {h!r})")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+        if begin < end:
+            raise BaseModelError(f"{path} is not a readable safetensors file ({a} and {b} overlap)")
     return header, 8 + n
 
 
@@ -334,9 +353,18 @@ def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
     base = Path(base)
     weight_map, files = weights_files(base)
     index: dict[str, dict[str, Any]] = {}
+    held: dict[str, str] = {}  # tensor -> the first of the files holding it
     for name in files:
         header, data = _header(base / name)
         for tensor, h in header.items():
+            if tensor in held:  # transformers reads every shard, the last one's wins; gristmill the
+                # index's: two models from the same files (trial RV63b 2)
+                raise BaseModelError(
+                    f"{base / held[tensor]} and {base / name} both hold {tensor}: transformers reads every "
+                    "shard (the last one's wins), the index names one; remove it from all but the one the "
+                    "base was saved with"
+                )
+            held[tensor] = name
             if weight_map is not None and weight_map.get(tensor) != name:
                 continue  # the index names another file for it: that one is the tensor
             begin, end = h["data_offsets"]

@@ -213,14 +213,15 @@ def own_checkpoints(run_dir: Path) -> None:
     saved into the original's folder and its retention deleted the original's checkpoints, each run
     under a lock of its own (trial RV63a 1): refused while the run that claimed the folder is still a
     run directory whose checkpoints/ is this folder. A run directory moved (its old path gone, or its
-    checkpoints/ another folder now) is taken over."""
+    checkpoints/ another folder now) is taken over. A checkpoints folder that is the run directory's own
+    (no link on the way) is left as it is: no copy of the run shares it."""
     from training.contract.atomic_write import write_atomic
     from training.contract.run_layout import CHECKPOINTS_DIR
 
     folder = run_dir / CHECKPOINTS_DIR
-    if not folder.is_dir():
-        return  # made at the first save, by this run
     mine, real = os.path.realpath(run_dir), os.path.realpath(folder)
+    if not folder.is_dir() or real == os.path.join(mine, CHECKPOINTS_DIR):
+        return  # made at the first save, by this run; or a folder of its own, which no copy shares
     marker = folder / CHECKPOINTS_OWNER
     try:
         other = marker.read_text(encoding="utf-8").strip()
