@@ -442,6 +442,25 @@ def _export_of(tmp_path: Path, dataset: Path, name: str, config: dict, **tokeniz
     return export_hf(model.state_dict(), model.cfg, dataset, tmp_path / f"{name}-export", base=files)
 
 
+def test_a_base_whose_tokenizer_is_in_another_form_is_refused_not_noted(tmp_path, built_dataset):
+    """A base with GPT-2's vocab.json and merges.txt but no tokenizer.json trained on the dataset's ids
+    with a note that nothing could be checked; its own tokenizer gave other ids (trial RV63b 9)."""
+    info = read_dataset_info(built_dataset)
+    base = tmp_path / "base"
+    make_base(base, vocab_size=info["vocab_size"])
+    (notes,) = check_base_data(base, built_dataset, info, info["vocab_size"])
+    assert (
+        notes == f"note: {base} has no tokenizer.json: the dataset's tokenizer cannot be checked against it"
+    )
+    for name in ("vocab.json", "merges.txt"):
+        (base / name).write_text("{}" if name.endswith(".json") else "#version: 0.2\n")
+    with pytest.raises(BaseModelError) as e:
+        check_base_data(base, built_dataset, info, info["vocab_size"])
+    assert str(e.value).startswith(
+        f"{base} holds its tokenizer as vocab.json, merges.txt but no tokenizer.json"
+    )
+
+
 def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset):
     """Review RV28c F1: a base's tokenizer_config.json naming the ordinary '"' as eos was shipped as
     it was: config.json said eos 0, AutoTokenizer's eos was '"', split out of every text before BPE as

@@ -623,6 +623,16 @@ def check_base_data(
         )
     base_tok, data_tok = base / TOKENIZER_JSON, dataset / TOKENIZER_JSON
     if not base_tok.is_file():
+        # a tokenizer in another form (GPT-2's vocab.json and merges.txt, SentencePiece's tokenizer.model):
+        # the base's own, which a note alone let the run train past with other ids (trial RV63b 9)
+        other = [n for n in ("vocab.json", "merges.txt", "tokenizer.model") if (base / n).is_file()]
+        if other:
+            raise BaseModelError(
+                f"{base} holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}, which the "
+                "dataset's tokenizer is checked against (a model trained on other ids than its base's "
+                "learns from scratch): write it (AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)), "
+                "check its ids, and build the dataset with it"
+            )
         return [f"note: {base} has no {TOKENIZER_JSON}: the dataset's tokenizer cannot be checked against it"]
     if not data_tok.is_file() and info["tokenizer_sha256"] == "none":
         raise BaseModelError(
