@@ -1327,6 +1327,15 @@ def test_export_dtype_and_out(tmp_path, straight, capsys):
             assert tensor.dtype == torch.float32 and torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float32)
     assert torch.equal(hf.model.embed_tokens.weight, fp32["model.embed_tokens.weight"].bfloat16().float())
+    # a bf16 copy moved in as the run's export passed verify and was scored as the fp32 (trial RV63b 4)
+    shutil.rmtree(export_dir(run, 8))
+    shutil.copytree(tmp_path / "b", export_dir(run, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"{export_dir(run, 8)} holds bfloat16 weights (its config.json), not the float32 of the run's" in out
+    ), out
 
 
 def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, base, straight, capsys):

@@ -1183,6 +1183,15 @@ def _check_export_step(path: Path, step: int, merged: bool) -> None:
             f"weights of step {step} its name says: a copy under another step's name; "
             f"{export_fix(path, 'the export')}"
         )
+    try:
+        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return  # the checksums name a damaged config.json
+    if dtype not in (None, "float32"):  # the run's exports are fp32: a --dtype copy passed as one (RV63b 4)
+        raise ExportError(
+            f"{path} holds {dtype} weights (its config.json), not the float32 of the run's exports: a "
+            f"`gristmill export --dtype` copy under the run's name; {export_fix(path, 'the export')}"
+        )
 
 
 def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> str:
