@@ -200,7 +200,13 @@ def test_llama3_scaling_is_not_the_default_rope(tmp_path):
         ({"rms_norm_eps": -1}, "rms_norm_eps = -1 is not a positive number"),
         ({"rms_norm_eps": None}, "rms_norm_eps = null is not a positive number"),
         ({"max_position_embeddings": None}, "max_position_embeddings = null is not a positive integer"),
-        ({"max_position_embeddings": 256.0}, "max_position_embeddings = 256.0 is not a positive integer"),
+        ({"max_position_embeddings": 256.5}, "max_position_embeddings = 256.5 is not a positive integer"),
+        ({"rms_norm_eps": float("inf")}, "rms_norm_eps = Infinity is not a positive number"),
+        # the top level's θ named where rope_parameters holds none (review RV63g 7)
+        (
+            {"rope_theta": 0, "rope_parameters": {"rope_type": "default"}},
+            "config.json: rope_theta = 0 is not",
+        ),
     ],
 )
 def test_what_gristmill_cannot_compute_is_one_line(tmp_path, edit, key):
@@ -459,6 +465,9 @@ def test_a_base_whose_tokenizer_is_in_another_form_is_refused_not_noted(tmp_path
     assert str(e.value).startswith(
         f"{base} holds its tokenizer as vocab.json, merges.txt but no tokenizer.json"
     )
+    # a run that trained past the note before is not stopped at its resume (review RV63g 1)
+    (notes,) = check_base_data(base, built_dataset, info, info["vocab_size"], resumed=True)
+    assert notes.startswith(f"note: {base} holds its tokenizer as vocab.json, merges.txt but no"), notes
 
 
 def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset):

@@ -1184,7 +1184,8 @@ def _check_export_step(path: Path, step: int, merged: bool) -> None:
             f"{export_fix(path, 'the export')}"
         )
     try:
-        dtype = json.loads((path / "config.json").read_text(encoding="utf-8")).get("dtype")
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        dtype = config.get("dtype", config.get("torch_dtype"))  # an older writer's spelling too
     except (OSError, ValueError, AttributeError):
         return  # the checksums name a damaged config.json
     if dtype not in (None, "float32"):  # the run's exports are fp32: a --dtype copy passed as one (RV63b 4)

@@ -134,8 +134,10 @@ def _positive(path: Path, key: str, value: Any, integer: bool = False) -> float 
     """`value` of config.json's `key` as the number it must be: > 0 (an integer where `integer`). A string,
     null or list was a traceback, and rope_theta = 0 or rms_norm_eps = -1 trained NaN from step 1 with
     advice to lower the learning rate (trial RV63b 6, 7)."""
+    if integer and isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2048.0, as some writers spell a length
     kind = int if integer else int | float
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
         what = "a positive integer" if integer else "a positive number"
         raise ConfigError(f"{path}: {key} = {json.dumps(value)} is not {what}", "model.init_from")
     return value if integer else float(value)
@@ -159,7 +161,8 @@ def _rope_spelling(c: dict[str, Any], path: Path, key: str, params: Any, theta: 
             else "no rope_theta (θ = 10000)"
         )
         raise _ambiguous(path, f"rope_scaling.rope_theta = {json.dumps(params['rope_theta'])}", top)
-    theta = _positive(path, "rope_theta" if key == "rope_scaling" else f"{key}.rope_theta", theta)
+    inside = key != "rope_scaling" and "rope_theta" in params  # else the top level's (or its default)
+    theta = _positive(path, f"{key}.rope_theta" if inside else "rope_theta", theta)
     rope_type = params.get("rope_type", params.get("type", "default"))
     # transformers 5 moved partial_rotary_factor under rope_parameters; 4 reads it at the top level.
     where = params if "partial_rotary_factor" in params else c
@@ -605,7 +608,7 @@ def split_token_entries(
 
 
 def check_base_data(
-    base: str | Path, dataset: str | Path, info: dict[str, Any], vocab_size: int
+    base: str | Path, dataset: str | Path, info: dict[str, Any], vocab_size: int, resumed: bool = False
 ) -> list[str]:
     """Refuse, in one line naming both files, a dataset the base model cannot train on: another
     tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
@@ -626,13 +629,16 @@ def check_base_data(
         # a tokenizer in another form (GPT-2's vocab.json and merges.txt, SentencePiece's tokenizer.model):
         # the base's own, which a note alone let the run train past with other ids (trial RV63b 9)
         other = [n for n in ("vocab.json", "merges.txt", "tokenizer.model") if (base / n).is_file()]
-        if other:
+        held = f"holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}"
+        if other and not resumed:  # a run that trained past the note before is not stopped now (RV63g 1)
             raise BaseModelError(
-                f"{base} holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}, which the "
-                "dataset's tokenizer is checked against (a model trained on other ids than its base's "
-                "learns from scratch): write it (AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)), "
-                "check its ids, and build the dataset with it"
+                f"{base} {held}, which the dataset's tokenizer is checked against (a model trained on other "
+                "ids than its base's learns from scratch): write it (AutoTokenizer.from_pretrained(DIR)."
+                "save_pretrained(TMP), which needs sentencepiece for a tokenizer.model, then copy TMP's "
+                "tokenizer.json alone into DIR), check its ids, and build the dataset with it"
             )
+        if other:
+            return [f"note: {base} {held}: the dataset's tokenizer cannot be checked against it"]
         return [f"note: {base} has no {TOKENIZER_JSON}: the dataset's tokenizer cannot be checked against it"]
     if not data_tok.is_file() and info["tokenizer_sha256"] == "none":
         raise BaseModelError(

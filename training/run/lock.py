@@ -232,12 +232,13 @@ def own_checkpoints(run_dir: Path) -> None:
         and other != mine
         and os.path.realpath(Path(other) / CHECKPOINTS_DIR) == real
         and (Path(other) / LOCK_FILE).exists()
+        and not os.path.samefile(other, run_dir)  # the same directory by another mount (review RV63g 6)
     ):
         raise GristmillError(
             f"{folder} is {real}, the checkpoints folder of the run {other} too (a copy of that run, its "
             "checkpoints/ a link?): each run would save into the other's and its retention delete them; "
             f"give {run_dir} a checkpoints folder of its own (replace the link with a copy of what it needs, "
-            "e.g. cp -rL) and start again"
+            f"e.g. cp -rL) and start again, or, if {other} is done with, delete {marker}"
         )
     if other != mine:
         write_atomic(marker, mine + "\n")

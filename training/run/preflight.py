@@ -131,8 +131,8 @@ def model_for_data(
     dataset.json: every source shares its tokenizer), and a base of model.init_from (`source`, located
     here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
     and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
+    recorded = _recorded_base(cfg) if cfg.model.init_from else None
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
-        recorded = _recorded_base(cfg)
         source = locate_base(cfg.model.init_from, recorded)
         if recorded is None and source.directory is not None and is_export(source.directory):
             # a new run holds an export base's weights to its checksums as it records them (record_base):
@@ -143,7 +143,9 @@ def model_for_data(
     notes = []
     if source is not None and source.directory is not None:
         data_dir = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: fetched, checked
-        notes = check_base_data(source.directory, data_dir, info, model_config.vocab_size)
+        notes = check_base_data(
+            source.directory, data_dir, info, model_config.vocab_size, recorded is not None
+        )
     return model_config, notes
 
 

@@ -219,7 +219,8 @@ def test_a_copy_of_a_run_whose_checkpoints_are_a_link_is_refused_not_given_the_o
         f"error: {copy / 'checkpoints'} is {tmp_path / 'scratch'}, the checkpoints folder of the run "
         f"{original} too (a copy of that run, its checkpoints/ a link?): each run would save into the "
         f"other's and its retention delete them; give {copy} a checkpoints folder of its own (replace the "
-        "link with a copy of what it needs, e.g. cp -rL) and start again"
+        f"link with a copy of what it needs, e.g. cp -rL) and start again, or, if {original} is done with, "
+        f"delete {copy / 'checkpoints' / '.run'}"
     )
     assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == kept
     shutil.rmtree(original)  # the original gone (moved): the copy is the folder's run now
