@@ -204,9 +204,8 @@ def download(
             f"--from {root}: {e}; or copy the files into a local folder and give that"
         ) from None
     files = list_remote(fs, root, subset, pattern)
-    if isinstance(fs, LocalFileSystem) and Path(dest).resolve().is_relative_to(
-        Path(fs._strip_protocol(root)).resolve()
-    ):
+    local = _local_root(fs, root)
+    if local is not None and Path(dest).resolve().is_relative_to(local.resolve()):
         # each run copied the copies again, a level deeper, exit 0: a build of either folder read each
         # document several times (trial RV62h 5)
         raise DownloadError(
@@ -219,7 +218,7 @@ def download(
     except OSError as e:
         raise _unwritable(dest, e) from None
     with _DestLock(Path(dest)):
-        _refuse_other_source(Path(dest), root, files, _local_root(fs, root))
+        _refuse_other_source(Path(dest), root, files, local)
         report = fetch_files(fs, root, files, dest, workers=workers, progress=progress)
         report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
     return report

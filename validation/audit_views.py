@@ -528,8 +528,7 @@ def run_tables_read_once(roots: list[str | Path]) -> Iterator[None]:
                         continue
                     copy.mkdir()
                     for name in LIVE_RUN_FILES:
-                        with contextlib.suppress(FileNotFoundError):
-                            (copy / name).write_bytes((Path(root) / name).read_bytes())
+                        _copy_in(Path(root), copy, name)
                 except OSError:
                     continue
                 _as_of_the_ledger(Path(root), copy)
@@ -546,11 +545,16 @@ def _eval_copy(root: Path) -> Path | None:
     copy = _copies().get(os.path.realpath(root))
     if copy is None:
         return None
-    try:
-        (copy / EVAL_PARQUET).write_bytes((Path(root) / EVAL_PARQUET).read_bytes())
-    except FileNotFoundError:
-        (copy / EVAL_PARQUET).unlink(missing_ok=True)
+    _copy_in(Path(root), copy, EVAL_PARQUET)
     return copy / EVAL_PARQUET
+
+
+def _copy_in(root: Path, copy: Path, name: str) -> None:
+    """RUN/`name` into the audit's `copy` folder, read once (one open); none there, no copy either."""
+    try:
+        (copy / name).write_bytes((root / name).read_bytes())
+    except FileNotFoundError:
+        (copy / name).unlink(missing_ok=True)
 
 
 def _as_of_the_ledger(root: Path, copy: Path) -> None:

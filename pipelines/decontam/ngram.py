@@ -196,17 +196,17 @@ class Words:
         chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
         np.take(_word_table(), chars, out=inside[1:-1])  # letters, digits and marks
-        starts, ends = np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1])
+        starts = np.flatnonzero(inside[1:] > inside[:-1])
         mark = _masks()[1]
         stray = starts[mark[chars[starts]]]
-        if len(stray):  # marks that begin a run follow no letter: no word (rare: a stray accent)
-            for start in stray:
-                end = start
-                while end < len(chars) and mark[chars[end]]:
-                    end += 1
-                inside[start + 1 : end + 1] = False
-            starts, ends = np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1])
-        return cls(chars, starts, ends)
+        for start in stray:  # marks that begin a run follow no letter: no word (rare: a stray accent)
+            end = start
+            while end < len(chars) and mark[chars[end]]:
+                end += 1
+            inside[start + 1 : end + 1] = False
+        if len(stray):
+            starts = np.flatnonzero(inside[1:] > inside[:-1])
+        return cls(chars, starts, np.flatnonzero(inside[1:] < inside[:-1]))
 
     def __len__(self) -> int:
         return len(self.starts)

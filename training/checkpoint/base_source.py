@@ -219,13 +219,14 @@ def fetch_hub_base(
             "model.init_from",
         ) from None
     offline = bool(constants.HF_HUB_OFFLINE)  # nothing is downloaded: the cache has it, or not
+    pinned = bool(revision and _COMMIT.fullmatch(revision))  # a commit: the same bytes wherever read
     cache = constants.HF_HUB_CACHE
     if say is not None and offline:
         say(f"model.init_from: reading {name} from the hub cache {cache} (HF_HUB_OFFLINE is set)")
-    elif say is not None and not (revision and _COMMIT.fullmatch(revision)):
+    elif say is not None and not pinned:
         say(f"model.init_from: fetching {name} from the Hugging Face hub (config, tokenizer, safetensors)")
-    moving = not offline and not (revision and _COMMIT.fullmatch(revision))  # a branch or tag: it moves
-    named = _hub_names(repo, revision) if moving and say is not None else None
+    # a branch or tag moves: which commit it names now, to say when the snapshot is another
+    named = _hub_names(repo, revision) if not offline and not pinned and say is not None else None
     try:
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError as e:
@@ -307,7 +308,7 @@ def fetch_hub_base(
     for file in (n for n in HUB_FILES if "*" not in n):
         if (path / file).exists() and (damage := hub_copy_damage(path / file)) is not None:
             raise BaseModelError(damage)
-    if named is not None and named[0] != commit and say is not None:
+    if named is not None and named[0] != commit:
         say(_not_the_hub_s(name, revision, commit, cache, *named))
     return path, commit
 

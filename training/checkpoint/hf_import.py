@@ -629,7 +629,7 @@ def check_base_data(
         # a tokenizer in another form (GPT-2's vocab.json and merges.txt, SentencePiece's tokenizer.model):
         # the base's own, which a note alone let the run train past with other ids (trial RV63b 9)
         other = [n for n in ("vocab.json", "merges.txt", "tokenizer.model") if (base / n).is_file()]
-        held = f"holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}"
+        held = f"holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}" if other else ""
         if other and not resumed:  # a run that trained past the note before is not stopped now (RV63g 1)
             raise BaseModelError(
                 f"{base} {held}, which the dataset's tokenizer is checked against (a model trained on other "
@@ -637,9 +637,8 @@ def check_base_data(
                 "save_pretrained(TMP), which needs sentencepiece for a tokenizer.model, then copy TMP's "
                 "tokenizer.json alone into DIR), check its ids, and build the dataset with it"
             )
-        if other:
-            return [f"note: {base} {held}: the dataset's tokenizer cannot be checked against it"]
-        return [f"note: {base} has no {TOKENIZER_JSON}: the dataset's tokenizer cannot be checked against it"]
+        held = held or f"has no {TOKENIZER_JSON}"
+        return [f"note: {base} {held}: the dataset's tokenizer cannot be checked against it"]
     if not data_tok.is_file() and info["tokenizer_sha256"] == "none":
         raise BaseModelError(
             f"{where} records no tokenizer (a dataset written without tokenizer.json), so it cannot be "
