@@ -185,7 +185,6 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"need run.max_skipped ≥ 1 and run.spike_window ≥ 2; got {r.max_skipped}, {r.spike_window}"
         )
     check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike detection)")
-    check_rewind(cfg)
     if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
         raise ConfigError(
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
@@ -199,6 +198,7 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"({c.export_interval}) must be ≥ 0"
         )
     check_number("checkpoint.min_free_factor", c.min_free_factor, note=" (0: no free-space check)")
+    check_rewind(cfg)  # after checkpoint.interval's own check: a negative one is not "saves none"
     if c.export_interval and (not c.interval or c.export_interval % c.interval):
         raise ConfigError(
             f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
@@ -332,6 +332,24 @@ def check_rewind(cfg: TrainConfig) -> None:
             "run.spike_sigma (e.g. 6)",
             "run.spike_sigma",
         )
+
+
+def rewind_unreachable(cfg: TrainConfig, last_step: int) -> str | None:
+    """The start's warning when no rewind can happen in a plan of `last_step` steps: the first checkpoint
+    (at checkpoint.interval) lies after every step − run.rewind.margin_steps. Not an error: such a run
+    trains as the rule's fallback does (a spike reported, a non-finite step stopping the run)."""
+    r, interval = cfg.run, cfg.checkpoint.interval
+    rewinds = [k for k, v in (("on_spike", r.on_spike), ("on_nonfinite", r.on_nonfinite)) if v == "rewind"]
+    margin = r.rewind.margin_steps
+    if not rewinds or interval < 1 or last_step - margin >= interval:
+        return None
+    fallback = {"on_spike": "a spike is only reported", "on_nonfinite": "a non-finite step stops the run"}
+    return (
+        f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: its first checkpoint "
+        f"(checkpoint.interval = {interval}) is after its last step {last_step} − run.rewind.margin_steps "
+        f"{margin}, so {' and '.join(fallback[k] for k in rewinds)}; lower run.rewind.margin_steps or "
+        "checkpoint.interval"
+    )
 
 
 def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:

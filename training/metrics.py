@@ -280,14 +280,20 @@ def summary_line(
     rows: list[dict[str, Any]], start: int, end: int, seconds: float, skipped: int = 0
 ) -> str | None:
     """The run's last line (None when no kept step was logged since `start`): the loss over this
-    invocation's steps `start`+1…`end` (`skipped` of them by rewinds: not trained) and, after a
-    resume, over the whole run."""
+    invocation's steps `start`+1…`end` (`skipped` of them by rewinds and the rows' `skipped_steps`
+    non-finite ones: not trained) and, after a resume, over the whole run."""
     losses = kept_losses(rows, after=start)
     if not losses:
         return None
     first, last = losses[0], losses[-1]
-    trained = f"{end - start - skipped} steps" + (
-        f" trained, {skipped} skipped by rewinds" if skipped else ""
+    nonfinite = sum(r.get("skipped_steps", 0) for r in kept_rows(rows) if r["step"] > start)
+    left_out = [
+        f"{n} {how}"
+        for n, how in ((skipped, "skipped by rewinds"), (nonfinite, "non-finite, not applied"))
+        if n
+    ]
+    trained = f"{end - start - skipped - nonfinite} steps" + (
+        f" trained, {', '.join(left_out)}" if left_out else ""
     )
     steps = f"{trained}{' since the resume' if start else ''}"
     # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says

@@ -128,8 +128,18 @@ def test_a_run_of_nonfinite_steps_that_ended_before_the_read_still_counts():
     for s in range(1, 9):
         guard.record(s, bad)
     guard.record(9, good)
-    assert guard.read()["consecutive"] == 8  # max_skipped <= 8 must stop the run
+    first = guard.read()
+    assert (first["consecutive"], first["last_step"]) == (8, 8)  # max_skipped <= 8 must stop the run
     guard.record(10, bad)
-    assert guard.read() == {"skipped": 1, "consecutive": 1, "first_step": 10, "what": "loss"}
+    assert guard.read() == {"skipped": 1, "consecutive": 1, "last_step": 10, "first_step": 10, "what": "loss"}
     guard.record(11, bad)  # the run from step 10 goes on across the read
-    assert guard.read()["consecutive"] == 2
+    assert {k: v for k, v in guard.read().items() if k in ("consecutive", "last_step")} == {
+        "consecutive": 2,
+        "last_step": 11,
+    }
+    # A shorter run after a longer one: the longer is the one said, by its own steps (the STOP named
+    # "N trained steps in a row up to" the step read: trial RV63a)
+    for s, code in zip(range(12, 18), (bad, bad, good, good, bad, good), strict=True):
+        guard.record(s, code)
+    report = guard.read()  # steps 10–13 in a row (across the last read), then 16 alone
+    assert (report["consecutive"], report["last_step"], report["first_step"]) == (4, 13, 12)

@@ -349,6 +349,8 @@ def test_max_rewinds_ends_the_run_naming_every_rewind(tmp_path, dataset, monkeyp
     line = one_error_line(capsys.readouterr().err)
     assert "past run.rewind.max_rewinds = 1" in line
     assert "(so far: rewind 1 at step 17 → back to 10, skipped 2 steps (11–12))" in line
+    # the command to run, not a placeholder (trial RV63a)
+    assert line.endswith(f"gristmill data inspect {run} --step 17 shows what this step trained on"), line
 
 
 def test_a_spike_whose_margin_reaches_past_the_last_skip_says_why_it_cannot_rewind(
@@ -376,7 +378,8 @@ def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, mo
     monkeypatch.setenv(NAN_LOSS, "13")
     assert main(["--config", TINY, "--set", *sets, "run.max_steps=20"]) == 0
     out = capsys.readouterr().out
-    assert "rewind 1/3: non-finite loss or gradient (loss NaN); back to step 10" in out, out
+    # what was not finite, not "loss or gradient" beside a finite loss (trial RV63a)
+    assert "rewind 1/3: non-finite loss and gradient norm (loss NaN); back to step 10" in out, out
     assert metrics(run)[-1]["step"] == 20  # trains on past the skip (11–18)
     # nowhere to go back to: it stops as on_nonfinite = "stop" does, with its advice (it gave the cause
     # alone: review R17d M2)

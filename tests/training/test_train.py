@@ -225,6 +225,11 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),
         ("run.threads=-3", r"run.threads \(-3\) must be ≥ 0"),
         ("data.num_workers=-1", r"data.num_workers \(-1\) .* must be ≥ 0"),
+        # the interval's own check, not a rewind's "saves none" (trial RV63a)
+        (
+            "run.on_nonfinite=rewind checkpoint.interval=-5",
+            r"checkpoint.interval \(-5\), keep_last .* must be ≥ 0",
+        ),
     ],
 )
 def test_bad_config_fails_before_any_work(dataset, tmp_path, capsys, override, message):

@@ -38,6 +38,7 @@ from training.checkpoint.io import run_data_order
 from training.checkpoint.record import START_SETTINGS
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
+from training.config_checks import rewind_unreachable
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config, to_dict
 from training.contract.errors import GristmillError, unwritable
@@ -236,6 +237,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
                 f"({spec.last_step}) and checkpoint.interval = 0 saves nothing there: a later --resume auto "
                 "starts over from step 0; set checkpoint.interval (a save also at run.max_steps) to go on"
             )
+        if unreachable := rewind_unreachable(cfg, spec.last_step):
+            say(unreachable)
         if merge is not None:
             say(f"  merge   {merge.header()}")
         for line in format_plan(plan, notes, timeline.skips):

@@ -77,6 +77,7 @@ class NonFiniteGuard:
         zero = lambda: torch.zeros((), dtype=torch.int64, device=device)  # noqa: E731
         self.skipped, self.consecutive, self.first_step, self.first_code = zero(), zero(), zero(), zero()
         self.longest = zero()  # the longest run of non-finite steps since the host last looked
+        self.longest_end = zero()  # the step where that run reached its length (0: not seen since the start)
         self.kept = {} if kept is None else kept
         self.restore()
 
@@ -92,7 +93,7 @@ class NonFiniteGuard:
     def restore(self) -> None:
         """The tally as `kept` holds it (a resumed or rewound-to checkpoint's): its unlogged skips, and
         its run of non-finite steps going on, which the next steps extend; nothing unread."""
-        for t in (self.skipped, self.first_step, self.first_code):
+        for t in (self.skipped, self.first_step, self.first_code, self.longest_end):
             t.zero_()
         going_on = int(self.kept.get("consecutive", 0))
         self.consecutive.fill_(going_on)
@@ -102,17 +103,20 @@ class NonFiniteGuard:
         bad = (code > 0).long()
         self.skipped += bad
         self.consecutive = (self.consecutive + bad) * bad
-        self.longest = torch.maximum(self.longest, self.consecutive)
+        grew = self.consecutive > self.longest
+        self.longest = torch.where(grew, self.consecutive, self.longest)
+        self.longest_end = torch.where(grew, step, self.longest_end)
         first = (self.first_step == 0) & (bad > 0)
         self.first_step = torch.where(first, step, self.first_step)
         self.first_code = torch.where(first, code, self.first_code)
 
     def read(self) -> dict[str, Any]:
         """One host sync: {"skipped": n since the last read, "consecutive": the longest run of
-        consecutive non-finite steps since the last read (a run may have ended before it), "first_step":
-        the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
-        skipped, consecutive, first, code, going_on = torch.stack(
-            [self.skipped, self.longest, self.first_step, self.first_code, self.consecutive]
+        consecutive non-finite steps since the last read (a run may have ended before it), "last_step":
+        that run's last step (0: it began before this process's first step, a resume's), "first_step": the
+        first non-finite step since the last read (0: none), "what": its "loss" | "gradient norm" | …}."""
+        skipped, consecutive, last, first, code, going_on = torch.stack(
+            [self.skipped, self.longest, self.longest_end, self.first_step, self.first_code, self.consecutive]
         ).tolist()
         self.skipped.zero_()
         self.first_step.zero_()
@@ -121,6 +125,7 @@ class NonFiniteGuard:
         report = {
             "skipped": skipped,
             "consecutive": consecutive,
+            "last_step": last,
             "first_step": first,
             "what": _WHAT.get(code),
         }
@@ -260,13 +265,13 @@ class Judge:
         on_nonfinite, seen = self.run.on_nonfinite, Verdict(step, GO_ON, loss=loss, spike=spike)
         if tally["skipped"]:
             if on_nonfinite == "rewind":
-                return self._rewind(seen, f"non-finite loss or gradient ({_fmt(loss)})")
+                # every step is read under a rewind: the tally's first step is this one
+                return self._rewind(seen, f"non-finite {tally['what']} ({_fmt(loss)})")
             if on_nonfinite == "stop" or tally["consecutive"] >= self.run.max_skipped:
                 why = (
                     f"step {tally['first_step']}: the {tally['what']} is not finite (NaN or inf)"
                     if on_nonfinite == "stop"
-                    else f"{tally['consecutive']} trained steps in a row up to step {step} had a non-finite "
-                    f"loss or gradient (run.max_skipped = {self.run.max_skipped}; the last: {tally['what']})"
+                    else _too_many_skipped(tally, step, self.run.max_skipped)
                 )
                 return _with(seen, action=STOP, cause=why, advice=self._advice(step))
             seen = _with(seen, action=SKIPPED)
@@ -290,8 +295,8 @@ class Judge:
                 error=RewindLimitError,
                 cause=f"{cause}: a rewind would be the run's rewind {len(done) + 1}, past "
                 f"run.rewind.max_rewinds = {limit} (so far: {'; '.join(history(s) for s in done)}); the "
-                "data or the settings need a look: gristmill data inspect RUN --step N shows what a step "
-                "trained on",
+                f"data or the settings need a look: gristmill data inspect {self.config_path.parent} --step "
+                f"{seen.step} shows what this step trained on",
             )
         target = self.rewinder.target(seen.step, cause)
         if isinstance(target, RewindTarget):
@@ -322,6 +327,18 @@ class Judge:
             f"learning rate (gristmill train --config {self.config_path} --set {key}={lower:g} "
             f"run.output_dir=NEW_DIR); or check the data and {then}"
         )
+
+
+def _too_many_skipped(tally: dict[str, Any], step: int, most: int) -> str:
+    """The STOP's cause past run.max_skipped: the run of non-finite steps (left out, not trained), by
+    its steps where the tally knows them."""
+    n, end = tally["consecutive"], tally["last_step"]
+    steps = f"step {end}" if n == 1 else f"steps {end - n + 1}–{end}" if end else f"up to step {step}"
+    count = "a non-finite step" if n == 1 else f"{n} non-finite steps in a row"
+    return (
+        f"{steps}: {count}, none applied (run.max_skipped = {most}; the first since the last log, step "
+        f"{tally['first_step']}: {tally['what']} not finite)"
+    )
 
 
 def _with(verdict: Verdict, **changes: Any) -> Verdict:
