@@ -2125,6 +2125,25 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         assert locate_base(REPO).identity == f"{REPO}@{bare}"
 
 
+def test_a_hub_base_whose_tokenizer_is_in_another_form_is_refused_as_a_directorys_is(
+    tmp_path, built_dataset, monkeypatch
+):
+    """A hub repository holding its tokenizer only as tokenizer.model (no tokenizer.json): the base's
+    fetch (HUB_FILES) never took it, so the run trained on the dataset's ids with a note that there was
+    nothing to check, where the same files in a directory are refused (review RV63g 2)."""
+    info = read_dataset_info(built_dataset)
+    make_base(tmp_path / "base", vocab_size=info["vocab_size"])
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    with HubServer() as hub:
+        hub.add_repo(REPO, files | {"tokenizer.model": b"<sentencepiece model proto>"}, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        base = locate_base(REPO).directory
+    assert (base / "tokenizer.model").read_bytes() == b"<sentencepiece model proto>"
+    with pytest.raises(BaseModelError) as e:
+        check_base_data(base, built_dataset, info, info["vocab_size"])
+    assert str(e.value).startswith(f"{base} holds its tokenizer as tokenizer.model but no tokenizer.json")
+
+
 def test_a_cached_main_read_because_the_hub_was_not_reached_is_said_to_be(tmp_path, monkeypatch):
     """Without network (HF_HUB_OFFLINE unset), or with the repository gone from the hub (404: deleted,
     made private), snapshot_download reads the cache's main without a word: a base pushed to since

@@ -41,6 +41,7 @@ __all__ = [
     "HUB_FILES",
     "INDEX_JSON",
     "KEPT_FILES",
+    "OTHER_TOKENIZER_FORMS",
     "TOKENIZER_FILES",
     "SINGLE_FILE",
     "BaseModelError",
@@ -59,6 +60,9 @@ TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.
 KEPT_FILES = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
 """The files of a base a run keeps (base_record's copy in RUN/base, which its export ships), held
 present or absent by the hub's word, as the weights are."""
+OTHER_TOKENIZER_FORMS = ("vocab.json", "merges.txt", "tokenizer.model")
+"""A base's tokenizer without tokenizer.json (GPT-2's vocab.json and merges.txt, SentencePiece's
+tokenizer.model): its own, other ids than the dataset's may be (hf_import.check_base_data refuses it)."""
 
 
 class BaseModelError(GristmillError):
@@ -206,7 +210,7 @@ def fetch_hub_base(
     is one ConfigError naming model.init_from."""
     name = f"{repo}@{revision}" if revision else repo
     try:
-        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub import constants, hf_hub_download, snapshot_download
         from huggingface_hub.errors import (
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
@@ -295,6 +299,15 @@ def fetch_hub_base(
             f"{_get(repo, commit, offline, settable)}",
             "model.init_from",
         )
+    if listed is not None and not offline and TOKENIZER_JSON in lacking:
+        # a tokenizer the hub holds only in another form, which HUB_FILES never fetch: fetched so it is
+        # refused as a directory's is, not noted as none (review RV63g 2)
+        for other in sorted(set(OTHER_TOKENIZER_FORMS) & listed - {p.name for p in path.iterdir()}):
+            try:
+                hf_hub_download(repo, other, revision=commit)
+            except Exception as e:  # a timeout, a full disk: one line all the same
+                why = _fetch_failed(name, repo, revision, e, settable)
+                raise ConfigError(why, "model.init_from") from None
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model.init_from = {name!r}: the hub repository {repo} holds no config.json at commit {commit} "

@@ -47,6 +47,7 @@ import torch
 from training.checkpoint.base_source import (
     CONFIG_JSON,
     INDEX_JSON,
+    OTHER_TOKENIZER_FORMS,
     TOKENIZER_FILES,
     BaseModelError,
     weights_files,
@@ -628,7 +629,7 @@ def check_base_data(
     if not base_tok.is_file():
         # a tokenizer in another form (GPT-2's vocab.json and merges.txt, SentencePiece's tokenizer.model):
         # the base's own, which a note alone let the run train past with other ids (trial RV63b 9)
-        other = [n for n in ("vocab.json", "merges.txt", "tokenizer.model") if (base / n).is_file()]
+        other = [n for n in OTHER_TOKENIZER_FORMS if (base / n).is_file()]
         held = f"holds its tokenizer as {', '.join(other)} but no {TOKENIZER_JSON}" if other else ""
         if other and not resumed:  # a run that trained past the note before is not stopped now (RV63g 1)
             raise BaseModelError(
