@@ -1444,6 +1444,11 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
+    if out is not None and out.is_symlink():  # dangling: the export cannot take a link's place (RV63b 13)
+        raise ExportError(
+            f"--out {out} is a link to {os.readlink(out)}, which does not exist: remove the link, or choose "
+            "another --out"
+        )
     if step is not None and (step < 0 or (merged and step == 0)):
         raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")
     if step is None:

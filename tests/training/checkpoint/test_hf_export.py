@@ -91,6 +91,12 @@ def test_export_checkpoint_takes_the_newest_complete_step(built_dataset, tmp_pat
                                models[20].layers["1"].feed_forward.w2.weight, rtol=0, atol=0)  # fmt: skip
     assert not torch.equal(weights["model.norm.weight"], models[10].norm.weight)
     assert export_checkpoint(run, 20) == out  # an existing export is returned, not rewritten
+    # --out a dangling link: one line naming it, not "cannot write .NAME.tmp-…: Not a directory; make
+    # the folder writable" after the whole export was written (trial RV63b 13)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    dangling = r"^--out .*/link is a link to .*/nowhere, which does not exist: remove"
+    with pytest.raises(ExportError, match=dangling):
+        export_checkpoint(run, 20, out=tmp_path / "link")
 
     with pytest.raises(
         ExportError, match=r"no complete checkpoint of step 30: step 30's checkpoint is incomplete.*: 10, 20$"
