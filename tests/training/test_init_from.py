@@ -365,6 +365,11 @@ def test_weights_transformers_reads_otherwise_or_cannot_read_are_one_line(tmp_pa
     refused("overlap")
     _rewrite_header(home, lambda h: h | {norm: {"dtype": "F32", "shape": [4]}})
     refused(f"{home} is not a readable safetensors file (its entry '{norm}' is ")
+    # an index that does not name a tensor its shard holds: the index at fault, not "the weights hold
+    # no model.norm.weight" (trial RV63b 14)
+    unnamed = {k: v for k, v in index["weight_map"].items() if k != norm}
+    (base / "model.safetensors.index.json").write_text(json.dumps(index | {"weight_map": unnamed}))
+    refused(f"{home} holds {norm}, which {base / 'model.safetensors.index.json'} does not name: add it")
     for weight_map in ([], {norm: None}, {norm: "../outside.safetensors"}):
         (base / "model.safetensors.index.json").write_text(json.dumps(index | {"weight_map": weight_map}))
         refused(f"{base / 'model.safetensors.index.json'} is damaged (ValueError: weight_map is not a table")

@@ -370,6 +370,13 @@ def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
                 )
             held[tensor] = name
             if weight_map is not None and weight_map.get(tensor) != name:
+                if tensor not in weight_map and not tensor.endswith(_IGNORED):
+                    # transformers loads every tensor of the shards the index names; gristmill took the
+                    # tensor for absent and blamed the weights (trial RV63b 14)
+                    raise BaseModelError(
+                        f"{base / name} holds {tensor}, which {base / INDEX_JSON} does not name: add it to "
+                        "the index's weight_map (or remove it from the file)"
+                    )
                 continue  # the index names another file for it: that one is the tensor
             begin, end = h["data_offsets"]
             index[tensor] = {"file": name, "dtype": h["dtype"], "shape": h["shape"],
