@@ -95,6 +95,7 @@ def test_the_check_reads_nothing_on_the_host_between_logs():
     assert len(calls) == 1 and report == {
         "skipped": 1,
         "consecutive": 1,
+        "last_step": 3,
         "first_step": 3,
         "what": "loss and gradient norm",
     }
