@@ -1365,7 +1365,10 @@ def evaluate_missing(
     where no `failures` list is given."""
     done, failed, damaged = [], [], []
     told = set() if told is None else told
-    for step in available_steps(run_dir):
+    # Step 0 of a run from a base model is the base, scored as `--step 0` scores it: a watch beside a
+    # run without [eval] never scored the baseline (trial RV63b 10)
+    from_base = [0] if run_config(run_dir).model.init_from else []
+    for step in from_base + [s for s in available_steps(run_dir) if s not in from_base]:
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
         try:
             scored = evaluated(

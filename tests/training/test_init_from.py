@@ -1963,6 +1963,13 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
         )
         assert torch.equal(exported[name], tensor.float()), name
     assert export_checkpoint(run, 0) == export_dir(run, 0)  # `gristmill export RUN --step 0`: that export
+    # `gristmill eval RUN --watch` scores step 0 too, with no export of it yet: it scored every step but
+    # the baseline (trial RV63b 10)
+    shutil.rmtree(eval_dir(run, 0))
+    shutil.rmtree(export_dir(run, 0))
+    assert gristmill(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", "--tasks", *tasks,
+                      "--set", f"limit={limit}", "device=cpu"]) == 0  # fmt: skip
+    assert {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))} == offline
     meta = json.loads((export_dir(run, 0) / "gristmill_export.json").read_text())
     assert "trained_on" not in meta  # the base's own weights: no data of the run applied (R16i F1)
 
