@@ -50,6 +50,7 @@ from pipelines.decontam.ngram import (
     MANIFEST_JSON,
     REFS_NPY,
     UNCHECKED,
+    check_task_names,
     many_ngram_hashes,
     read_manifest,
     write_index,
@@ -287,6 +288,7 @@ def build_index(
     entries, all_hashes, all_docs = [], [], []
     with eval_output(out / LOG, verbose) as terminal, _templates_compiled_once():
         tasks = load_tasks(names, list(include_path), out)
+        check_task_names([{"name": name, "split": eval_split(task)} for name, task in tasks.items()])
         for name, task in sorted(tasks.items()):
             try:
                 hashes, docs, count, textless = task_ngrams(task, n)
@@ -338,10 +340,13 @@ class StagedIndex:
     temporary: bool  # made by this build (removed once installed)
 
     def identity(self) -> dict[str, Any]:
-        """What of the index decides the dataset: its hashes (sha256) and n; the task names to
-        name a change."""
-        m = self.manifest
-        return {"index_sha256": m["sha256"], "ngram": m["ngram"], "tasks": [t["name"] for t in m["tasks"]]}
+        return index_identity(self.manifest)
+
+
+def index_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What of an index decides the dataset: its hashes (sha256) and n; the task names to name a change."""
+    m = manifest
+    return {"index_sha256": m["sha256"], "ngram": m["ngram"], "tasks": [t["name"] for t in m["tasks"]]}
 
 
 def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -> StagedIndex | None:
@@ -420,7 +425,9 @@ def install_index(staged: StagedIndex | None, out: Path, log=print) -> None:
     want = staged.manifest["sha256"]
     names_it = same = False
     try:
-        names_it = read_manifest(dst)["sha256"] == want
+        # the copy's n and tasks too: the filter reads its manifest, and one of another n kept beside the
+        # same n-gram files matched nothing (trial RV64b S2)
+        names_it = index_identity(read_manifest(dst)) == staged.identity()
         same = names_it and decontam_sha256(dst) == want
     except GristmillError:  # a damaged manifest or index file: replaced below
         pass

@@ -50,7 +50,8 @@ from training.contract.errors import GristmillError
 from training.contract.integrity import seal_broken, sealed
 
 FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
-UNSEALED_FORMAT = "gristmill-decontam/1"  # an index from before the seal: read, nothing to check it by
+# /1 (before the seal) held an older normaliser: a /1 manifest naming this one was edited, and its n
+# trusted unsealed decontaminated nothing (trial RV64b S2)
 NORMALIZER = "nfkc-lower-alnum-words/4"  # change it with normal_form/_words: old indexes are refused
 # /3 (a day): combining marks are word characters; /4: the marks after a letter or digit are part of its
 # word, variation selectors removed (trial RV62h 1, reviews RV63d 1, RV63f 3)
@@ -59,8 +60,8 @@ MANIFEST_JSON = DECONTAM_MANIFEST
 MANIFEST_SEAL = "manifest_sha256"
 """manifest.json's key for the sha256 of the rest of it: its `sha256` covers the n-gram files only, and
 an edited `ngram` (with the recipe's set to match) built with n-grams the index never held, matching
-nothing, and recorded the dataset as decontaminated (trial RV60b 3). A manifest of UNSEALED_FORMAT has
-none; one of FORMAT without it was edited (the key removed with the n: review RV61e 2)."""
+nothing, and recorded the dataset as decontaminated (trial RV60b 3). One without it was edited (the key
+removed with the n: review RV61e 2)."""
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
@@ -267,6 +268,7 @@ def write_index(
     order: a training document holding an n-gram two tasks share is removed for both (kept once,
     only the first task counted it, and the other's eval mark said "0 docs removed": review R23b S1).
     The manifest is written last: a folder without one is no index."""
+    check_task_names(tasks)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST_JSON).unlink(missing_ok=True)
@@ -322,14 +324,15 @@ def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
     if (
         not ok
         or seal_broken(manifest, MANIFEST_SEAL)
-        or (manifest.get("format") == FORMAT and MANIFEST_SEAL not in manifest)
+        or (manifest.get("format") == FORMAT) != (MANIFEST_SEAL in manifest)
     ):
         raise DecontamIndexError(f"{path} is not a valid index manifest (cut off or edited); {REBUILD}")
-    if manifest.get("format") not in (FORMAT, UNSEALED_FORMAT) or manifest.get("normalizer") != NORMALIZER:
+    if manifest.get("format") != FORMAT or manifest.get("normalizer") != NORMALIZER:
         raise DecontamIndexError(
             f"{path}: format {manifest.get('format')!r} / normaliser {manifest.get('normalizer')!r} is not "
             f"{FORMAT!r} / {NORMALIZER!r} (made by another gristmill version); {REBUILD}"
         )
+    check_task_names(manifest["tasks"])
     for name in (HASHES_NPY, REFS_NPY):
         if not (folder / name).is_file():
             raise DecontamIndexError(f"{folder / name} is missing; {REBUILD}")
@@ -365,6 +368,21 @@ class Match:
 # The n-gram's text is normalised words (letters and digits, spaces): no quote, parenthesis or ";".
 # Match.detail's format; the audit's "drops" SQL (validation/audit_reports.py) parses it too.
 _DETAIL = re.compile(r'^\d+-gram of (\S+) \S+ doc \d+: "[^"]*"(?: \(([^()]*)\))?$')
+_UNNAMEABLE = re.compile(r'[\s()";,]')  # what _DETAIL cannot read back in a task's or split's name
+
+
+def check_task_names(tasks: list[dict[str, Any]]) -> None:
+    """Refuse a task (or split) name Match.detail cannot write so that it reads back: its documents
+    were removed and dataset.json counted 0 for it, which the eval's mark then says (trial RV64b S1)."""
+    for task in tasks:
+        for key in ("name", "split"):
+            if _UNNAMEABLE.search(str(task.get(key, ""))):
+                its = "its name" if key == "name" else f"its split {task.get(key)!r}"
+                raise DecontamIndexError(
+                    f'task {task["name"]!r}: {its} holds a space or one of ( ) " ; , '
+                    "which the build's exclusion records cannot name so that each task's removed count reads "
+                    "back; rename it (its YAML's `task:`) and index it again"
+                )
 
 
 def tasks_of_detail(detail: str) -> list[str]:
