@@ -985,23 +985,33 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
             "decontaminate",
             '13-gram of anli_r2 test_r2 doc 4: "a b c" (+2 more indexed 13-grams; also anli_r3)',
         ),
+        # lm-eval names with parentheses (tmmluplus_education_(profession_level)), and words "also" in
+        # the quote: counted under their own names (trial RV64b S1)
+        ("d", "decontaminate", '13-gram of tm_(a) test doc 1: "we also saw" (also tm_(b), qa)'),
     ]
     con.execute("CREATE TABLE excluded (dataset_name VARCHAR, filter VARCHAR, reason VARCHAR)")
     con.executemany("INSERT INTO excluded VALUES (?, ?, ?)", rows)
     tasks = [
         {"name": n, "split": s}
-        for n, s in [("qa", "test"), *((f"anli_r{i}", f"test_r{i}") for i in (1, 2, 3))]
+        for n, s in [
+            ("qa", "test"),
+            *((f"anli_r{i}", f"test_r{i}") for i in (1, 2, 3)),
+            ("tm_(a)", "test"),
+            ("tm_(b)", "test"),
+        ]
     ]
     con.execute("CREATE TABLE dataset (dataset_name VARCHAR, json JSON)")
     con.execute("INSERT INTO dataset VALUES ('d', ?)", [json.dumps({"decontaminate": {"tasks": tasks}})])
     got = {(f, r): (n, pct) for _, f, r, n, pct, _ in con.execute(PRESETS["drops"]).fetchall()}
     assert got == {
-        ("dedup", "exact duplicate of <id>"): (2, 25.0),
-        ("dedup", "minhash duplicate of <id>"): (1, 12.5),
-        ("decontaminate", 'N-gram of qa test doc N: "…"'): (3, 37.5),
-        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 25.0),
-        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 25.0),
-        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 12.5),
+        ("dedup", "exact duplicate of <id>"): (2, 22.22),
+        ("dedup", "minhash duplicate of <id>"): (1, 11.11),
+        ("decontaminate", 'N-gram of qa test doc N: "…"'): (4, 44.44),
+        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 22.22),
+        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 22.22),
+        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 11.11),
+        ("decontaminate", 'N-gram of tm_(a) test doc N: "…"'): (1, 11.11),
+        ("decontaminate", 'N-gram of tm_(b) test doc N: "…"'): (1, 11.11),
     }
     examples = {r: e for _, _, r, _, _, e in con.execute(PRESETS["drops"]).fetchall()}
     assert examples['N-gram of anli_r1 test_r1 doc N: "…"'] == '13-gram of anli_r1 test_r1 doc 3: "a b c"'
