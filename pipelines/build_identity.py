@@ -179,10 +179,18 @@ def check_output(
             else f"`rm -rf {out}`"
         )
         kind = "prefix" if url else "directory"
+        # the output keeps a copy of the tokenizer it was built with: going on with it keeps the work
+        # done (the refusal offered only a new output or deleting this one: trial RV64b L1)
+        kept, before = out / TOKENIZER_JSON, (was.get("tokenizer") or {}).get("sha256")
+        keep = (
+            f"To go on with the tokenizer it was built with, set tokenizer.path = {str(kept)!r}. "
+            if before != identity["tokenizer"]["sha256"] and kept.is_file() and file_sha256(kept) == before
+            else ""
+        )
         raise BuildError(
             f"{url or out} was built with a different config or input, refusing to mix the two (changed: "
-            f"{'; '.join(changes) or 'unknown'}). Build into a new `output` {kind}, or start over: {over}, "
-            "then the same command."
+            f"{'; '.join(changes) or 'unknown'}). {keep}Build into a new `output` {kind}, or start over: "
+            f"{over}, then the same command."
         )
     leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
     if leftovers:

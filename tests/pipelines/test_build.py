@@ -353,6 +353,36 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
+def test_a_tokenizer_changed_under_a_build_is_refused_naming_the_outputs_copy(
+    built_dataset, build_fixture, tmp_path
+):
+    """tokenizer.path's file replaced (a `tokenizer train --force`) under a built or partly built output:
+    the refusal offered only a new output or `rm -rf OUTPUT`, though the output keeps the tokenizer it
+    was built with, and a build from that copy goes on with the work done (trial RV64b L1)."""
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    (out / "dataset.json").unlink()  # a rerun, as after a kill in the finalize
+    tok = json.loads(build_fixture[1].read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (tmp_path / "retrained.json").write_text(json.dumps(tok))
+    sets = [f"output={out}", "build.workers=1"]
+    with pytest.raises(BuildError) as e:
+        build(
+            load_config(
+                DataConfig, build_fixture[2], [*sets, f"tokenizer.path={tmp_path / 'retrained.json'}"]
+            )
+        )
+    kept = out / "tokenizer.json"
+    assert "(changed: tokenizer.sha256: " in str(e.value), e.value
+    assert f"To go on with the tokenizer it was built with, set tokenizer.path = {str(kept)!r}." in str(
+        e.value
+    )
+    result = build(load_config(DataConfig, build_fixture[2], [*sets, f"tokenizer.path={kept}"]), **QUIET)
+    assert result.ok and result.info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
 def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separator(build_fixture, tmp_path):
     """A tokenizer whose normalizer deletes characters (here soft hyphens and zero-width spaces, as
     BERT-style `clean_text` deletes control characters) encodes a text of only those to no token: it
