@@ -22,6 +22,7 @@ import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pipelines.build_identity import output_dir
 from pipelines.config import DataConfig
@@ -31,6 +32,7 @@ from pipelines.sources import SourceFiles, iter_texts, list_source_files, source
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
+from training.contract.dataset_format import BUILD_JSON, DATASET_JSON
 from training.contract.errors import refuse_empty
 
 
@@ -88,7 +90,27 @@ def written_path(cfg: DataConfig, out: str | Path | None) -> Path:
             f"{path.parent} holds a model ({held[0]}): a tokenizer trained into it would pass for that "
             "model's own; write it into a folder of its own (tokenizer.path, or --out)"
         )
+    # A dataset's (or a build's, from its first task on): its tokenizer.json is the one its shards were
+    # built with, which --force replaced (trial RV64b L2)
+    held = [name for name in (DATASET_JSON, BUILD_JSON) if (path.parent / name).is_file()]
+    if held:
+        raise TokenizerError(
+            f"{path.parent} holds a dataset ({held[0]}), whose tokenizer.json is the one its shards were "
+            "built with; write a new tokenizer into a folder of its own (tokenizer.path, or --out)"
+        )
     return path
+
+
+def _save(tok: Any, tmp: Path, out: Path) -> None:
+    """`tok` written to `tmp` (then placed at `out`); a full disk or a folder it cannot write is one line:
+    the tokenizers library raises a bare Exception for them, a traceback (trial RV64b T1)."""
+    try:
+        tok.save(str(tmp))
+    except Exception as e:  # noqa: BLE001 - tokenizers' OS errors are plain Exceptions
+        raise TokenizerError(
+            f"cannot write {out} ({e}); make {out.parent} writable (or free space), or write it elsewhere "
+            "(tokenizer.path, or --out)"
+        ) from None
 
 
 def train_tokenizer(
@@ -136,12 +158,12 @@ def train_tokenizer(
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:  # replacing is what was asked for
         with atomic_path(out) as tmp:
-            tok.save(str(tmp))
+            _save(tok, tmp, out)
         placed = True
     else:
         tmp = tmp_path_for(out)
         try:
-            tok.save(str(tmp))
+            _save(tok, tmp, out)
             placed = place_new_file(tmp, out)
         finally:
             with contextlib.suppress(OSError):

@@ -162,6 +162,39 @@ def test_training_never_writes_into_a_model_s_folder_and_a_file_for_a_folder_is_
             argv = ["tokenizer", "train", "--config", str(config), "--out", str(out)]
             assert one_error(capsys, argv) == said
         assert sorted(p.name for p in model.iterdir()) == [held]
+    # a dataset's folder, or a build's from its first task on: --force replaced the tokenizer its shards
+    # were built with (trial RV64b L2)
+    for held in ("dataset.json", "build.json"):
+        data = tmp_path / held.replace(".", "-")
+        data.mkdir()
+        (data / held).write_text("{}")
+        (data / "tokenizer.json").write_text("the build's")
+        argv = [
+            "tokenizer",
+            "train",
+            "--config",
+            str(config),
+            "--force",
+            "--out",
+            str(data / "tokenizer.json"),
+        ]
+        assert one_error(capsys, argv) == (
+            f"error: {data} holds a dataset ({held}), whose tokenizer.json is the one its shards were built "
+            "with; write a new tokenizer into a folder of its own (tokenizer.path, or --out)"
+        )
+        assert (data / "tokenizer.json").read_text() == "the build's"
+    # a folder it cannot write: one line, not the tokenizers library's bare Exception (trial RV64b T1)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        argv = ["tokenizer", "train", "--config", str(config), "--out", str(locked / "t.json")]
+        if os.geteuid() != 0:  # root writes anywhere: /proc is a folder no one writes a file into
+            assert one_error(capsys, argv).startswith(f"error: cannot write {locked / 't.json'} (")
+        argv[-1] = "/proc/t.json"
+        assert one_error(capsys, argv).startswith("error: cannot write /proc/t.json (")
+    finally:
+        locked.chmod(0o700)
     # a file where the folder goes: one line naming it, not FileExistsError's traceback (trial RV60b 6)
     (tmp_path / "a-file").write_text("")
     argv = ["tokenizer", "train", "--config", str(config), "--out", str(tmp_path / "a-file")]
