@@ -304,7 +304,7 @@ def test_an_unreadable_eval_result_costs_no_training(config, tmp_path, capsys):
     ids=["counted-in-the-next-row", "max-skipped-counts-across-a-resume"],
 )
 def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted_run(
-    config, tmp_path, monkeypatch, nan, sets
+    config, tmp_path, monkeypatch, capsys, nan, sets
 ):
     """on_nonfinite = "skip", step 3's update not finite (skipped), SIGTERM there: the checkpoint of
     step 3 keeps the tally no row has counted yet and the run of non-finite steps going on, so the
@@ -329,9 +329,17 @@ def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted
     straight, run = tmp_path / "straight", tmp_path / "run"
     expected = outcome(straight)
     monkeypatch.setenv(SIGTERM, str(QUIET))
+    capsys.readouterr()
     assert run_here(config, run, *sets)["stopped_by"] == "SIGTERM"
+    stopped = capsys.readouterr().out
     monkeypatch.delenv(SIGTERM)
     assert outcome(run, "checkpoint.resume='auto'") == expected
+    if expected == "finished":  # each invocation's last line counts its own non-finite step, once
+        # (the stopped one called step 3 trained, the resumed one counted it as its own: review RV64c 1)
+        assert (
+            f"(logged, of steps 1–{QUIET}; {QUIET - 1} steps trained, 1 non-finite, not applied)" in stopped
+        )
+        assert f"({LAST - QUIET} steps since the resume)" in capsys.readouterr().out
     assert rows(run) == rows(straight)
     assert any(r.get("skipped_steps") for r in read_metrics(straight))  # a tally to compare
     if advice:  # stopped by run.max_skipped while skipping: the advice to skip stopped there again (R17d M1)
@@ -340,6 +348,35 @@ def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted
         assert expected.startswith(f"steps {QUIET}–{ALL_DUE}: 2 non-finite steps in a row, none applied"), (
             expected
         )
+
+
+@pytest.mark.parametrize(
+    "nans, sets, said",
+    [
+        # a rewind's skip (5–6) between two non-finite steps in a row (4, 7): "steps 6–7" named a step
+        # the rewind skipped (review RV64c 2)
+        ("4,7", ["run.on_spike='rewind'", f"{SPIKE_WINDOW}=step:6*50"],
+         "steps 4–7 (a rewind's skip between them): 2 non-finite steps in a row, none applied "
+         "(run.max_skipped = 2; the first since the last log, step 7: loss and gradient norm not finite)"),
+        # a save's read (step 4) between the log (3) and the stop (6): "the first since the last log" was
+        # step 5 (review RV64c 6)
+        ("4,5,6", ["run.max_skipped=3", "run.log_every=3", "checkpoint.interval=4"],
+         "steps 4–6: 3 non-finite steps in a row, none applied (run.max_skipped = 3; the first since the "
+         "last log, step 4: loss and gradient norm not finite)"),
+    ],
+    ids=["across-a-rewind-skip", "a-save-between-log-and-stop"],
+)  # fmt: skip
+def test_the_max_skipped_stop_names_the_non_finite_steps_it_counted(
+    config, tmp_path, monkeypatch, nans, sets, said
+):
+    monkeypatch.setenv(NAN_LOSS, nans)
+    for spec in [x for x in sets if x.startswith("GRISTMILL_")]:
+        monkeypatch.setenv(*spec.split("=", 1))
+    sets = [x for x in sets if not x.startswith("GRISTMILL_")]
+    with pytest.raises(NonFiniteError) as e:
+        run_here(config, tmp_path / "run", "eval.interval=0", "run.val_every=0", "run.on_nonfinite='skip'",
+                 "run.max_skipped=2", "checkpoint.export_interval=0", *sets)  # fmt: skip
+    assert str(e.value).startswith(said), e.value
 
 
 def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evaluated(

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from training.config import RunSection
 from training.contract.errors import NonFiniteError
-from training.data.plan import Plan
+from training.data.plan import Plan, Skip
 from training.run.rewind import Rewinder, RewindLimitError, RewindTarget, history
 
 GO_ON, SKIPPED, STOP, REWIND = "go on", "skipped", "stop", "rewind"
@@ -271,7 +271,9 @@ class Judge:
                 why = (
                     f"step {tally['first_step']}: the {tally['what']} is not finite (NaN or inf)"
                     if on_nonfinite == "stop"
-                    else _too_many_skipped(tally, step, self.run.max_skipped)
+                    else _too_many_skipped(
+                        tally, step, self.run.max_skipped, self.guard.unlogged, self.rewinder.timeline.skips
+                    )
                 )
                 return _with(seen, action=STOP, cause=why, advice=self._advice(step))
             seen = _with(seen, action=SKIPPED)
@@ -329,15 +331,27 @@ class Judge:
         )
 
 
-def _too_many_skipped(tally: dict[str, Any], step: int, most: int) -> str:
+def _too_many_skipped(
+    tally: dict[str, Any], step: int, most: int, unlogged: dict[str, Any], skips: tuple[Skip, ...]
+) -> str:
     """The STOP's cause past run.max_skipped: the run of non-finite steps (left out, not trained), by
-    its steps where the tally knows them."""
+    its steps where the tally knows them (a rewind's skip may lie between two of them: its steps were
+    not trained, review RV64c 2), and the first non-finite step no metrics row has counted yet."""
     n, end = tally["consecutive"], tally["last_step"]
-    steps = f"step {end}" if n == 1 else f"steps {end - n + 1}–{end}" if end else f"up to step {step}"
+    if not end:  # the run began before this process and nothing here extended it (a resume's)
+        steps = f"up to step {step}"
+    else:
+        first, left = end, n - 1
+        while left:  # n trained steps back from `end`, over the skips' untrained steps
+            first -= 1
+            left -= not any(k.first_step <= first <= k.last_step for k in skips)
+        steps = f"step {end}" if n == 1 else f"steps {first}–{end}"
+        steps += " (a rewind's skip between them)" if end - first + 1 > n else ""
     count = "a non-finite step" if n == 1 else f"{n} non-finite steps in a row"
+    first_seen = unlogged or tally  # a save's or a signal's read is no log: the row's own first step
     return (
         f"{steps}: {count}, none applied (run.max_skipped = {most}; the first since the last log, step "
-        f"{tally['first_step']}: {tally['what']} not finite)"
+        f"{first_seen['first_step']}: {first_seen['what']} not finite)"
     )
 
 
