@@ -487,6 +487,20 @@ def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_ev
     )  # the spike is the run's
 
 
+def test_a_resume_with_a_longer_checkpoint_interval_is_not_warned_it_cannot_rewind(
+    config, tmp_path, monkeypatch, capsys
+):
+    """The start's "can never rewind" looks at checkpoint.interval alone: a resume's earlier checkpoints,
+    saved at another interval, are targets too (it warned, then rewound: review RV64c 4)."""
+    run, sets = tmp_path / "run", ["eval.interval=0", "run.on_spike='rewind'", "checkpoint.export_interval=0"]
+    run_here(config, run, *sets, "run.max_steps=5", "checkpoint.interval=2")
+    capsys.readouterr()
+    monkeypatch.setenv(SPIKE_WINDOW, "step:7*50")
+    run_here(config, run, *sets, "checkpoint.interval=8", "checkpoint.resume='auto'")
+    out = capsys.readouterr().out
+    assert "can never rewind" not in out and "back to step 4" in out, out
+
+
 def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(config, tmp_path, monkeypatch):
     monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
     run = tmp_path / "run"

@@ -237,7 +237,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
                 f"({spec.last_step}) and checkpoint.interval = 0 saves nothing there: a later --resume auto "
                 "starts over from step 0; set checkpoint.interval (a save also at run.max_steps) to go on"
             )
-        if unreachable := rewind_unreachable(cfg, spec.last_step):
+        # a fresh run's: a resume's earlier checkpoints (another checkpoint.interval) are targets too
+        if checkpointer.resumed_from is None and (unreachable := rewind_unreachable(cfg, spec.last_step)):
             say(unreachable)
         if merge is not None:
             say(f"  merge   {merge.header()}")
