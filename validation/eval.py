@@ -1366,8 +1366,9 @@ def evaluate_missing(
     done, failed, damaged = [], [], []
     told = set() if told is None else told
     # Step 0 of a run from a base model is the base, scored as `--step 0` scores it: a watch beside a
-    # run without [eval] never scored the baseline (trial RV63b 10)
-    from_base = [0] if run_config(run_dir).model.init_from else []
+    # run without [eval] never scored the baseline (trial RV63b 10); `told` holds -1 once the base was
+    # found not at hand, and step 0 is not tried again
+    from_base = [0] if run_config(run_dir).model.init_from and -1 not in told else []
     for step in from_base + [s for s in available_steps(run_dir) if s not in from_base]:
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
         try:
@@ -1398,7 +1399,16 @@ def evaluate_missing(
             except DiscardedStepError as e:  # the watch scores the retrained step when it appears
                 _log(f"{e}; the watch goes on")
                 continue
-            except GristmillError:
+            except GristmillError as e:
+                if step in from_base and step not in available_steps(run_dir):
+                    # the base not at hand (moved, or a hub base offline): its own line, once, not tried
+                    # again at every look, nor called a checkpoint deleted by retention (review RV64c 5)
+                    told.add(-1)
+                    _log(
+                        f"step 0 (the base) not scored: {e}; the other steps go on (the watch does not try "
+                        "it again)"
+                    )
+                    continue
                 if step in available_steps(run_dir):
                     raise
                 # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch

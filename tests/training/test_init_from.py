@@ -1970,6 +1970,19 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     assert gristmill(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", "--tasks", *tasks,
                       "--set", f"limit={limit}", "device=cpu"]) == 0  # fmt: skip
     assert {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))} == offline
+    # The base moved away: step 0's own line, once, and the watch goes on (it said "its checkpoint went
+    # away …" at every look, and fetched a hub base again each time: review RV64c 5)
+    aside = [(export_dir(run, 0), tmp_path / "export-0"), (eval_dir(run, 0), tmp_path / "eval-0"),
+             (base, tmp_path / "base-moved")]  # fmt: skip
+    for path, away in aside:
+        path.rename(away)
+    capsys.readouterr()
+    assert gristmill(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.6", "--tasks", *tasks,
+                      "--set", f"limit={limit}", "device=cpu"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("[eval] step 0 (the base) not scored: ") == 1 and "went away" not in err, err
+    for path, away in aside:
+        away.rename(path)
     meta = json.loads((export_dir(run, 0) / "gristmill_export.json").read_text())
     assert "trained_on" not in meta  # the base's own weights: no data of the run applied (R16i F1)
 
