@@ -42,7 +42,7 @@ from tests.helpers.train_runs import (
     wait_for_step,
 )
 from training.checkpoint.base_record import record_base
-from training.checkpoint.base_source import locate_base
+from training.checkpoint.base_source import HUB_FILES, locate_base
 from training.checkpoint.export_advice import export_fix
 from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf
 from training.checkpoint.hf_import import (
@@ -1508,7 +1508,8 @@ def test_the_continued_local_recipe_is_the_newcomers_day():
 
 
 REPO = "gristmill-test/tiny-llama"  # made up: a request that escaped to the real hub would fail
-ONLY = "--include '*.json' --include '*.safetensors'"  # what advised downloads fetch: no original/*.pth
+# what advised downloads fetch: no original/*.pth
+ONLY = "--include '*.json' --include '*.safetensors' --include tokenizer.model --include merges.txt"
 
 
 def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
@@ -2160,13 +2161,30 @@ def test_a_hub_base_whose_tokenizer_is_in_another_form_is_refused_as_a_directory
     make_base(tmp_path / "base", vocab_size=info["vocab_size"])
     files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
     with HubServer() as hub:
-        hub.add_repo(REPO, files | {"tokenizer.model": b"<sentencepiece model proto>"}, repo_type="model")
+        commit = hub.add_repo(
+            REPO, files | {"tokenizer.model": b"<sentencepiece model proto>"}, repo_type="model"
+        )
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
         base = locate_base(REPO).directory
-    assert (base / "tokenizer.model").read_bytes() == b"<sentencepiece model proto>"
-    with pytest.raises(BaseModelError) as e:
-        check_base_data(base, built_dataset, info, info["vocab_size"])
-    assert str(e.value).startswith(f"{base} holds its tokenizer as tokenizer.model but no tokenizer.json")
+        assert (base / "tokenizer.model").read_bytes() == b"<sentencepiece model proto>"
+        with pytest.raises(BaseModelError) as e:
+            check_base_data(base, built_dataset, info, info["vocab_size"])
+        assert str(e.value).startswith(f"{base} holds its tokenizer as tokenizer.model but no tokenizer.json")
+        # offline, a cache as an earlier fetch left it (no tokenizer.model): refused with what it lacks,
+        # not passed with a note as online it is refused (review RV64c 3)
+        import huggingface_hub.constants as hf_constants
+        from huggingface_hub import snapshot_download
+
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home-2")
+        snapshot_download(REPO, allow_patterns=HUB_FILES)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        with pytest.raises(ConfigError) as e:
+            locate_base(REPO)
+        assert (
+            f"lacks tokenizer.model of {REPO} at commit {commit}, its tokenizer (it has no tokenizer.json)"
+            in (str(e.value))
+            and f"`hf download {REPO} --revision {commit} {ONLY}`" in str(e.value)
+        ), e.value
 
 
 def test_a_cached_main_read_because_the_hub_was_not_reached_is_said_to_be(tmp_path, monkeypatch):

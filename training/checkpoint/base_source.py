@@ -106,9 +106,10 @@ HUB_FILES = [
 ]
 """What a hub base is fetched with (snapshot_download's allow_patterns): never .bin pickles, never
 another format's copy of the weights (original/*.pth)."""
-DOWNLOAD_ONLY = "--include '*.json' --include '*.safetensors'"
+DOWNLOAD_ONLY = "--include '*.json' --include '*.safetensors' --include tokenizer.model --include merges.txt"
 """The same for the `hf download` an advice names: a plain one fetches the whole repository, a
-Llama's original/*.pth too (16 GB more for an 8B: review RV60d 5)."""
+Llama's original/*.pth too (16 GB more for an 8B: review RV60d 5); and a tokenizer's other forms, which
+a base without tokenizer.json is refused by (review RV64c 3)."""
 
 # The hub's repository names: letters, digits, '-', '_', '.'; a revision is a branch (which may
 # hold '/'), a tag or a commit.
@@ -299,10 +300,20 @@ def fetch_hub_base(
             f"{_get(repo, commit, offline, settable)}",
             "model.init_from",
         )
-    if listed is not None and not offline and TOKENIZER_JSON in lacking:
+    others = sorted(set(OTHER_TOKENIZER_FORMS) & (listed or set()) - {p.name for p in path.iterdir()})
+    if others and TOKENIZER_JSON in lacking:
         # a tokenizer the hub holds only in another form, which HUB_FILES never fetch: fetched so it is
-        # refused as a directory's is, not noted as none (review RV63g 2)
-        for other in sorted(set(OTHER_TOKENIZER_FORMS) & listed - {p.name for p in path.iterdir()}):
+        # refused as a directory's is, not noted as none (review RV63g 2); offline, what the cache
+        # lacks of it is said (it passed offline what was refused online: review RV64c 3)
+        if offline:
+            raise ConfigError(
+                f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} lacks "
+                f"{' and '.join(others)} of {repo} at commit {commit}, its tokenizer (it has no "
+                f"{TOKENIZER_JSON}), which the dataset's tokenizer is checked against: "
+                f"{_get(repo, commit, offline, settable)}",
+                "model.init_from",
+            )
+        for other in others:
             try:
                 hf_hub_download(repo, other, revision=commit)
             except Exception as e:  # a timeout, a full disk: one line all the same
