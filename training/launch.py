@@ -100,7 +100,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
-    tables = open_sources(spec, trained=trained_plan(run_dir, cfg.checkpoint.resume))
+    trained = trained_plan(run_dir, cfg.checkpoint.resume)
+    tables = open_sources(spec, trained=trained)
     # The trainer's model checks too (a phase longer than max_seq_len, a base's other tokenizer):
     # --plan says what train would.
     _, base_notes = model_for_data(cfg, spec, tables[0].info, None)
@@ -115,9 +116,18 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     )  # fmt: skip
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
     room = check_run_room(spec, loader, validation)  # as train checks, from step 0
+    resumed = []
+    if cfg.checkpoint.resume and trained is not None and trained.loader_state is not None:
+        # the resume's own check of the plan's past, and its notes on the future: --plan printed a
+        # plan of a past the run did not train, which train then refused (trial RV64a 1)
+        try:
+            loader.load_state_dict(trained.loader_state)
+        except GristmillError as e:
+            raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
+        resumed = [n.removeprefix("note: ") for n in loader.resume_notes]
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     base = [n.removeprefix("note: ") for n in base_notes]
-    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base, skips):
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + resumed, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
         note = plot_plan(plan, Path(plot), skips)

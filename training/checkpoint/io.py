@@ -320,11 +320,18 @@ def run_data_order(run_dir: str | Path) -> str | None:
 def _saved_plan(path: Path) -> dict[str, Any] | None:
     """The plan description checkpoint `path`'s loader state holds; None where it holds none (gristmill
     62f489d's or earlier's); an unreadable one raises."""
+    state = _loader_state(path)
+    return None if state is None else json.loads(state["data_plan"])
+
+
+def _loader_state(path: Path) -> dict[str, Any] | None:
+    """Checkpoint `path`'s loader state ({"data_plan": its JSON, "step"}: TokenLoader.state_dict's), None
+    where it holds no plan; an unreadable one raises."""
     if "dataloader.data_plan" not in checkpoint_keys(path):
         return None
     box = {"dataloader": {"data_plan": "", "step": 0}}
     load_or_raise(box, path, CheckpointError, "read the data plan of", no_dist=True)
-    return json.loads(box["dataloader"]["data_plan"])
+    return box["dataloader"]
 
 
 def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
@@ -347,8 +354,8 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     unreadable = []
     for path in candidates:
         try:
-            if (saved := _saved_plan(path)) is not None:
-                return TrainedPlan.of(f"checkpoint {path}{which}", saved)
+            if (state := _loader_state(path)) is not None:
+                return TrainedPlan.of(f"checkpoint {path}{which}", json.loads(state["data_plan"]), state)
         except Exception:  # damaged: --resume auto passes over it (find_resume)
             unreadable.append(path)
     # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it

@@ -58,10 +58,16 @@ class TrainedPlan:
     """False (TrainedPlan.unknown): which pairs the run trained cannot be told when the sources are
     opened, so open_sources leaves them to the resume: a `train` resume's check_same_documents once its
     checkpoint is loaded, or its refusal of checkpoints that are all unreadable (`train --plan`)."""
+    loader_state: dict[str, Any] | None = None
+    """The checkpoint's loader state (a checkpoint's plan), which `train --plan --resume` loads as the
+    resume does: its refusal of a changed past, and its notes on the future."""
 
     @classmethod
-    def of(cls, where: str, description: dict[str, Any]) -> TrainedPlan:
-        return cls(where, {s["name"]: s["fingerprint"] for s in description.get("sources", [])})
+    def of(
+        cls, where: str, description: dict[str, Any], loader_state: dict[str, Any] | None = None
+    ) -> TrainedPlan:
+        fingerprints = {s["name"]: s["fingerprint"] for s in description.get("sources", [])}
+        return cls(where, fingerprints, loader_state=loader_state)
 
     @classmethod
     def unknown(cls, where: str) -> TrainedPlan:
@@ -281,7 +287,8 @@ def budget_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
         trained = ph.steps * ph.global_batch_tokens
         if asked.tokens is not None and asked.tokens != trained:
             notes.append(
-                f"phase {ph.name!r}: tokens = {asked.tokens:,.0f} is {ph.steps:,} whole steps of "
+                f"phase {ph.name!r}: tokens = {asked.tokens:,.0f} is {ph.steps:,} whole "
+                f"step{'s' if ph.steps != 1 else ''} of "
                 f"{ph.global_batch_tokens:,} tokens, {trained:,} tokens (a budget in tokens rounds down to "
                 "whole steps)"
             )

@@ -631,6 +631,14 @@ def test_a_one_dataset_run_resumes_by_the_plans_rules(sources, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "the checkpoint's plan has" in err and "the plan's past is immutable" in err, err
     assert "(the run drew steps 1–2 from it)" in err, err  # drawn: a rewind's skipped steps trained none
+    # `train --plan` says what train would: it printed a plan of a past the run never trained, exit 0
+    # (trial RV64a 1)
+    assert gristmill(["train", "--config", str(config), "--resume", "auto", "--plan"]) == 2
+    refusal = one_error_line(err).split("step-000002: ", 1)[1]
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: cannot resume from checkpoint {legacy}/checkpoints/step-000002") and (
+        line.endswith(f": {refusal}")
+    ), line
     loader = dataset_loader(sources["web"], seq_len=16, global_batch=4, micro_batch=4, seed=0)
     old_state = {"fingerprint": "f" * 64, "seed": 0, "seq_len": 16, "global_batch": 4, "split": "train",
                  "val_fraction": 0.0, "plan": "x", "epoch": 0, "batch": 3}  # fmt: skip
