@@ -56,7 +56,7 @@ from pipelines.decontam.ngram import (
     write_index,
 )
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
-from training.contract.errors import GristmillError, refuse_empty
+from training.contract.errors import GristmillError, refuse_empty, unwritable
 from training.contract.run_layout import artifact_in
 from validation.eval_data import (
     EvalError,
@@ -101,9 +101,12 @@ def run(args: argparse.Namespace) -> int:
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    with dataset_lock(Path(args.out), "this command", key="--out"):
-        before = _earlier_index(Path(args.out))
-        manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
+    try:
+        with dataset_lock(Path(args.out), "this command", key="--out"):
+            before = _earlier_index(Path(args.out))
+            manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
+    except OSError as e:  # a full disk, a folder it cannot write: a traceback (trial RV64b T2)
+        raise unwritable(Path(args.out), e) from None
     print(summary(manifest, Path(args.out)))
     if before is not None and before.get("sha256") != manifest["sha256"]:  # replaced in silence before
         tasks = ", ".join(str(t.get("name")) for t in before.get("tasks") or [] if isinstance(t, dict))
@@ -382,7 +385,10 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
             )
         return StagedIndex(folder, manifest, temporary=False)
 
-    tmp = Path(tempfile.mkdtemp(prefix="gristmill-decontam-"))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="gristmill-decontam-"))
+    except OSError as e:
+        raise _no_room(tempfile.gettempdir(), e) from None
     include = [str(Path(p).expanduser().resolve()) for p in cfg.include_path]
     argv = ["data", "decontam-index", "--tasks", ",".join(cfg.tasks), "--ngram", str(cfg.ngram)]
     argv += [a for p in include for a in ("--include-path", p)]
@@ -391,9 +397,18 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         manifest = build_index(list(cfg.tasks), cfg.ngram, tmp, include)
         log(summary(manifest, tmp))
         return StagedIndex(tmp, manifest, temporary=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):  # the build named its output, which was not written (trial RV64b M1)
+            raise _no_room(tmp, e) from None
         raise
+
+
+def _no_room(where: str | Path, e: OSError) -> BuildError:
+    return BuildError(
+        f"cannot write the decontamination index into {where} (the temporary folder, $TMPDIR): "
+        f"{e.strerror or e}; free space there, or set TMPDIR to a folder with room"
+    )
 
 
 @contextmanager

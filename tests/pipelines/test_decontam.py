@@ -522,6 +522,30 @@ def test_an_index_written_into_a_task_s_data_folder_is_refused(tmp_path, capsys)
     assert read_manifest(tmp_path / "index")["tasks"][0]["documents"] == len(QA)
 
 
+def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys, monkeypatch):
+    """decontam-index's --out where its files cannot be written (here a folder in ngrams.npy's place; a
+    full disk the same): a chained traceback (trial RV64b T2). A build's temporary index where $TMPDIR
+    cannot hold it: the line named the output, which was never written (RV64b M1)."""
+    import tempfile
+
+    _, _, tasks, config, _ = decontam
+    out = tmp_path / "index"
+    (out / "ngrams.npy").mkdir(parents=True)
+    argv = ["data", "decontam-index", "--tasks", "gm_qa", "--include-path", str(tasks), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1].startswith(f"error: cannot write {out}") and len([e for e in err if "Traceback" in e]) == 0
+    ), err
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    with pytest.raises(BuildError) as e:
+        prepare(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}"]), **QUIET)
+    assert str(e.value).startswith(
+        f"cannot write the decontamination index into {tmp_path / 'no-such-tmp'} (the temporary folder, "
+        "$TMPDIR)"
+    ), e.value
+
+
 def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     """A missing, cut-off or mismatched index is one line before any task runs; a rerun into the
     dataset with another index (here an 8-gram one, prebuilt with `index = DIR`) is refused, naming it."""
