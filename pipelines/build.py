@@ -316,8 +316,8 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         )
     if not 0 < cfg.shards.target_mb < math.inf:
         raise BuildError(
-            f"shards.target_mb = {cfg.shards.target_mb}: a shard is closed at this size (0: one shard per "
-            "document); set it > 0 and finite (256 for FineWeb-Edu scale, 1 for the demo)"
+            f"shards.target_mb = {cfg.shards.target_mb}: a shard is closed once it reaches this size; set it "
+            "> 0 and finite (256 for FineWeb-Edu scale, 1 for the demo)"
         )
     if is_url(cfg.output) and cfg.shards.target_mb > MAX_SHARD_MB_IN_A_BUCKET:
         raise BuildError(

@@ -457,6 +457,14 @@ def test_a_file_dataset_json_does_not_record_or_its_record_deleted_is_a_problem(
         "the audit reads it"
     ]
     extra.unlink()
+    # beside a decontamination index: no file the audit reads (it said it was: trial RV64b M5)
+    stray = ds / "decontam" / "ngrams2.npy"
+    stray.parent.mkdir(exist_ok=True)
+    stray.write_bytes(b"")
+    found = problems(ds)
+    said = "decontam/ngrams2.npy: not recorded in dataset.json (added since the build?): no file of the "
+    assert said + "decontamination index" in found, found
+    shutil.rmtree(stray.parent)
     info = json.loads((ds / "dataset.json").read_text())
     del info["files"]
     (ds / "dataset.json").write_text(json.dumps(info))
