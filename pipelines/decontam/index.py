@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -385,8 +386,9 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
             )
         return StagedIndex(folder, manifest, temporary=False)
 
+    _remove_dead_staging()
     try:
-        tmp = Path(tempfile.mkdtemp(prefix="gristmill-decontam-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-"))
     except OSError as e:
         raise _no_room(tempfile.gettempdir(), e) from None
     include = [str(Path(p).expanduser().resolve()) for p in cfg.include_path]
@@ -402,6 +404,25 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         if isinstance(e, OSError):  # the build named its output, which was not written (trial RV64b M1)
             raise _no_room(tmp, e) from None
         raise
+
+
+STAGING = "gristmill-decontam-"  # + PID-: a build's temporary index, in $TMPDIR
+
+
+def _remove_dead_staging() -> None:
+    """The temporary indexes of builds killed before they removed theirs (kill -9: a whole index each,
+    ~48 MB for five hub tasks, left for good: trial RV64b M2): those whose process is gone. A live
+    process's (another user's too), and any not named by a PID, are kept."""
+    for path in Path(tempfile.gettempdir()).glob(f"{STAGING}*"):
+        pid = path.name.removeprefix(STAGING).split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive, someone else's
+            pass
 
 
 def _no_room(where: str | Path, e: OSError) -> BuildError:

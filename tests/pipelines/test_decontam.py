@@ -546,6 +546,31 @@ def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys,
     ), e.value
 
 
+def test_a_killed_builds_temporary_index_is_removed_by_the_next(decontam, tmp_path, monkeypatch):
+    """kill -9 of a build while it indexed its tasks left its temporary index in $TMPDIR for good (a
+    whole index each: trial RV64b M2). The next build removes those whose process is gone; a live
+    process's, and a folder not named by a process, are kept."""
+    import tempfile
+
+    from pipelines.decontam.index import STAGING, discard_staged, stage_index
+
+    _, _, _, config, _ = decontam
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, alive, other = (
+        tmp_path / f"{STAGING}{n}" for n in (f"{gone.stdout.strip()}-x", f"{os.getpid()}-y", "z")
+    )
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        (folder / "ngrams.npy").write_bytes(b"0" * 64)
+    staged = stage_index(load_config(DataConfig, config).decontaminate, log=lambda *a: None)
+    with discard_staged(staged):
+        assert staged.folder.name.startswith(f"{STAGING}{os.getpid()}-")
+    assert not dead.exists() and alive.is_dir() and other.is_dir() and not staged.folder.exists()
+
+
 def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     """A missing, cut-off or mismatched index is one line before any task runs; a rerun into the
     dataset with another index (here an 8-gram one, prebuilt with `index = DIR`) is refused, naming it."""
