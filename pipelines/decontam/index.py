@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import glob
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ from pipelines.decontam.ngram import (
 )
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
 from training.contract.errors import GristmillError, refuse_empty, unwritable
+from training.contract.lifetime import host, pid_alive
 from training.contract.run_layout import artifact_in
 from validation.eval_data import (
     EvalError,
@@ -388,7 +390,7 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
 
     _remove_dead_staging()
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING}{host()}-{os.getpid()}-"))
     except OSError as e:
         raise _no_room(tempfile.gettempdir(), e) from None
     include = [str(Path(p).expanduser().resolve()) for p in cfg.include_path]
@@ -406,23 +408,19 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         raise
 
 
-STAGING = "gristmill-decontam-"  # + PID-: a build's temporary index, in $TMPDIR
+STAGING = "gristmill-decontam-"  # + HOST-PID-: a build's temporary index, in $TMPDIR
 
 
 def _remove_dead_staging() -> None:
     """The temporary indexes of builds killed before they removed theirs (kill -9: a whole index each,
-    ~48 MB for five hub tasks, left for good: trial RV64b M2): those whose process is gone. A live
-    process's (another user's too), and any not named by a PID, are kept."""
-    for path in Path(tempfile.gettempdir()).glob(f"{STAGING}*"):
-        pid = path.name.removeprefix(STAGING).split("-", 1)[0]
-        if not pid.isdigit() or not path.is_dir():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+    ~48 MB for five hub tasks, left for good: trial RV64b M2): those of this host whose process is gone.
+    A live process's (another user's too), another host's ($TMPDIR on a shared filesystem) and any not
+    named so are kept."""
+    mine = f"{STAGING}{host()}-"
+    for path in Path(tempfile.gettempdir()).glob(f"{glob.escape(mine)}*"):
+        pid = path.name.removeprefix(mine).split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # alive, someone else's
-            pass
 
 
 def _no_room(where: str | Path, e: OSError) -> BuildError:

@@ -548,26 +548,28 @@ def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys,
 
 def test_a_killed_builds_temporary_index_is_removed_by_the_next(decontam, tmp_path, monkeypatch):
     """kill -9 of a build while it indexed its tasks left its temporary index in $TMPDIR for good (a
-    whole index each: trial RV64b M2). The next build removes those whose process is gone; a live
-    process's, and a folder not named by a process, are kept."""
+    whole index each: trial RV64b M2). The next build removes those of its host whose process is gone; a
+    live process's, and another host's, are kept."""
     import tempfile
 
     from pipelines.decontam.index import STAGING, discard_staged, stage_index
+    from training.contract.lifetime import host
 
     _, _, _, config, _ = decontam
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    dead, alive, other = (
-        tmp_path / f"{STAGING}{n}" for n in (f"{gone.stdout.strip()}-x", f"{os.getpid()}-y", "z")
-    )
+    mine, pid = f"{STAGING}{host()}-", gone.stdout.strip()
+    # another host's (a $TMPDIR on a shared filesystem): never judged dead here
+    names = (f"{mine}{pid}-x", f"{mine}{os.getpid()}-y", f"{STAGING}elsewhere-{pid}-z")
+    dead, alive, other = (tmp_path / n for n in names)
     for folder in (dead, alive, other):
         folder.mkdir()
         (folder / "ngrams.npy").write_bytes(b"0" * 64)
     staged = stage_index(load_config(DataConfig, config).decontaminate, log=lambda *a: None)
     with discard_staged(staged):
-        assert staged.folder.name.startswith(f"{STAGING}{os.getpid()}-")
+        assert staged.folder.name.startswith(f"{mine}{os.getpid()}-")
     assert not dead.exists() and alive.is_dir() and other.is_dir() and not staged.folder.exists()
 
 
