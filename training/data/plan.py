@@ -681,14 +681,23 @@ def from_description(d: dict[str, Any]) -> Plan:
     return Plan(sources, phases, d["seed"], written=[p.get("written", {}) for p in d["phases"]])
 
 
-def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any, Any] | None:
+def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, str, str] | None:
     """The first field of `plan` that differs from `recorded`, the description the run wrote of its
-    plan (RUN/data_plan.json), as (its config key, the recorded value, `plan`'s); None when they
+    plan (RUN/data_plan.json), as (its config key, the recorded value, `plan`'s, both as a recipe
+    writes them: a mix by its sources, not the plan's integer weights: trial RV64a 2a); None when they
     agree, or when `recorded` is of another format (an older run's: its fields differ). The sources'
     datasets and held-out fractions are checked apart (recipe.check_trained_on); skips are history."""
     if recorded.get("format") != PLAN_FORMAT:
         return None
     ours = plan.describe()
+    found = _first_difference(recorded, ours, plan)
+    return None if found is None else (found[0], _shown(found[1]), _shown(found[2]))
+
+
+def _first_difference(
+    recorded: dict[str, Any], ours: dict[str, Any], plan: Plan
+) -> tuple[str, Any, Any] | None:
+    """recorded_difference's field and its two values (a mix already as a recipe writes it)."""
 
     def where(p: int, name: str) -> str:  # a budget given in tokens is compared in the steps it makes
         in_steps = name in ("steps", "warmup_steps") and plan.key_of(p, name).endswith("tokens")
@@ -710,6 +719,12 @@ def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any,
             tokens = [ph["global_batch"] * ph["seq_len"] for ph in (a, b)]
             return where(p, "global_batch"), *tokens
         for name, key in (("steps", "steps"), ("seq_len", "seq_len"), ("weights", "mix")):
+            if a[name] != b[name] and name == "weights":
+                names = [s["name"] for s in ours["sources"]]
+                mixes = [
+                    {n: str(Fraction(w, sum(ph[name]))) for n, w in zip(names, ph[name])} for ph in (a, b)
+                ]
+                return where(p, key), *map(_mix_shown, mixes)
             if a[name] != b[name]:
                 return where(p, key), a[name], b[name]
         lrs = [ph["lr"] or {} for ph in (a, b)]

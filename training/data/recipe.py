@@ -552,7 +552,7 @@ def check_recorded_plan(
     if found is not None:
         key, recorded, now = found
         raise DatasetError(
-            f"{run_dir / CONFIG_TOML} has {key} = {now!r}, but the run trained with {recorded!r} ({path}): "
+            f"{run_dir / CONFIG_TOML} has {key} = {now}, but the run trained with {recorded} ({path}): "
             "the config was edited after the run, so the batches or learning rates read from it would not "
             "be the run's; "
             f"set it back{damaged}"
