@@ -860,7 +860,10 @@ def check_resume(
                 "point the source at the dataset the run started with",
             )
         if s.val_fraction != ours.val_fraction:
-            raise refuse(f"the val_fraction of source {s.name!r}", s.val_fraction, ours.val_fraction)
+            # named by its keys: the source's own in [[data.sources]], else data.val_fraction (RV64a 2b)
+            keys = "its [[data.sources]] val_fraction, else data.val_fraction"
+            what = f"the val_fraction of source {s.name!r} ({keys})"
+            raise refuse(what, s.val_fraction, ours.val_fraction)
         if s.tokens != ours.tokens:
             raise refuse(f"the training tokens of source {s.name!r}", s.tokens, ours.tokens)
     # Every phase trained so far keeps its batch before any budget or LR is compared: a batch changed

@@ -484,7 +484,8 @@ def test_changed_parameter_under_resume_is_refused(corpus, key, new):
         "seq_len": r"phase\[0\]\.seq_len = \d+ but this run has 14",
         "seed": r"data\.seed = \d+ but this run has 2",
         "global_batch": r"phase\[0\]\.global_batch = 4 but this run has 8",
-        "val_fraction": r"the val_fraction of source 'data' = 0\.1 but this run has 0\.2",
+        "val_fraction": r"the val_fraction of source 'data' \(its \[\[data.sources\]\] val_fraction, else "
+        r"data.val_fraction\) = 0\.1 but this run has 0\.2",
         "split": r"the training tokens of source 'data' = \d+ but this run has \d+",
     }[key]
     assert re.search(want, str(e.value)), str(e.value)
