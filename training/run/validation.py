@@ -115,8 +115,17 @@ class Validation:
                 except LoaderConfigError as e:
                     name = self.plan.phases[phase].name
                     where = f", phase {name!r}" if len(self.plan.phases) > 1 else ""
-                    at = f"source {src.name!r}{where}: run.val_batches = {self.cfg.run.val_batches}: "
-                    raise LoaderConfigError(f"{at}{e}", cause=f"{at}{e.cause}") from None
+                    n = self.cfg.run.val_batches
+                    at = f"source {src.name!r}{where}: run.val_batches = {n}: "
+                    # the fix by its keys: "read fewer batches" with run.val_batches at its least, and no
+                    # key for the others (trial RV64a 2c)
+                    fix = (
+                        f"{at}{e.cause}; raise its held-out fraction (now {src.val_fraction:g}: its "
+                        "[[data.sources]] val_fraction, else data.val_fraction)"
+                        + (", lower run.val_batches" if n > 1 else "")
+                        + ", or turn validation off (run.val_every = 0)"
+                    )
+                    raise LoaderConfigError(fix, cause=f"{at}{e.cause}") from None
                 self._loaders[key] = (loader, loader.state_dict())
             out.append((src.name, *self._loaders[key]))
         return out

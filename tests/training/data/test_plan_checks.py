@@ -414,6 +414,11 @@ def test_a_held_out_split_too_small_for_val_batches_is_refused_by_plan_and_train
     for err in both(config, [f'run.output_dir="{run}"', "run.val_batches=10000"], capsys):
         assert "source 'web', phase 'main': run.val_batches = 10000: split 'val' of " in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+        # the fix by its keys (it said "raise val_fraction, read fewer batches, or turn validation off")
+        assert err.rstrip().endswith(
+            "raise its held-out fraction (now 0.1: its [[data.sources]] val_fraction, else "
+            "data.val_fraction), lower run.val_batches, or turn validation off (run.val_every = 0)"
+        ), err
 
 
 def test_the_plan_says_when_a_mix_is_normalised_and_the_header_names_every_dataset(sources, tmp_path, capsys):
