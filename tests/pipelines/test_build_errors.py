@@ -54,7 +54,7 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
     [
         ("build.progress_interval=0", "build.progress_interval = 0.0: seconds between progress lines"),
         ("build.progress_interval=nan", "build.progress_interval = nan: seconds between progress lines"),
-        ("shards.target_mb=inf", "shards.target_mb = inf: a shard is closed at this size"),
+        ("shards.target_mb=inf", "shards.target_mb = inf: a shard is closed once it reaches this size"),
         ('output=""', 'output = "": name the dataset\'s directory (or s3:// URL)'),
         # every stage ran, then "no document survived", naming filters, not the key; or a task's
         # ValueError; both after build.json, so the corrected rerun was refused (review R22b F6)
