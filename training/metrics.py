@@ -277,17 +277,15 @@ def run_summary(rows: list[dict[str, Any]], start: int) -> dict[str, float | Non
 
 
 def summary_line(
-    rows: list[dict[str, Any]], start: int, end: int, seconds: float, skipped: int = 0, unrowed: int = 0
+    rows: list[dict[str, Any]], start: int, end: int, seconds: float, skipped: int = 0, nonfinite: int = 0
 ) -> str | None:
     """The run's last line (None when no kept step was logged since `start`): the loss over this
-    invocation's steps `start`+1…`end` (`skipped` of them by rewinds and the non-finite ones, not
-    trained: the rows' `skipped_steps` and `unrowed`, those no row of this invocation counts less those
-    its rows count for an earlier one) and, after a resume, over the whole run."""
+    invocation's steps `start`+1…`end` (`skipped` of them by rewinds and `nonfinite` ones not applied:
+    not trained) and, after a resume, over the whole run."""
     losses = kept_losses(rows, after=start)
     if not losses:
         return None
     first, last = losses[0], losses[-1]
-    nonfinite = sum(r.get("skipped_steps", 0) for r in kept_rows(rows) if r["step"] > start) + unrowed
     left_out = [
         f"{n} {how}"
         for n, how in ((skipped, "skipped by rewinds"), (nonfinite, "non-finite, not applied"))

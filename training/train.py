@@ -310,9 +310,6 @@ def _stop_advice(run: Run) -> str:
 def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     state, checkpointer = run.state, run.checkpointer
     start = state.step  # a resumed run's summary covers its own steps, not the whole run's
-    # non-finite steps an earlier invocation trained that this one's first row counts (the checkpoint's
-    # tally no row had counted): not this invocation's (review RV64c 1)
-    carried = run.judge.guard.unlogged.get("skipped", 0)
     stopped_by = None
     run.metrics.start()
     batches = iter(run.loader)
@@ -351,7 +348,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
                     # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
                     _log(run, _row(run, step, phase, result, verdict), ledger=False)
                     run.rewinder.rewind(verdict.rewind)
-                    run.judge.rewound()
+                    run.judge.rewound(verdict.rewind.skip.checkpoint_step)
                     _write_pending(run)  # the final weights' row, when the skip reached the last step
                     batches = iter(run.loader)  # continues after the skip
                 else:
@@ -382,8 +379,8 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
         say(rewinds)
     run.record.finished(state.step)
     skipped = run.timeline.skipped(start, state.step)
-    unrowed = run.judge.guard.unlogged.get("skipped", 0) - carried  # (a stop between rows: counted next run)
-    line = summary_line(run.record.rows, start, state.step, seconds, skipped, unrowed)
+    nonfinite = run.judge.nonfinite_after(start)
+    line = summary_line(run.record.rows, start, state.step, seconds, skipped, nonfinite)
     if line is not None:  # the curve is drawn when the run logged a kept loss
         curve = run.record.draw_loss()
         say(line + (f"; {curve}" if curve else ""))

@@ -350,6 +350,33 @@ def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted
         )
 
 
+def test_a_rewind_to_before_the_resume_leaves_the_closing_line_counting_this_runs_steps(
+    config, tmp_path, monkeypatch, capsys
+):
+    """A step-3 NaN skipped and the run stopped there (its tally in the checkpoint, for the next row);
+    resumed, a spike at 4 rewinds to step 2, before the resume, and that row is never written: the
+    closing line said "-1 non-finite" (review RV64d 1)."""
+    sets = ["run.on_nonfinite='skip'", "eval.interval=0", "run.val_every=0", "checkpoint.interval=2",
+            "checkpoint.export_interval=0", "run.on_spike='rewind'", "run.rewind.margin_steps=2",
+            "run.rewind.skip_steps=1"]  # fmt: skip
+    run = tmp_path / "run"
+    monkeypatch.setenv(NAN_LOSS, str(QUIET))
+    monkeypatch.setenv(SIGTERM, str(QUIET))
+    assert run_here(config, run, *sets)["stopped_by"] == "SIGTERM"
+    monkeypatch.delenv(SIGTERM)
+    monkeypatch.delenv(NAN_LOSS)
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{QUIET + 1}*50")
+    capsys.readouterr()
+    run_here(config, run, *sets, "checkpoint.resume='auto'")
+    out = capsys.readouterr().out
+    assert "back to step 2" in out and f"({LAST - QUIET} steps since the resume)" in out, out
+    # a non-finite step the rewind then discarded (step 5: back to 4, 5 skipped) is no step of the run's
+    monkeypatch.setenv(NAN_LOSS, "5")
+    monkeypatch.setenv(SPIKE_WINDOW, "step:6*50")
+    run_here(config, tmp_path / "again", *sets)
+    assert f"({LAST - 1} steps trained, 1 skipped by rewinds)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "nans, sets, said",
     [

@@ -227,6 +227,13 @@ class Judge:
         self.rewinder = rewinder
         # With a rewind on, every step is read: a rewind acts at the step itself.
         self.every_step = "rewind" in (run.on_spike, run.on_nonfinite)
+        # The non-finite steps this process trained, for the run's last line: by step where every step
+        # is read (a rewind discards those after its checkpoint), else by count (no rewind discards any).
+        # The rows' skipped_steps are no count of this process's: a checkpoint's tally no row had
+        # counted is counted by the next run's first row, and a rewind can discard that row (reviews
+        # RV64c 1, RV64d 1).
+        self.nonfinite_steps: list[int] = []
+        self.nonfinite_count = 0
 
     def judge(self, step: int, result: dict[str, Any], *, look: bool, logged: bool) -> Verdict:
         """The verdict of step `step` (`result`: train_step's). `look`: something besides training
@@ -236,8 +243,7 @@ class Judge:
         if not (look or self.every_step):
             return Verdict(step, GO_ON)
         loss = _mean(result["loss"], self.world_size, self.device)
-        tally = self.guard.read()
-        self.read_step = step
+        tally = self._read(step)
         judged = logged or self.run.on_spike == "rewind"
         spike = self.spikes.check(loss) if judged else None
         verdict = self._decide(step, loss, tally, spike)
@@ -245,10 +251,26 @@ class Judge:
             verdict = _with(verdict, unlogged=self.guard.take_unlogged())
         return verdict
 
-    def rewound(self) -> None:
-        """After a REWIND's checkpoint is restored: the tally as that checkpoint kept it (the discarded
-        attempt's skips are nobody's)."""
+    def rewound(self, back_to: int) -> None:
+        """After a REWIND's checkpoint (of step `back_to`) is restored: the tally as that checkpoint kept
+        it (the discarded attempt's skips are nobody's)."""
         self.guard.restore()
+        self.nonfinite_steps = [s for s in self.nonfinite_steps if s <= back_to]
+
+    def nonfinite_after(self, start: int) -> int:
+        """How many of the steps after `start` this process trained were non-finite (not applied), in the
+        kept timeline."""
+        return self.nonfinite_count + sum(s > start for s in self.nonfinite_steps)
+
+    def _read(self, step: int) -> dict[str, Any]:
+        """The guard's tally (one host sync), its non-finite steps kept for nonfinite_after."""
+        tally = self.guard.read()
+        self.read_step = step
+        if self.every_step:
+            self.nonfinite_steps += [step] * tally["skipped"]  # 0 or 1: every step is read
+        else:
+            self.nonfinite_count += tally["skipped"]
+        return tally
 
     def settle(self, step: int) -> Verdict:
         """The verdict on the steps up to `step` that trained unread (no host sync while nothing was
@@ -257,8 +279,7 @@ class Judge:
         GO_ON when the host read `step` already (every step is read while a rewind is on)."""
         if self.read_step == step:
             return Verdict(step, GO_ON)
-        tally = self.guard.read()  # identical on every rank: each step's flag was all-reduced
-        self.read_step = step
+        tally = self._read(step)  # identical on every rank: each step's flag was all-reduced
         return self._decide(step, None, tally, None)
 
     def _decide(self, step: int, loss: float | None, tally: dict[str, Any], spike: dict | None) -> Verdict:
