@@ -60,9 +60,11 @@ WITH by_reason AS (
                           ['task', 'split']) AS first
     FROM excluded GROUP BY ALL
 ), decontam AS (
-    -- after the quoted words (no quote in them): names may hold parentheses, never whitespace
-    SELECT *, unnest([first.task] || string_split(
-              regexp_extract(reason, '" \\((?:\\+\\d+ more indexed \\d+-grams; )?also (.*)\\)$', 1), ', '))
+    -- after the quoted words (no quote in them), as Python's _DETAIL (anchored: a name holding '" ('
+    -- was read from there): names may hold parentheses, never whitespace
+    SELECT *, unnest([first.task] || string_split(regexp_extract(reason,
+              '^\\d+-gram of \\S+ \\S+ doc \\d+: "[^"]*" '
+              || '\\((?:\\+\\d+ more indexed \\d+-grams; )?also (.*)\\)$', 1), ', '))
               AS task
     FROM by_reason WHERE first.task <> ''
 ), splits AS (

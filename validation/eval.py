@@ -1366,9 +1366,9 @@ def evaluate_missing(
     done, failed, damaged = [], [], []
     told = set() if told is None else told
     # Step 0 of a run from a base model is the base, scored as `--step 0` scores it: a watch beside a
-    # run without [eval] never scored the baseline (trial RV63b 10); `told` holds -1 once the base was
-    # found not at hand, and step 0 is not tried again
-    from_base = [0] if run_config(run_dir).model.init_from and -1 not in told else []
+    # run without [eval] never scored the baseline (trial RV63b 10); `told` holds -1 once step 0's
+    # failure was said (tried again at each look, said once: review RV64d 4)
+    from_base = [0] if run_config(run_dir).model.init_from else []
     for step in from_base + [s for s in available_steps(run_dir) if s not in from_base]:
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
         try:
@@ -1401,13 +1401,11 @@ def evaluate_missing(
                 continue
             except GristmillError as e:
                 if step in from_base and step not in available_steps(run_dir):
-                    # the base not at hand (moved, or a hub base offline): its own line, once, not tried
-                    # again at every look, nor called a checkpoint deleted by retention (review RV64c 5)
-                    told.add(-1)
-                    _log(
-                        f"step 0 (the base) not scored: {e}; the other steps go on (the watch does not try "
-                        "it again)"
-                    )
+                    # the base not at hand (moved, or a hub base offline): its own line, once, not at
+                    # every look, nor called a checkpoint deleted by retention (review RV64c 5)
+                    if -1 not in told:
+                        told.add(-1)
+                        _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
                 if step in available_steps(run_dir):
                     raise

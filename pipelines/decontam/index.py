@@ -109,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
             before = _earlier_index(Path(args.out))
             manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
     except OSError as e:  # a full disk, a folder it cannot write: a traceback (trial RV64b T2)
+        read = e.filename and not Path(e.filename).resolve().is_relative_to(Path(args.out).resolve())
+        if read:  # a task file it reads (--include-path's), not --out's (review RV64d 3)
+            raise GristmillError(
+                f"cannot read {e.filename}: {e.strerror or e}; fix that path (--include-path, --tasks)"
+            ) from None
         raise unwritable(Path(args.out), e) from None
     print(summary(manifest, Path(args.out)))
     if before is not None and before.get("sha256") != manifest["sha256"]:  # replaced in silence before

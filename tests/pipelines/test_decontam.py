@@ -537,6 +537,16 @@ def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys,
     assert (
         err[-1].startswith(f"error: cannot write {out}") and len([e for e in err if "Traceback" in e]) == 0
     ), err
+    # a task file it reads, not --out, when that is what cannot be read (review RV64d 3)
+    shutil.rmtree(out)
+    bad = tmp_path / "include"
+    (bad / "bad.yaml").mkdir(parents=True)
+    assert (
+        main(["data", "decontam-index", "--tasks", "gm_qa", "--include-path", str(bad), "--out", str(out)])
+        == 2
+    )
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(f"error: cannot read {bad / 'bad.yaml'}: ") and "--include-path" in said, said
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     with pytest.raises(BuildError) as e:
         prepare(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}"]), **QUIET)

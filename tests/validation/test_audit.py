@@ -961,6 +961,26 @@ def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
     assert LONG_URL in capsys.readouterr().out
 
 
+def test_drops_report_reads_a_reasons_tasks_as_the_build_does():
+    """A task named 'x"' with split '(also': the report read its "also" part from the first '" (' and
+    counted a task 'doc 5: "w" (also q' (review RV64d 5); read as tasks_of_detail reads it."""
+    import duckdb
+
+    from pipelines.decontam.ngram import tasks_of_detail
+    from validation.audit_reports import PRESETS
+
+    reason = '13-gram of x" (also doc 5: "w" (also q)'
+    con = duckdb.connect()
+    con.execute("CREATE TABLE excluded (dataset_name VARCHAR, filter VARCHAR, reason VARCHAR)")
+    con.execute("INSERT INTO excluded VALUES ('d', 'decontaminate', ?)", [reason])
+    tasks = [{"name": 'x"', "split": "(also"}, {"name": "q", "split": "test"}]
+    con.execute("CREATE TABLE dataset (dataset_name VARCHAR, json JSON)")
+    con.execute("INSERT INTO dataset VALUES ('d', ?)", [json.dumps({"decontaminate": {"tasks": tasks}})])
+    got = sorted(r for _, _, r, _, _, _ in con.execute(PRESETS["drops"]).fetchall())
+    assert tasks_of_detail(reason) == ['x"', "q"]
+    assert got == ['N-gram of q test doc N: "…"', 'N-gram of x" (also doc N: "…"'], got
+
+
 def test_drops_report_groups_dedup_and_decontamination_reasons():
     """One row per kind of drop, not one per document: the kept id of a duplicate and the quoted
     words of a decontamination match are folded like the numbers. Decontamination: one row per task
