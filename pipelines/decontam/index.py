@@ -74,6 +74,7 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 
 LOG = "lm-eval.log"
+STAGING = "gristmill-decontam-"  # + HOST-PID-: a build's temporary index, in $TMPDIR
 LOCAL_HINT = (
     "or build the index where there is network and copy it (a recipe's [decontaminate] index = DIR); "
     "local YAML tasks: --include-path DIR"
@@ -354,9 +355,9 @@ class StagedIndex:
         return index_identity(self.manifest)
 
 
-def index_identity(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What of an index decides the dataset: its hashes (sha256) and n; the task names to name a change."""
-    m = manifest
+def index_identity(m: dict[str, Any]) -> dict[str, Any]:
+    """What of an index (manifest `m`) decides the dataset: its hashes (sha256) and n; the task names to
+    name a change."""
     return {"index_sha256": m["sha256"], "ngram": m["ngram"], "tasks": [t["name"] for t in m["tasks"]]}
 
 
@@ -411,9 +412,6 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         if isinstance(e, OSError):  # the build named its output, which was not written (trial RV64b M1)
             raise _no_room(tmp, e) from None
         raise
-
-
-STAGING = "gristmill-decontam-"  # + HOST-PID-: a build's temporary index, in $TMPDIR
 
 
 def _remove_dead_staging() -> None:

@@ -719,14 +719,15 @@ def _first_difference(
             tokens = [ph["global_batch"] * ph["seq_len"] for ph in (a, b)]
             return where(p, "global_batch"), *tokens
         for name, key in (("steps", "steps"), ("seq_len", "seq_len"), ("weights", "mix")):
-            if a[name] != b[name] and name == "weights":
+            if a[name] == b[name]:
+                continue
+            if name == "weights":
                 names = [s["name"] for s in ours["sources"]]
                 mixes = [
                     {n: str(Fraction(w, sum(ph[name]))) for n, w in zip(names, ph[name])} for ph in (a, b)
                 ]
                 return where(p, key), *map(_mix_shown, mixes)
-            if a[name] != b[name]:
-                return where(p, key), a[name], b[name]
+            return where(p, key), a[name], b[name]
         lrs = [ph["lr"] or {} for ph in (a, b)]
         for name in sorted(set(lrs[0]) | set(lrs[1])):
             if lrs[0].get(name) != lrs[1].get(name):
