@@ -1400,14 +1400,15 @@ def evaluate_missing(
                 _log(f"{e}; the watch goes on")
                 continue
             except GristmillError as e:
-                if step in from_base and step not in available_steps(run_dir):
+                available = available_steps(run_dir)
+                if step in from_base and step not in available:
                     # the base not at hand (moved, or a hub base offline): its own line, once, not at
                     # every look, nor called a checkpoint deleted by retention (review RV64c 5)
                     if -1 not in told:
                         told.add(-1)
                         _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
-                if step in available_steps(run_dir):
+                if step in available:
                     raise
                 # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch
                 # goes on with the steps that are there.

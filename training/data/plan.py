@@ -736,6 +736,7 @@ def _first_difference(
 
 
 FUTURE_ONLY = "(only phases after the current one may change)"  # a resume refusal's closing rule
+VAL_FRACTION_KEYS = "its [[data.sources]] val_fraction, else data.val_fraction"  # a source's held-out share
 
 
 def check_resume(
@@ -861,9 +862,7 @@ def check_resume(
                 "point the source at the dataset the run started with",
             )
         if s.val_fraction != ours.val_fraction:
-            # named by its keys: the source's own in [[data.sources]], else data.val_fraction (RV64a 2b)
-            keys = "its [[data.sources]] val_fraction, else data.val_fraction"
-            what = f"the val_fraction of source {s.name!r} ({keys})"
+            what = f"the val_fraction of source {s.name!r} ({VAL_FRACTION_KEYS})"  # by its keys (RV64a 2b)
             raise refuse(what, s.val_fraction, ours.val_fraction)
         if s.tokens != ours.tokens:
             raise refuse(f"the training tokens of source {s.name!r}", s.tokens, ours.tokens)

@@ -16,7 +16,7 @@ from training.config import TrainConfig
 from training.console import say
 from training.contract.errors import GristmillError
 from training.data.loader import LoaderConfigError, TokenLoader, dataset_loader
-from training.data.plan import Plan
+from training.data.plan import VAL_FRACTION_KEYS, Plan
 from training.data.spec import BatchShape, RunSpec
 from training.run.shutdown import any_rank
 
@@ -120,8 +120,8 @@ class Validation:
                     # the fix by its keys: "read fewer batches" with run.val_batches at its least, and no
                     # key for the others (trial RV64a 2c)
                     fix = (
-                        f"{at}{e.cause}; raise its held-out fraction (now {src.val_fraction:g}: its "
-                        "[[data.sources]] val_fraction, else data.val_fraction)"
+                        f"{at}{e.cause}; raise its held-out fraction (now {src.val_fraction:g}: "
+                        f"{VAL_FRACTION_KEYS})"
                         + (", lower run.val_batches" if n > 1 else "")
                         + ", or turn validation off (run.val_every = 0)"
                     )

@@ -227,13 +227,12 @@ class Judge:
         self.rewinder = rewinder
         # With a rewind on, every step is read: a rewind acts at the step itself.
         self.every_step = "rewind" in (run.on_spike, run.on_nonfinite)
-        # The non-finite steps this process trained, for the run's last line: by step where every step
-        # is read (a rewind discards those after its checkpoint), else by count (no rewind discards any).
-        # The rows' skipped_steps are no count of this process's: a checkpoint's tally no row had
-        # counted is counted by the next run's first row, and a rewind can discard that row (reviews
-        # RV64c 1, RV64d 1).
-        self.nonfinite_steps: list[int] = []
-        self.nonfinite_count = 0
+        # The non-finite steps this process trained, for the run's last line: (step read, how many up to
+        # it); a rewind discards those after its checkpoint (every step is read then, one each). The
+        # rows' skipped_steps are no count of this process's: a checkpoint's tally no row had counted is
+        # counted by the next run's first row, and a rewind can discard that row (reviews RV64c 1,
+        # RV64d 1).
+        self.nonfinite_read: list[tuple[int, int]] = []
 
     def judge(self, step: int, result: dict[str, Any], *, look: bool, logged: bool) -> Verdict:
         """The verdict of step `step` (`result`: train_step's). `look`: something besides training
@@ -255,21 +254,19 @@ class Judge:
         """After a REWIND's checkpoint (of step `back_to`) is restored: the tally as that checkpoint kept
         it (the discarded attempt's skips are nobody's)."""
         self.guard.restore()
-        self.nonfinite_steps = [s for s in self.nonfinite_steps if s <= back_to]
+        self.nonfinite_read = [(s, n) for s, n in self.nonfinite_read if s <= back_to]
 
     def nonfinite_after(self, start: int) -> int:
         """How many of the steps after `start` this process trained were non-finite (not applied), in the
         kept timeline."""
-        return self.nonfinite_count + sum(s > start for s in self.nonfinite_steps)
+        return sum(n for s, n in self.nonfinite_read if s > start)
 
     def _read(self, step: int) -> dict[str, Any]:
         """The guard's tally (one host sync), its non-finite steps kept for nonfinite_after."""
         tally = self.guard.read()
         self.read_step = step
-        if self.every_step:
-            self.nonfinite_steps += [step] * tally["skipped"]  # 0 or 1: every step is read
-        else:
-            self.nonfinite_count += tally["skipped"]
+        if tally["skipped"]:
+            self.nonfinite_read.append((step, tally["skipped"]))
         return tally
 
     def settle(self, step: int) -> Verdict:
