@@ -855,11 +855,16 @@ def check_resume(
         if s.name not in used or ours is None:
             continue
         if not same_fingerprint(s.fingerprint, ours.fingerprint):
-            raise refuse(
-                f"the fingerprint of source {s.name!r}",
-                s.fingerprint,
-                ours.fingerprint,
-                "point the source at the dataset the run started with",
+            # where it is, and where to look for the one trained (trial RV64a 2d: two hashes alone)
+            here = f" at {ours.dataset}" if ours.dataset else ""
+            now, then = (
+                f"{f[:12]}…" if isinstance(f, str) else repr(f) for f in (ours.fingerprint, s.fingerprint)
+            )
+            raise PlanError(
+                f"the fingerprint of source {s.name!r} is {now}{here}, but the checkpoint's plan has "
+                f"{then}; the plan's past is immutable ({drawn}) — "
+                "point the source at the dataset the run started with (the run's config.toml names it; "
+                "where that is this path, the dataset was rebuilt since), or start a new run " + rule
             )
         if s.val_fraction != ours.val_fraction:
             what = f"the val_fraction of source {s.name!r} ({VAL_FRACTION_KEYS})"  # by its keys (RV64a 2b)

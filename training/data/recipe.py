@@ -33,6 +33,7 @@ from training.contract.dataset_format import (
     tokenizer_differences,
 )
 from training.contract.dataset_index import DOC_HASHES
+from training.contract.object_store import is_url
 from training.contract.run_layout import (
     CONFIG_TOML,
     DATA_PLAN_JSON,
@@ -598,10 +599,19 @@ def check_trained_on(
             )
         else:
             unknown = " (the run recorded no tokenizer hash to tell a rebuild by)" if tokenizer_only else ""
+            # a recipe's relative path is read from the working directory: run elsewhere, it can find
+            # another dataset, not a rebuilt one (trial RV64a 2e)
+            relative = not is_url(location) and not Path(location).is_absolute()
+            elsewhere = (
+                f" (read from the working directory {Path.cwd()}: if the run started in another, run the "
+                "command there)"
+                if relative
+                else ""
+            )
             raise DatasetError(
-                f"source {source!r}: {location} is not the dataset this run trained on (fingerprint "
-                f"{str(info.get('fingerprint'))[:12]}… now, {str(trained['fingerprint'])[:12]}… in "
-                f"{path}){unknown}; {consequence}"
+                f"source {source!r}: {location}{elsewhere} is not the dataset this run trained on "
+                f"(fingerprint {str(info.get('fingerprint'))[:12]}… now, {str(trained['fingerprint'])[:12]}… "
+                f"in {path}){unknown}; {consequence}"
             )
     held_out = trained.get("val_fraction")
     if val_fraction is not None and held_out is not None and val_fraction != held_out:

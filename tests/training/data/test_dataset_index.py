@@ -45,6 +45,7 @@ from training.data import cache as order_cache
 from training.data import order as epoch_order
 from training.data.loader import LoaderStateError, batch_sha256, dataset_loader
 from training.data.reader import DocumentTable
+from training.data.recipe import check_trained_on
 from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -204,8 +205,12 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     resumed = _loader(root)
     resumed.load_state_dict(state)
     assert _hashes(resumed, 3) == want[3:]
-    with pytest.raises(LoaderStateError, match="the fingerprint of source 'data'"):
+    with pytest.raises(LoaderStateError, match="the fingerprint of source 'data'") as refused:
         _loader(root).load_state_dict(_with_fingerprint(state, "0" * 64))
+    # where the dataset is, and where the one trained is named (trial RV64a 2d)
+    assert f"is {info['fingerprint'][:12]}… at {root}, but the checkpoint's plan has 000000000000…" in str(
+        refused.value
+    ) and "the run's config.toml names it" in str(refused.value), refused.value
 
 
 def test_damaged_index_is_named_and_repaired(corpus, tmp_path):
@@ -568,7 +573,7 @@ def test_an_index_of_an_older_format_is_refused_then_upgraded(corpus, tmp_path, 
     assert _hashes(_loader(copy, val_fraction=0.2), 3) == _hashes(_loader(root, val_fraction=0.2), 3)
 
 
-def test_a_relative_dataset_path_not_found_names_the_working_directory(tmp_path, monkeypatch):
+def test_a_relative_dataset_path_names_the_working_directory(tmp_path, monkeypatch):
     """A run's recipe keeps data.dataset as written; `data inspect RUN` from another directory said
     "runs/data/demo is not a gristmill dataset (build one …)" of a dataset that exists (review R14b)."""
     monkeypatch.chdir(tmp_path)
@@ -582,6 +587,17 @@ def test_a_relative_dataset_path_not_found_names_the_working_directory(tmp_path,
         f"{tmp_path / 'demo' / DATASET_JSON} not found: {tmp_path / 'demo'} is not a gristmill dataset "
         "(build one with `gristmill data build`)"
     )
+
+    # found, but another dataset: said as read from here, not only "rebuilt or replaced" (RV64a 2e)
+    run = {"sources": [{"name": "data", "fingerprint": "f" * 64}]}
+    for location, said in (("runs/data/demo", True), (str(tmp_path / "demo"), False)):
+        with pytest.raises(DatasetError) as other:
+            check_trained_on(tmp_path / "run", "data", location, {"fingerprint": "e" * 64}, "fix", run)
+        assert (
+            f"{location} (read from the working directory {tmp_path}: if the run started in another, "
+            "run the command there) is not the dataset" in str(other.value)
+        ) is said, other.value
+        assert f"source 'data': {location}" in str(other.value)
 
 
 def test_the_documents_sum_is_of_the_documents_not_their_order(corpus):
