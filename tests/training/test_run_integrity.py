@@ -1119,6 +1119,19 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     capsys.readouterr()  # no data-parallel ranks: one line (ZeroDivisionError in the run's plan: R21b F11)
     assert gristmill(["data", "inspect", str(run), "--world-size", "0"]) == 2
     assert one_error_line(capsys.readouterr().err) == "error: --world-size must be at least 1, got 0"
+    # 16 ranks share the 16 sequences (the trainer's micro-batch of 4 would not: the run's own rule, not
+    # the reader's, which was refused naming data.micro_batch: trial RV64a 2f); rank 15's row is row 15
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "0"]) == 0
+    whole = capsys.readouterr().out
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--world-size", "16", "--rank", "15"]) == 0
+    ranks = capsys.readouterr().out
+    row = whole[whole.index("row 15: ") :].split("\n")[0]
+    assert row in ranks and "rows 15..15 of the global batch" in ranks and "row 14: " not in ranks, ranks
+    assert gristmill(["data", "inspect", str(run), "--world-size", "3"]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: --world-size 3: phase 'main' of {run / 'config.toml'} has a global batch of 16 sequences, "
+        "which 3 ranks cannot share; give a world size that divides it (1, 2, 4, 8, 16)"
+    )
     assert gristmill(["data", "inspect", str(run), "--max-rows", "-1"]) == 2  # every row (review R21b)
     said = one_error_line(capsys.readouterr().err)
     assert said == "error: --max-rows -1: give the rows to print, ≥ 1 (0: all)"
