@@ -180,6 +180,10 @@ def test_arrays_of_tables_round_trip_and_take_indexed_overrides(tmp_path):
     assert load_config(WithArrays, write(tmp_path, text)) == cfg
     with pytest.raises(ConfigError, match=r"stage has 2 entries, not an entry \[2\]"):
         load_config(WithArrays, p, ["stage[2].steps=1"])
+    # counted from the end as Python does (documented in docs/training.md: trial RV64a 2h)
+    assert load_config(WithArrays, p, ["stage[-1].steps=7"]).stage[1].steps == 7
+    with pytest.raises(ConfigError, match=r"stage has 2 entries, not an entry \[-3\]"):
+        load_config(WithArrays, p, ["stage[-3].steps=1"])
     with pytest.raises(ConfigError, match=r"unknown key 'stage\[1\].stepz'.*did you mean 'stage\[1\].steps'"):
         load_config(WithArrays, p, ["stage[1].stepz=1"])
 

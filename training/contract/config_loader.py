@@ -148,7 +148,8 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
-    """raw[a][b] = value for key "a.b"; `phase[1].seq_len` indexes an array of tables."""
+    """raw[a][b] = value for key "a.b"; `phase[1].seq_len` indexes an array of tables (`phase[-1]`, the
+    last, as Python counts: docs/training.md says so)."""
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
