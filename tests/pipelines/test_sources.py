@@ -97,6 +97,18 @@ def test_jsonl_zst_reader_turns_bad_lines_into_records(tmp_path):
     assert by_id["good"].metadata == {"int_score": 4, "source_file": "a.jsonl.zst", "source_row": 1}
 
 
+def test_an_integer_past_64_bits_is_read_whole(tmp_path):
+    """orjson reads one as a float: two 30-digit ids became one, and a number as text was said to be a
+    float (trial RV64b M6). A float stays a float."""
+    big = 123456789012345678901234567890
+    lines = [f'{{"text": "One document.", "id": {big}}}', f'{{"text": "Two.", "id": {big + 1}}}']
+    lines += [f'{{"text": {big}, "id": "t"}}', '{"text": "Three.", "id": 1e30}']
+    write_jsonl_zst(tmp_path / "a.jsonl.zst", [line.encode() for line in lines])
+    docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    assert [d.id for d in docs] == [str(big), str(big + 1), "t", "1e+30"]
+    assert "'text' is int, not a string" in docs[2].metadata[READ_ERROR]
+
+
 def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
     _, _, config = build_fixture
     (tmp_path / "src").mkdir()
