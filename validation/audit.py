@@ -45,7 +45,7 @@ from training.contract.run_layout import (
     dataset_around,
     is_training_run,
 )
-from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
+from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix, relative_location
 from training.data.remote import add_cache_argument, cache_of, dataset_info, origin
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
@@ -585,26 +585,18 @@ def _other_build(run: Path, source: str, location: str, info: dict[str, Any]) ->
     plan = recorded_plan(run)
     if not info or plan is None:
         return None
-    # a relative path is read from the working directory, which the run's may not have been; the plan
-    # records no path, so the line names the one checked (review RV32d 3: an untouched dataset audited
-    # from another directory was said to be rebuilt)
-    where, since = location, " after the run"
-    if _relative(location):
-        where = f"{location} (from this working directory: {os.path.abspath(location)})"
-        since = ", or the run read that relative path from another working directory"
+    # a relative path is read from the working directory, which the run's may not have been: said by
+    # check_trained_on (review RV32d 3: an untouched dataset audited from another directory was said
+    # to be rebuilt)
+    since = "" if relative_location(location) else " after the run"
     try:
         check_trained_on(
-            run, source, where, info, f"it was rebuilt or replaced{since}, so its tables are not of the "
+            run, source, location, info, f"it was rebuilt or replaced{since}, so its tables are not of the "
             "documents the run read (the `sources` view holds the fingerprint it read)", plan,
         )  # fmt: skip
     except DatasetError as e:
         return str(e)
     return None
-
-
-def _relative(location: str) -> bool:
-    """Whether a dataset a run's config names is a relative path: read from the working directory."""
-    return not is_url(location) and not Path(location).is_absolute()
 
 
 ADVICE_LOOKUP_S = 10.0  # how long the audit's advice waits for a bucket's dataset.json
@@ -670,7 +662,7 @@ def _run(args: argparse.Namespace) -> int:
                     why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
                 except DatasetError as e:  # its data_plan.json damaged: which builds it read is unknown
                     why, others = dict.fromkeys(s for s, _ in sources), [*others, str(e)]
-                relative = any(_relative(loc) for s, loc in sources if why[s])
+                relative = any(relative_location(loc) for s, loc in sources if why[s])
                 none = "none from this working directory" if relative else "none now"
                 runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
                 others += [w for w in why.values() if w]

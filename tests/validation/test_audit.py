@@ -329,8 +329,11 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()
     assert f"({run}'s: none from this working directory)" in err, err
-    assert f"source 'data': data (from this working directory: {data}) is not the dataset " in err, err
-    assert "rebuilt or replaced, or the run read that relative path from another working directory" in err
+    assert (
+        f"source 'data': data (from this working directory: {data}; if the run started in another, run the "
+        "command there) is not the dataset " in err
+    ), err
+    assert "; it was rebuilt or replaced, so its tables" in err, err
     # a source without its fingerprint: a KeyError traceback from each audit of the run (review RV32d 5)
     plan = json.loads((run / "data_plan.json").read_text())
     del plan["sources"][0]["fingerprint"]

@@ -600,12 +600,11 @@ def check_trained_on(
         else:
             unknown = " (the run recorded no tokenizer hash to tell a rebuild by)" if tokenizer_only else ""
             # a recipe's relative path is read from the working directory: run elsewhere, it can find
-            # another dataset, not a rebuilt one (trial RV64a 2e)
-            relative = not is_url(location) and not Path(location).is_absolute()
+            # another dataset, not a rebuilt one (review RV32d 3 in the audit, trial RV64a 2e)
             elsewhere = (
-                f" (read from the working directory {Path.cwd()}: if the run started in another, run the "
-                "command there)"
-                if relative
+                f" (from this working directory: {Path(location).absolute()}; if the run started in "
+                "another, run the command there)"
+                if relative_location(location)
                 else ""
             )
             raise DatasetError(
@@ -620,6 +619,12 @@ def check_trained_on(
             f"held out {held_out!r} ({path}): the config was edited after the run, so "
             f"its held-out documents would not be the run's; set it back{_or_the_plan_changed(run_dir)}"
         )
+
+
+def relative_location(location: str | Path) -> bool:
+    """Whether a dataset a run's config names is a relative path: read from the working directory,
+    which the run's may not have been."""
+    return not is_url(location) and not Path(location).is_absolute()
 
 
 def recorded_skips(run_dir: Path, description: dict[str, Any] | None = None) -> tuple[data_plan.Skip, ...]:

@@ -594,8 +594,8 @@ def test_a_relative_dataset_path_names_the_working_directory(tmp_path, monkeypat
         with pytest.raises(DatasetError) as other:
             check_trained_on(tmp_path / "run", "data", location, {"fingerprint": "e" * 64}, "fix", run)
         assert (
-            f"{location} (read from the working directory {tmp_path}: if the run started in another, "
-            "run the command there) is not the dataset" in str(other.value)
+            f"{location} (from this working directory: {tmp_path / location}; if the run started in "
+            "another, run the command there) is not the dataset" in str(other.value)
         ) is said, other.value
         assert f"source 'data': {location}" in str(other.value)
 
