@@ -1,9 +1,9 @@
 """Filters as datatrove steps; every dropped document is recorded in OUTPUT/excluded/*.parquet.
 
 Each filter is a datatrove `BaseFilter` whose `exclusion_writer` is an `ExcludedWriter`: one
-parquet file per (task, filter) with the contract's EXCLUDED_SCHEMA (id, url, dump, filter,
-reason). datatrove's own Gopher filters plug in the same way, so their drops are recorded too.
-Kept + excluded = read, for every task.
+parquet file per (task, filter) with the contract's EXCLUDED_SCHEMA (id, url, dump, filter, reason,
+source_file, source_row). datatrove's own Gopher filters plug in the same way, so their drops are
+recorded too. Kept + excluded = read, for every task.
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ from pipelines.config import FiltersConfig
 from pipelines.sources import READ_ERROR
 from pipelines.task_upload import task_root
 from training.contract.atomic_write import move_into_place
-from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_FIELDS, EXCLUDED_SCHEMA, source_columns
+from training.contract.dataset_format import (
+    EXCLUDED_DIR,
+    EXCLUDED_FIELDS,
+    EXCLUDED_SCHEMA,
+    SOURCE_FILE,
+    SOURCE_ROW,
+    source_columns,
+)
 from training.contract.errors import GristmillError
 
 TMP_SUFFIX = ".tmp"
@@ -79,6 +86,8 @@ class ExcludedWriter:
                 "id": doc.id,  # the reader's id (source.id_key), not a metadata key
                 "filter": self.filter_name,
                 "reason": str(m.get(DETAIL) or m.get("filter_reason") or self.filter_name),
+                SOURCE_FILE: m.get(SOURCE_FILE),
+                SOURCE_ROW: m.get(SOURCE_ROW),
             }
         )
         if len(self._rows) >= self.flush_rows:

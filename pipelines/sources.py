@@ -776,16 +776,16 @@ class JsonlSource(_Reader):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"
+                place = {SOURCE_FILE: filepath, SOURCE_ROW: li}  # an excluded line's too (RV64b M3)
                 try:
                     data = parse_json_line(line, li == 1)
                 except (ValueError, RecursionError) as e:  # nested past the parser's depth
-                    meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})"}
+                    meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})", **place}
                     yield Document(text="", id=where, metadata=meta)
                     continue
                 if not isinstance(data, dict):
-                    yield Document(
-                        text="", id=where, metadata={READ_ERROR: f"{where}: line is not a JSON object"}
-                    )
+                    meta = {READ_ERROR: f"{where}: line is not a JSON object", **place}
+                    yield Document(text="", id=where, metadata=meta)
                     continue
                 meta = {k: data[k] for k in META_KEYS if k in data}
                 if self.text_key not in data:  # not "empty text": the key missing, and those there

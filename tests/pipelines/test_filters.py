@@ -21,7 +21,15 @@ PROSE = (
 
 def doc(text: str, i: int = 0, **meta) -> Document:
     return Document(
-        text=text, id=f"d{i}", metadata={"url": f"https://x/{i}", "dump": "CC-MAIN-2024-10", **meta}
+        text=text,
+        id=f"d{i}",
+        metadata={
+            "url": f"https://x/{i}",
+            "dump": "CC-MAIN-2024-10",
+            "source_file": "in.jsonl",
+            "source_row": i + 1,
+        }
+        | meta,
     )
 
 
@@ -45,6 +53,7 @@ def test_text_filter_reasons(tmp_path, text, meta, reason):
     rows = pq.read_table(tmp_path / "excluded" / "00000_text.parquet").to_pylist()
     assert rows == [
         {"id": "d0", "url": "https://x/0", "dump": "CC-MAIN-2024-10", "filter": "text", "reason": reason}
+        | {"source_file": "in.jsonl", "source_row": 1}  # where the source has it (trial RV64b M3)
     ]
 
 

@@ -134,6 +134,10 @@ def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
     assert excluded["badbytes"]["reason"] == "invalid UTF-8: bytes that are not UTF-8 at character 6"
     assert excluded["surrogate"]["reason"] == "invalid UTF-8: a lone surrogate at character 7"
     assert excluded["null-text"]["reason"] == "empty or whitespace-only text"
+    # each where its source has it (an id need not be unique: trial RV64b M3); a malformed line too
+    rows = {i: (r["source_file"], r["source_row"]) for i, r in excluded.items()}
+    assert rows["badbytes"] == ("a.jsonl.zst", 2) and rows["null-text"] == ("a.jsonl.zst", 8), rows
+    assert rows["a.jsonl.zst:6"] == ("a.jsonl.zst", 6), rows
     # No UTF-8 file holds a lone surrogate: such metadata (the task failed writing it) is kept as its
     # escape, the document excluded with the field named
     assert excluded["bad-url"]["url"] == "https://a.org/\\ud800"

@@ -186,12 +186,14 @@ def manifest_type_problem(table: pa.Table) -> str | None:
     return None
 
 
-# One row per dropped document, with the filter that dropped it and why.
+# One row per dropped document, with the filter that dropped it and why, and where the source has it
+# (ids need not be unique: the file and row find the document; null in a build before they were kept).
 EXCLUDED_SCHEMA = pa.schema(
     [
         *((f.name, f.type) for f in EXCLUDED_FIELDS),
         ("filter", pa.string()),  # step name, e.g. "int_score", "min_chars", "gopher_repetition"
         ("reason", pa.string()),  # human detail, e.g. "int_score 2 < 3"
+        *PROVENANCE_COLUMNS[:2],  # source_file, source_row
     ]
 )
 
