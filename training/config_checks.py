@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Sequence
 
 from training.config import (
     TRACKERS,
@@ -334,21 +335,37 @@ def check_rewind(cfg: TrainConfig) -> None:
         )
 
 
-def rewind_unreachable(cfg: TrainConfig, last_step: int) -> str | None:
-    """The start's warning when no rewind can happen in a plan of `last_step` steps: the first checkpoint
-    (at checkpoint.interval) lies after every step − run.rewind.margin_steps. Not an error: such a run
-    trains as the rule's fallback does (a spike reported, a non-finite step stopping the run)."""
+def rewind_unreachable(
+    cfg: TrainConfig, last_step: int, saved: Sequence[int] = (), oldest: int = 0, after: int = 0
+) -> str | None:
+    """The start's warning when no rewind can happen in a plan of `last_step` steps: no checkpoint a
+    rewind may go back to (`saved`: the run's, a resume's; its next save on checkpoint.interval's grid
+    after step `after`, where it starts) lies between `oldest` (the timeline's oldest target) and every
+    step − run.rewind.margin_steps. A fresh run's has none saved and starts at 0; a resume's was never
+    warned (review RV64d 6). Not an error: such a run trains as the rule's fallback does (a spike
+    reported, a non-finite step stopping the run)."""
     r, interval = cfg.run, cfg.checkpoint.interval
     rewinds = [k for k, v in (("on_spike", r.on_spike), ("on_nonfinite", r.on_nonfinite)) if v == "rewind"]
     margin = r.rewind.margin_steps
-    if not rewinds or interval < 1 or last_step - margin >= interval:
+    newest = last_step - margin
+    if not rewinds or interval < 1:
         return None
+    following = (after // interval + 1) * interval  # the next save on the grid
+    if following <= newest or any(oldest <= s <= newest for s in saved):
+        return None
+    if not saved and after == 0:
+        why = f"its first checkpoint (checkpoint.interval = {interval}) is after"
+    else:
+        have = ", ".join(f"step {s}" for s in sorted(saved)[-3:]) or "none in the run directory"
+        why = (
+            f"neither its checkpoints ({have}) nor its next save (checkpoint.interval = {interval}: step "
+            f"{following}) is {f'between step {oldest} and' if oldest else 'at or before'}"
+        )
     fallback = {"on_spike": "a spike is only reported", "on_nonfinite": "a non-finite step stops the run"}
     return (
-        f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: its first checkpoint "
-        f"(checkpoint.interval = {interval}) is after its last step {last_step} − run.rewind.margin_steps "
-        f"{margin}, so {' and '.join(fallback[k] for k in rewinds)}; lower run.rewind.margin_steps or "
-        "checkpoint.interval"
+        f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: {why} its last step "
+        f"{last_step} − run.rewind.margin_steps {margin}, so {' and '.join(fallback[k] for k in rewinds)}; "
+        "lower run.rewind.margin_steps or checkpoint.interval"
     )
 
 

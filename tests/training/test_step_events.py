@@ -517,11 +517,19 @@ def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_ev
 def test_a_resume_with_a_longer_checkpoint_interval_is_not_warned_it_cannot_rewind(
     config, tmp_path, monkeypatch, capsys
 ):
-    """The start's "can never rewind" looks at checkpoint.interval alone: a resume's earlier checkpoints,
-    saved at another interval, are targets too (it warned, then rewound: review RV64c 4)."""
+    """A resume's earlier checkpoints, saved at another interval, are targets too: the start's "can never
+    rewind" looked at checkpoint.interval alone (it warned, then rewound: review RV64c 4)."""
     run, sets = tmp_path / "run", ["eval.interval=0", "run.on_spike='rewind'", "checkpoint.export_interval=0"]
     run_here(config, run, *sets, "run.max_steps=5", "checkpoint.interval=2")
     capsys.readouterr()
+    # one that truly cannot (none of steps 2, 4 or 8 is before 8 − 7) is warned (review RV64d 6)
+    run_here(config, run, *sets, "checkpoint.interval=8", "run.rewind.margin_steps=7", "run.max_steps=6",
+             "checkpoint.resume='auto'")  # fmt: skip
+    assert (
+        "warning: run.on_spike = 'rewind' can never rewind in this plan: neither its checkpoints (step 2, "
+        "step 4) nor its next save (checkpoint.interval = 8: step 8) is at or before its last step 8 − "
+        "run.rewind.margin_steps 7, so a spike is only reported" in capsys.readouterr().out
+    )
     monkeypatch.setenv(SPIKE_WINDOW, "step:7*50")
     run_here(config, run, *sets, "checkpoint.interval=8", "checkpoint.resume='auto'")
     out = capsys.readouterr().out

@@ -492,6 +492,12 @@ class Checkpointer:
         on_grid = self.cfg.interval > 0 and step % self.cfg.interval == 0
         return not (on_grid or step == self.plan_last_step)
 
+    def rewind_targets(self) -> list[int]:
+        """The steps of this run's complete checkpoints that a rewind may go back to (not verified
+        here: what the start's warning of a rewind that cannot happen looks at)."""
+        steps = complete_steps(self.run_dir)
+        return [s for s in steps if not is_resume_only(checkpoint_dir(self.run_dir, s))]
+
     def newest_complete(self) -> str:
         """The run's newest complete checkpoint, as the messages that name it say it: with none in its
         directory, the other run directory's it resumed from (rank 0), which --resume auto would not

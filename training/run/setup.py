@@ -237,8 +237,9 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
                 f"({spec.last_step}) and checkpoint.interval = 0 saves nothing there: a later --resume auto "
                 "starts over from step 0; set checkpoint.interval (a save also at run.max_steps) to go on"
             )
-        # a fresh run's: a resume's earlier checkpoints (another checkpoint.interval) are targets too
-        if checkpointer.resumed_from is None and (unreachable := rewind_unreachable(cfg, spec.last_step)):
+        # a resume's checkpoints (saved at another checkpoint.interval, maybe) are targets too
+        targets, oldest = checkpointer.rewind_targets(), timeline.oldest_target
+        if unreachable := rewind_unreachable(cfg, spec.last_step, targets, oldest, resumed or 0):
             say(unreachable)
         if merge is not None:
             say(f"  merge   {merge.header()}")
