@@ -2155,8 +2155,8 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
     """`S3://…` was taken for a path ("S3:/bucket/x does not exist": review R20a 2). So were a URL missing
     a slash or its colon and a URL given for a local directory: a build or a conversion into `s3:/b/x`,
     or a cache in `s3://b/c`, wrote a folder `s3:` in the working directory, exit 0 (trial T38 M2); a
-    prefix of `..` wrote keys that stores reject (L7), one of `//` was read as another (RV55c 2). Each is
-    one line, before anything is written."""
+    prefix of `..` wrote keys that stores reject (L7), one of `//` was read as another (RV55c 2), one with
+    a stray space wrote other keys (RV65a F4). Each is one line, before anything is written."""
     monkeypatch.chdir(tmp_path)
     geometry = ["--seq-len", "32", "--global-batch", "8", "--seed", "0"]
     for url, fix in (
@@ -2170,6 +2170,8 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
         ("s3://bucket/a/./x", "write the prefix without them"),
         ("s3://bucket//x", "write the prefix without it"),  # read as s3://bucket/x (trial RV55c 2)
         ("s3://bucket/a//x", "write the prefix without it"),
+        ("s3://bucket/x ", "write the URL without it"),  # wrote keys `x /…` (trial RV65a F4)
+        ("s3://bucket/ a/x", "write the URL without it"),
     ):
         assert gristmill(["data", "inspect", url, *geometry]) == 2
         err = capsys.readouterr().err.strip().splitlines()

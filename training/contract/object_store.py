@@ -265,6 +265,13 @@ class ObjectURL:
                 f"{text!r}: an empty segment ('//') in a prefix is part of its keys, another place in the "
                 "bucket than without it; write the prefix without it"
             )
+        if odd := [p for p in (bucket, *prefix.split("/")) if p != p.strip()]:
+            # `"s3://b/x "` wrote keys `x /…`, another place than s3://b/x, read back as "not found"
+            raise ObjectStoreError(
+                f"{text!r}: {odd[0]!r} begins or ends with whitespace, which would be part of its keys, "
+                "another place in the bucket than without it (a stray space in the command?); write the "
+                "URL without it"
+            )
         if {".", ".."} & set(prefix.strip("/").split("/")):  # stores reject or normalize such keys
             raise ObjectStoreError(
                 f"{text!r}: a prefix of '.' or '..' segments names no one place in a bucket (stores "
