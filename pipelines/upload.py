@@ -130,6 +130,8 @@ def upload_dataset(
             return False
         if not path.is_file():
             raise _missing(path, root)
+        if spec["bytes"] is not None and path.stat().st_size != spec["bytes"]:
+            raise _not_recorded(path, root, "size")  # cut or grown: said before any PUT (trial RV65a F1)
         if not (rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"])):
             return True  # uploaded: put() checks the file first
         # Skipped only if the file is what dataset.json records, and the object its content: a damaged
@@ -171,9 +173,9 @@ def upload_dataset(
                 intact = False
             if intact:
                 raise
-            raise _not_recorded(path, root) from None
+            raise _not_recorded(path, root, put_to=target) from None
         except ValueError:  # put_file's own sha256 check: hashed before the PUT, damaged after the build
-            raise _not_recorded(path, root) from None
+            raise _not_recorded(path, root, put_to=target) from None
         return path.stat().st_size
 
     with ThreadPoolExecutor(THREADS) as pool:
@@ -373,10 +375,21 @@ def _missing(path: Path, root: Path) -> DatasetError:
     return DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
 
 
-def _not_recorded(path: Path, root: Path) -> DatasetError:
+def _not_recorded(
+    path: Path, root: Path, what: str = "sha256", put_to: ObjectURL | None = None
+) -> DatasetError:
+    """A file that is not what dataset.json records. `put_to`: found as it was put (each file is hashed
+    once, as it goes up: a pass before would read the dataset twice), so others went up before it,
+    and stay (trial RV65a F1: the line did not say so)."""
+    left = (
+        f"; nothing was committed ({put_to}/{DATASET_JSON} goes last), and the objects put before it stay "
+        "there: the next upload skips those the store holds, or delete them"
+        if put_to is not None
+        else ""
+    )
     return DatasetError(
-        f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
-        f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
+        f"{path} is not the file {root / DATASET_JSON} records (its {what} differs): it was damaged "
+        f"after the build; run `gristmill data validate {root}`, rebuild, then upload{left}"
     )
 
 

@@ -1998,8 +1998,16 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     good = shard.read_bytes()  # damaged, the same size, still to be put: found by the put (RV32h N2)
     shard.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
     assert gristmill(["data", "upload", str(local), s3.url("refused")]) == 2
-    assert f"{shard} is not the file {local / DATASET_JSON} records" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{shard} is not the file {local / DATASET_JSON} records (its sha256 differs)" in err, err
+    # found as it was put: the objects put before it stay, and the line says so (trial RV65a F1)
+    assert f"nothing was committed ({s3.url('refused')}/{DATASET_JSON} goes last), and the objects put" in err
     assert (local / DATASET_JSON).read_bytes() == before
+    shard.write_bytes(good[:-1])  # cut: refused before any PUT, by its size
+    assert gristmill(["data", "upload", str(local), s3.url("cut")]) == 2
+    err = capsys.readouterr().err
+    assert f"{shard} is not the file {local / DATASET_JSON} records (its size differs)" in err, err
+    assert "objects put" not in err and s3.keys("cut") == [], s3.keys("cut")
     shard.write_bytes(good)
     if not unshare_works():
         pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
