@@ -6,6 +6,7 @@ silently turned clipping off; a zero init_std trained nothing, at a flat loss)."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,10 @@ def refusal(*overrides: str) -> str:
         ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
         # a traceback mid-setup (torch.manual_seed), a lock file left behind
         ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
+        # reduced modulo 2**64 by the loader's keys: seed 0's batches (trial RV65b 5)
+        ("data.seed=18446744073709551616", "data.seed = 18446744073709551616 does not fit in 64 bits"),
+        # a segfault ("can't start new thread") past what the machine has (trial RV65b 1)
+        ("run.threads=100000", f"run.threads = 100000 is more than this machine's {os.cpu_count()} CPUs"),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):

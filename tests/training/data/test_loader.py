@@ -711,6 +711,11 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     ]
     rc, _ = inspect(capsys, *common, "--world-size", 3)
     assert rc == 2
+    # a seed past 64 bits: seed 0's batches, as the run's data.seed was (trial RV65b 5)
+    argv = ["data", "inspect", str(text_dataset), "--seq-len", str(SEQ), "--global-batch", str(G)]
+    assert cli([*argv, "--seed", str(2**64)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said == f"error: --seed = {2**64} does not fit in 64 bits; use a smaller seed", said
 
 
 def test_inspect_refuses_a_manifest_changed_after_the_build(text_dataset, tmp_path, capsys):
