@@ -218,18 +218,20 @@ def test_the_decided_exit_s_last_callback_is_registered_first(entry):
         "print(names[0])\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    assert proc.stdout.strip() == "_sigterm_ignored_in_the_last_teardown", proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.strip() == "_signals_ignored_in_the_last_teardown", proc.stdout + proc.stderr[-2000:]
 
 
-def test_a_sigterm_in_the_modules_teardown_keeps_the_status(tmp_path):
-    """After the atexit callbacks Python gives SIGTERM its default action back, and the modules'
-    teardown (torch's objects: up to a second) follows: a SIGTERM there killed a complete run, 143
-    (trial RV59c 1). Here one is sent from a __main__ global's __del__, which that teardown runs."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_in_the_modules_teardown_keeps_the_status(tmp_path, sig):
+    """After the atexit callbacks Python gives SIGTERM and SIGINT their default action back, and the
+    modules' teardown (torch's objects: up to a second) follows: a SIGTERM there killed a complete run,
+    143 (trial RV59c 1), a Ctrl-C 130 (trial RV65b 2). Here one is sent from a __main__ global's
+    __del__, which that teardown runs."""
     late = (
         "import os, signal, time\n"
         "class Late:\n"
         "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"        os.kill(os.getpid(), signal.{sig})\n"
         "        time.sleep(0.2)  # the signal's delivery\n"
         "        os.write(1, b'survived\\n')\n"
         "late = Late()\n"

@@ -161,11 +161,13 @@ _DECIDED: list[int] = []  # the status exit_on_signal_with decided, once it has
 
 
 @atexit.register  # at this module's import, before torch's (training/__init__.py): the last to run
-def _sigterm_ignored_in_the_last_teardown() -> None:
+def _signals_ignored_in_the_last_teardown() -> None:
     """Python gives a signal it handles its default action back as its finalization begins, after the
     atexit callbacks and before the modules' teardown (torch's objects: up to a second), where a
-    SIGTERM then killed a complete run: "killed by SIGTERM", 143 (trial RV59c 1). Ignored from here on,
-    which that leaves as it is: the status decided stands. (SIGINT keeps its default: a second Ctrl-C
-    there ends the process, as one at a terminal expects.)"""
+    SIGTERM then killed a complete run: "killed by SIGTERM", 143 (trial RV59c 1), and a Ctrl-C just
+    after the closing line 130, each rank "killed by SIGINT" (trial RV65b 2). Both ignored from here
+    on, which that leaves as it is: the status decided stands (a teardown that hangs there ends with
+    SIGKILL)."""
     if _DECIDED and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
