@@ -116,6 +116,8 @@ def make_dataset(root: Path, docs: int, tasks: int, seed: int = 0) -> dict:
                 "dump": pa.array(["CC-MAIN-2024-10"] * n_drop),
                 "filter": pa.array(np.where(which == 0, "int_score", "length")),
                 "reason": reason,
+                "source_file": pa.array([f"in-{t:05d}.parquet"] * n_drop),
+                "source_row": pa.array(np.arange(n_drop), pa.int64()),
             },
             schema=EXCLUDED_SCHEMA,
         )

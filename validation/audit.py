@@ -33,7 +33,14 @@ from typing import Any, TextIO
 import duckdb
 
 from training.console import answer_on_stdout
-from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, DatasetError, redo_task, task_of_file
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    LOGS_DIR,
+    DatasetError,
+    redo_task,
+    relative_location,
+    task_of_file,
+)
 from training.contract.errors import GristmillError, print_error, refuse_empty, sigterm_raises
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
@@ -45,7 +52,7 @@ from training.contract.run_layout import (
     dataset_around,
     is_training_run,
 )
-from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix, relative_location
+from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
 from training.data.remote import add_cache_argument, cache_of, dataset_info, origin
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS

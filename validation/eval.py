@@ -293,8 +293,7 @@ def check_heldout_dataset(run_dir: Path, data: RunData) -> HeldOut:
         info = dataset_info(data.dataset)
         check_trained_on(
             run_dir, data.source, data.dataset, info, "its held-out documents would be another dataset's: "
-            "run the eval from the directory the run was started in, or point the source's dataset at the "
-            "one it trained on", val_fraction=data.val_fraction,
+            "point the source's dataset at the one it trained on", val_fraction=data.val_fraction,
         )  # fmt: skip
     except GristmillError as e:
         raise EvalError(str(e)) from None

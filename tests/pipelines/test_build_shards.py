@@ -163,16 +163,22 @@ def test_headers_match_tarfile():
 def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
     # The manifest gained the provenance columns (issue 29), then the source's token_count (a /1
     # shard's .json member had it) and each document's sha256 (/2), at its end; the old ones are
-    # unchanged.
+    # unchanged (the excluded rows' too).
     n_old = len(OLD_MANIFEST_SCHEMA)
     assert [(f.name, f.type) for f in MANIFEST_SCHEMA][n_old:] == [
         ("token_count", pa.int64()),
         *PROVENANCE_COLUMNS,
         (DOC_SHA256, pa.binary(32)),
     ]
+    # the excluded rows gained where the source has each document, at their end (trial RV64b M3)
+    n_excluded = len(OLD_EXCLUDED_SCHEMA)
+    assert [(f.name, f.type) for f in EXCLUDED_SCHEMA][n_excluded:] == [
+        ("source_file", pa.string()),
+        ("source_row", pa.int64()),
+    ]
     for new, old in (
         (pa.schema(list(MANIFEST_SCHEMA)[:n_old]), OLD_MANIFEST_SCHEMA),
-        (EXCLUDED_SCHEMA, OLD_EXCLUDED_SCHEMA),
+        (pa.schema(list(EXCLUDED_SCHEMA)[:n_excluded]), OLD_EXCLUDED_SCHEMA),
         (FINEWEB_EDU_SCHEMA, OLD_FINEWEB_EDU_SCHEMA),
     ):
         assert new.equals(old, check_metadata=True)

@@ -1325,8 +1325,8 @@ def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dic
     try:
         check_trained_on(
             Path(run_dir), src.name, src.dataset, info, "the export would ship another tokenizer than the "
-            "model was trained with: run the command from the directory the run was started in, or point "
-            "the source's dataset at one built with the run's tokenizer", tokenizer_only=True,
+            "model was trained with: point the source's dataset at one built with the run's tokenizer",
+            tokenizer_only=True,
         )  # fmt: skip
     except GristmillError as e:
         raise ExportError(str(e)) from None

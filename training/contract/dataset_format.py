@@ -152,7 +152,8 @@ def source_disagreement(row: dict[str, Any], member: dict[str, Any]) -> tuple[st
 SOURCE_FILE = "source_file"  # the input file, relative to source.path
 SOURCE_ROW = "source_row"  # its row (parquet, from 0) or line (jsonl, from 1)
 TEXT_HASH = "text_hash"  # the normalised text's blake2b-128, two little-endian halves in hex (docs/audit.md)
-PROVENANCE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()), (TEXT_HASH, pa.string()))
+PLACE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()))  # where the source has a document
+PROVENANCE_COLUMNS = (*PLACE_COLUMNS, (TEXT_HASH, pa.string()))
 
 # One manifest row per kept document. `offset`/`nbytes` locate the document's ids inside the tar (its
 # `.ids` member's data under /1, its place in its sample's `.ids` under /2 and /3), so the loader can
@@ -193,7 +194,7 @@ EXCLUDED_SCHEMA = pa.schema(
         *((f.name, f.type) for f in EXCLUDED_FIELDS),
         ("filter", pa.string()),  # step name, e.g. "int_score", "min_chars", "gopher_repetition"
         ("reason", pa.string()),  # human detail, e.g. "int_score 2 < 3"
-        *PROVENANCE_COLUMNS[:2],  # source_file, source_row
+        *PLACE_COLUMNS,
     ]
 )
 
@@ -648,6 +649,24 @@ def decontaminate_record(root: str | Path, info: dict[str, Any]) -> dict[str, An
         known = task.get("documents_without_ngrams") is None and _is_int(count)
         filled.append({**task, "documents_without_ngrams": count} if known else task)
     return {**record, "tasks": filled}
+
+
+def relative_location(location: str | Path) -> bool:
+    """Whether a dataset a run's config names is a relative path: read from the working directory,
+    which the run's may not have been."""
+    return not is_url(location) and not Path(location).is_absolute()
+
+
+def working_directory_note(location: str | Path) -> str:
+    """What a line saying a run's dataset is not the one it trained on adds for a relative path: run
+    elsewhere, it can find another dataset, not a rebuilt one (review RV32d 3, trials RV64a 2e, RV65d
+    4); "" for an absolute path or a URL."""
+    if not relative_location(location):
+        return ""
+    return (
+        f" (from this working directory: {os.path.abspath(location)}; if the run started in another, run "
+        "the command there)"
+    )
 
 
 def read_dataset_info(root: str | Path) -> dict[str, Any]:

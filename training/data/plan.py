@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from training.contract.dataset_format import relative_location, working_directory_note
 from training.contract.errors import GristmillError
 from training.data.order import derive_key, hashed_order
 
@@ -855,16 +856,17 @@ def check_resume(
         if s.name not in used or ours is None:
             continue
         if not same_fingerprint(s.fingerprint, ours.fingerprint):
-            # where it is, and where to look for the one trained (trial RV64a 2d: two hashes alone)
-            here = f" at {ours.dataset}" if ours.dataset else ""
-            now, then = (
-                f"{f[:12]}…" if isinstance(f, str) else repr(f) for f in (ours.fingerprint, s.fingerprint)
+            # where it is, and where to look for the one trained (trial RV64a 2d: two hashes alone); a
+            # relative path may be another directory's dataset, not a rebuilt one (review RV65d 4)
+            here = f" at {ours.dataset}{working_directory_note(ours.dataset)}" if ours.dataset else ""
+            rebuilt = (
+                "" if relative_location(ours.dataset) else "; where that is this path, it was rebuilt since"
             )
             raise PlanError(
-                f"the fingerprint of source {s.name!r} is {now}{here}, but the checkpoint's plan has "
-                f"{then}; the plan's past is immutable ({drawn}) — "
-                "point the source at the dataset the run started with (the run's config.toml names it; "
-                "where that is this path, the dataset was rebuilt since), or start a new run " + rule
+                f"the fingerprint of source {s.name!r} is {ours.fingerprint!r}{here}, but the checkpoint's "
+                f"plan has {s.fingerprint!r}; the plan's past is immutable ({drawn}) — point the source at "
+                f"the dataset the run started with (the run's config.toml names it{rebuilt}), or start a "
+                "new run " + rule
             )
         if s.val_fraction != ours.val_fraction:
             what = f"the val_fraction of source {s.name!r} ({VAL_FRACTION_KEYS})"  # by its keys (RV64a 2b)

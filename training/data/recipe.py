@@ -31,9 +31,9 @@ from training.contract.dataset_format import (
     data_identities,
     same_data,
     tokenizer_differences,
+    working_directory_note,
 )
 from training.contract.dataset_index import DOC_HASHES
-from training.contract.object_store import is_url
 from training.contract.run_layout import (
     CONFIG_TOML,
     DATA_PLAN_JSON,
@@ -592,25 +592,17 @@ def check_trained_on(
         if tokenizer_only and tokenizer and tokenizer == info.get("tokenizer_sha256"):
             pass  # rebuilt (other documents) with the run's tokenizer: what an export ships is the same
         elif tokenizer_only and tokenizer:
+            theirs = str(info.get("tokenizer_sha256"))[:12]
             raise DatasetError(
-                f"source {source!r}: {location} was tokenized with tokenizer sha256 "
-                f"{str(info.get('tokenizer_sha256'))[:12]}…, not the run's ({tokenizer[:12]}… in {path}); "
-                f"{consequence}"
+                f"source {source!r}: {location}{working_directory_note(location)} was tokenized with "
+                f"tokenizer sha256 {theirs}…, not the run's ({tokenizer[:12]}… in {path}); {consequence}"
             )
         else:
             unknown = " (the run recorded no tokenizer hash to tell a rebuild by)" if tokenizer_only else ""
-            # a recipe's relative path is read from the working directory: run elsewhere, it can find
-            # another dataset, not a rebuilt one (review RV32d 3 in the audit, trial RV64a 2e)
-            elsewhere = (
-                f" (from this working directory: {Path(location).absolute()}; if the run started in "
-                "another, run the command there)"
-                if relative_location(location)
-                else ""
-            )
+            now, then = str(info.get("fingerprint"))[:12], str(trained["fingerprint"])[:12]
             raise DatasetError(
-                f"source {source!r}: {location}{elsewhere} is not the dataset this run trained on "
-                f"(fingerprint {str(info.get('fingerprint'))[:12]}… now, {str(trained['fingerprint'])[:12]}… "
-                f"in {path}){unknown}; {consequence}"
+                f"source {source!r}: {location}{working_directory_note(location)} is not the dataset this "
+                f"run trained on (fingerprint {now}… now, {then}… in {path}){unknown}; {consequence}"
             )
     held_out = trained.get("val_fraction")
     if val_fraction is not None and held_out is not None and val_fraction != held_out:
@@ -619,12 +611,6 @@ def check_trained_on(
             f"held out {held_out!r} ({path}): the config was edited after the run, so "
             f"its held-out documents would not be the run's; set it back{_or_the_plan_changed(run_dir)}"
         )
-
-
-def relative_location(location: str | Path) -> bool:
-    """Whether a dataset a run's config names is a relative path: read from the working directory,
-    which the run's may not have been."""
-    return not is_url(location) and not Path(location).is_absolute()
 
 
 def recorded_skips(run_dir: Path, description: dict[str, Any] | None = None) -> tuple[data_plan.Skip, ...]:

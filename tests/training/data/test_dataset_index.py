@@ -208,7 +208,7 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     with pytest.raises(LoaderStateError, match="the fingerprint of source 'data'") as refused:
         _loader(root).load_state_dict(_with_fingerprint(state, "0" * 64))
     # where the dataset is, and where the one trained is named (trial RV64a 2d)
-    assert f"is {info['fingerprint'][:12]}… at {root}, but the checkpoint's plan has 000000000000…" in str(
+    assert f"is {info['fingerprint']!r} at {root}, but the checkpoint's plan has {'0' * 64!r}" in str(
         refused.value
     ) and "the run's config.toml names it" in str(refused.value), refused.value
 

@@ -685,6 +685,16 @@ def test_review_edges_of_the_plan_and_its_resume_rules():
     with pytest.raises(PlanError, match="fingerprint of source 'a'"):
         swapped = [Source("a", "", "new", 10**9, 1), *srcs[1:]]
         data_plan.check_resume(old, plan((1, 2, 0), sources=swapped), 50, lambda x, y: x == y)
+    # where the dataset is; a relative path is read from here, maybe not the run's directory, so not
+    # "rebuilt" (trial RV64a 2d, review RV65d 4)
+    for where, rebuilt in (("runs/a", False), ("/data/a", True)):
+        with pytest.raises(PlanError) as refused:
+            swapped = [Source("a", where, "new", 10**9, 1), *srcs[1:]]
+            data_plan.check_resume(old, plan((1, 2, 0), sources=swapped), 50, lambda x, y: x == y)
+        said = str(refused.value)
+        assert f"the fingerprint of source 'a' is 'new' at {where}" in said and "plan has 'fa'" in said, said
+        assert ("from this working directory: " in said) is not rebuilt, said
+        assert ("where that is this path, it was rebuilt since" in said) is rebuilt, said
     huge = plan(data_plan.integer_weights([1.0, 1 / 810, 0]))
     assert huge.cumulative(0, 0).tolist() == [0, 0, 0] and huge.step_windows(0)[0].shape == (1024,)
 
