@@ -539,6 +539,32 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
     assert summary["steps"] == 4 and [r["step"] for r in metrics(tmp_path / "again")] == [3, 4]
 
 
+def test_a_metrics_row_written_in_part_stops_the_run_and_the_resume_writes_it(dataset, tmp_path):
+    """A nearly full disk writes part of a row and returns the count, no error: the row was printed
+    and sent on as written, the next one's ENOSPC stopped the run, and the resume cut the torn row off
+    (trial RV65c F1: its step's row lost, verify clean). Here metrics.jsonl lies on a tmpfs with one
+    page free: the short write is a full disk's stop, the row kept for the resume, which writes it."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces here (unshare -rm) for a tmpfs of one free page")
+    run, small = tmp_path / "run", tmp_path / "small"
+    run.mkdir()
+    small.mkdir()
+    sets = overrides(dataset, run, "schedule.steps=30", "checkpoint.interval=10")
+    mount = (
+        f"mount -t tmpfs -o size=12k tmpfs {small} && dd if=/dev/zero of={small}/fill bs=4k count=2 "
+        f"2>/dev/null && ln -s {small}/metrics.jsonl {run}/metrics.jsonl"
+    )
+    copy_out = f"cp {small}/metrics.jsonl {tmp_path}/metrics.jsonl"
+    cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, copy_out, "training.train"]
+    proc = forked.run([*cmd, "--config", TINY, "--set", *sets], env=ENV, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "a short write (" in proc.stderr and "the disk is full" in proc.stderr, proc.stderr[-3000:]
+    (run / "metrics.jsonl").unlink()  # the link into the tmpfs, gone with its namespace
+    shutil.move(tmp_path / "metrics.jsonl", run / "metrics.jsonl")
+    train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
+    assert [r["step"] for r in metrics(run)] == list(range(1, 31))
+
+
 # --- no training needed -----------------------------------------------------------------------
 
 
