@@ -28,6 +28,7 @@ they are made.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,3 +85,12 @@ def write_atomic(
     """Replace `path` with `data` (a str is written as UTF-8): the old file or the new one, never half."""
     with atomic_path(path, fsync=fsync, tmp_name=tmp_name) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """One os.write of `data` on an O_APPEND descriptor, whole or an OSError: a nearly full disk
+    writes part of it and returns the count, no error, which left a metrics row torn, printed and
+    sent to the trackers as written, then cut off by the resume as a torn line: lost (trial RV65c F1)."""
+    written = os.write(fd, data)
+    if written != len(data):
+        raise OSError(errno.ENOSPC, f"a short write ({written:,} of {len(data):,} bytes): the disk is full")

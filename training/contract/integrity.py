@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.contract.atomic_write import append_whole
 from training.contract.config_loader import json_sha256
 from training.contract.run_layout import CHECKPOINTS_JSONL, COMPLETE_FILE
 
@@ -49,7 +50,7 @@ def _append_line(run_dir: Path, row: dict[str, Any]) -> None:
     try:
         size = os.fstat(fd).st_size
         torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        os.write(fd, (b"\n" if torn else b"") + (json.dumps(row) + "\n").encode())
+        append_whole(fd, (b"\n" if torn else b"") + (json.dumps(row) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -32,7 +32,6 @@ and keeps the rows (the summary reads them); only rank 0's writes files.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import json
 import os
@@ -43,7 +42,7 @@ from typing import Any
 from training.checkpoint.state import PendingRow, TrainState
 from training.config import MetricsSection
 from training.console import say
-from training.contract.atomic_write import write_atomic
+from training.contract.atomic_write import append_whole, write_atomic
 from training.contract.batch_record import (
     HEADER,
     BatchEntry,
@@ -105,15 +104,6 @@ def _writing(path: Path) -> Iterator[None]:
             f"cannot write {path}: {e.strerror or e}; make it writable (or free space), or write the run "
             "somewhere else"
         ) from None
-
-
-def _append(fd: int, data: bytes) -> None:
-    """One os.write of `data` on an O_APPEND descriptor, whole or an OSError: a nearly full disk
-    writes part of it and returns the count (no error), which left a row torn, printed and sent to the
-    trackers as written, then cut off by the resume as a torn line: lost (trial RV65c F1)."""
-    written = os.write(fd, data)
-    if written != len(data):
-        raise OSError(errno.ENOSPC, f"a short write ({written:,} of {len(data):,} bytes): the disk is full")
 
 
 def _writes(name: str) -> Callable:
@@ -218,7 +208,7 @@ class RunRecord:
         # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
         try:
             with _writing(self.run_dir / METRICS_JSONL):
-                _append(self.jsonl, (json.dumps(row) + "\n").encode())
+                append_whole(self.jsonl, (json.dumps(row) + "\n").encode())
         except RecordUnwritable:
             # the row waits in the state again, complete: the checkpoint the trainer saves before it
             # stops carries it, and a resume writes it
@@ -241,7 +231,7 @@ class RunRecord:
         # One os.write for them all on an O_APPEND descriptor, as metrics.jsonl's rows.
         try:
             with _writing(self.run_dir / BATCHES_BIN):
-                _append(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
+                append_whole(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
         except RecordUnwritable:
             if self.unrecorded is None:
                 self.unrecorded = digests[0][0]
