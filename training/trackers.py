@@ -266,6 +266,11 @@ class Trackers:
                         f"{getattr(tracker, 'store', '?')}); metrics.jsonl has every row"
                     )
                     self._sent[name] = stored
+                    # and the record too, which took each row as it went: _record_sent keeps the higher
+                    # of it and this invocation's count, so it said "through 7" of a store holding none
+                    # (trial RV65c F3)
+                    if isinstance(record := self._state.get(name), dict):
+                        record.pop("sent_through", None)
         for feed in self.given_up:  # hung: their exit hooks would wait for them too
             feed.abandon()
         self.trackers, self.given_up = {}, []

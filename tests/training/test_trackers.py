@@ -587,8 +587,11 @@ def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
     thread.join(timeout=60)
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
     out = capsys.readouterr().out
-    assert re.search(r"WARNING: trackio stored steps through \d+ of the 8 sent", out), out[-2000:]
-    assert json.loads((run / "trackers.json").read_text())["trackio"].get("sent_through", 0) < 8
+    said = re.search(r"WARNING: trackio stored steps through (\d+) of the 8 sent", out)
+    assert said, out[-2000:]
+    # what the store holds, not the higher count recorded row by row as they went (trial RV65c F3)
+    recorded = json.loads((run / "trackers.json").read_text())["trackio"].get("sent_through", 0)
+    assert recorded == int(said.group(1)) < 8, (recorded, said.group(0))
 
 
 # its writer thread's exception, kept and raised again at the next flush, is no thread's unhandled one
