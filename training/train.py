@@ -74,7 +74,13 @@ from training.contract.errors import (
 )
 from training.contract.lifetime import torchrun_worker
 from training.contract.object_store import FETCH_STOPPED
-from training.contract.run_layout import BATCHES_BIN, check_saved_config_place, checkpoint_dir, complete_steps
+from training.contract.run_layout import (
+    BATCHES_BIN,
+    check_saved_config_place,
+    checkpoint_dir,
+    complete_steps,
+    kept_rows,
+)
 from training.metrics import (
     mfu,
     no_step_row,
@@ -381,9 +387,14 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     skipped = run.timeline.skipped(start, state.step)
     nonfinite = run.judge.nonfinite_after(start)
     line = summary_line(run.record.rows, start, state.step, seconds, skipped, nonfinite)
-    if line is not None:  # the curve is drawn when the run logged a kept loss
-        curve = run.record.draw_loss()
+    # The curve of the run's whole record, drawn when it holds a kept loss: also where this invocation
+    # trained nothing (a resume at the last step, writing the row a kill cut off, left the picture of
+    # an earlier stop, or none: trial RV65c F2)
+    curve = run.record.draw_loss() if any("loss" in r for r in kept_rows(run.record.rows)) else None
+    if line is not None:
         say(line + (f"; {curve}" if curve else ""))
+    elif curve:
+        say(f"{curve} (the run's rows through step {state.step})")
     return {
         "run_dir": str(run.run_dir),
         "steps": state.step,

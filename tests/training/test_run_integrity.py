@@ -1407,3 +1407,19 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     shutil.copytree(checkpoint_dir(fork, 4), checkpoint_dir(a, 4))
     rc, out = verified(a)
     assert rc == 1 and "step-000004 is another run's checkpoint" in out, out
+
+
+def test_a_resume_with_nothing_to_do_draws_the_run_s_curve(dataset, tmp_path, capsys):
+    """A resume at the last step (the kill came after it) trains nothing and drew no curve, so loss.png
+    stayed the picture of an earlier stop, or none (trial RV65c F2): drawn of the run's whole record."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=4", "metrics.plot=true")
+    train(load_train_config(TINY, sets))
+    (run / "loss.png").unlink()
+    capsys.readouterr()
+    train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
+    out = capsys.readouterr().out
+    assert "nothing to do: the checkpoint is at step 4" in out, out
+    assert (
+        f"curve: {run / 'loss.png'} (the run's rows through step 4)" in out and (run / "loss.png").is_file()
+    )
