@@ -184,6 +184,9 @@ def test_arrays_of_tables_round_trip_and_take_indexed_overrides(tmp_path):
     assert load_config(WithArrays, p, ["stage[-1].steps=7"]).stage[1].steps == 7
     with pytest.raises(ConfigError, match=r"stage has 2 entries, not an entry \[-3\]"):
         load_config(WithArrays, p, ["stage[-3].steps=1"])
+    with pytest.raises(ConfigError) as blamed:  # on the override that wrote it, not the file (RV65d 8)
+        load_config(WithArrays, p, ['stage[-1].steps="x"'])
+    assert str(blamed.value).endswith("""(--set stage[-1].steps="x")"""), blamed.value
     with pytest.raises(ConfigError, match=r"unknown key 'stage\[1\].stepz'.*did you mean 'stage\[1\].steps'"):
         load_config(WithArrays, p, ["stage[1].stepz=1"])
 

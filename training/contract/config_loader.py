@@ -69,7 +69,7 @@ def config_from(
     parsed = []
     for item in overrides or []:
         key, value = parse_override(item)
-        set_dotted(raw, key, value if isinstance(value, list | dict) else _OneValue(value))
+        key = set_dotted(raw, key, value if isinstance(value, list | dict) else _OneValue(value))
         parsed.append((item, key))
     try:
         cfg = from_dict(cls, raw, source=source)
@@ -147,11 +147,13 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> str:
     """raw[a][b] = value for key "a.b"; `phase[1].seq_len` indexes an array of tables (`phase[-1]`, the
-    last, as Python counts: docs/training.md says so)."""
+    last, as Python counts: docs/training.md says so). Returns the key with each index counted from the
+    start, as a check names what it refuses: `phase[2].seq_len`, which `phase[-1]` wrote, was blamed on
+    the file (review RV65d 8)."""
     parts = key.split(".")
-    node = raw
+    node, named = raw, []
     for part in parts[:-1]:
         name, index = _indexed(part, key)
         child = node.setdefault(name, {})
@@ -159,11 +161,14 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             if not isinstance(child, list) or not -len(child) <= index < len(child):
                 have = len(child) if isinstance(child, list) else 0
                 raise ConfigError(f"override {key}: {name} has {have} entries, not an entry [{index}]")
+            index %= len(child)
             child = child[index]
+        named.append(part if index is None else f"{name}[{index}]")
         if not isinstance(child, dict):
             raise ConfigError(f"override {key}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
+    return ".".join([*named, parts[-1]])
 
 
 @dataclasses.dataclass(frozen=True)
