@@ -1129,8 +1129,8 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert row in ranks and "rows 15..15 of the global batch" in ranks and "row 14: " not in ranks, ranks
     assert gristmill(["data", "inspect", str(run), "--world-size", "3"]) == 2
     assert one_error_line(capsys.readouterr().err) == (
-        f"error: --world-size 3: phase 'main' of {run / 'config.toml'} has a global batch of 16 sequences, "
-        "which 3 ranks cannot share; give a world size that divides it (1, 2, 4, 8, 16)"
+        "error: --world-size 3: the run has a global batch of 16 sequences, which 3 ranks cannot share; "
+        "give a world size that divides it (1, 2, 4, 8, 16)"
     )
     assert gristmill(["data", "inspect", str(run), "--max-rows", "-1"]) == 2  # every row (review R21b)
     said = one_error_line(capsys.readouterr().err)

@@ -15,6 +15,7 @@ metrics.jsonl, from 1.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
@@ -168,7 +169,18 @@ def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
     from training.data.recipe import run_plan, skip_cause, skip_lines
 
-    plan, tables, skips = run_plan(Path(args.dataset), args.world_size)  # a rebuilt source: refused
+    plan, tables, skips = run_plan(Path(args.dataset))  # a rebuilt source: refused
+    shared = math.gcd(*(ph.global_batch for ph in plan.phases))  # sequences every phase's batch splits into
+    if shared % args.world_size:  # the rows of each phase's batch, split among the ranks
+        sizes = sorted({ph.global_batch for ph in plan.phases})
+        listed = ", ".join(map(str, sizes))
+        batches = f"a global batch of {listed}" if len(sizes) == 1 else f"global batches of {listed}"
+        raise LoaderConfigError(
+            f"--world-size {args.world_size}: the run has {batches} sequences, which {args.world_size} "
+            f"ranks cannot share; give a world size that divides "
+            f"{'it' if len(sizes) == 1 else 'each'} "
+            f"({', '.join(str(d) for d in range(1, shared + 1) if shared % d == 0)})"
+        )
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,

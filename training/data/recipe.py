@@ -632,29 +632,19 @@ def recorded_skips(run_dir: Path, description: dict[str, Any] | None = None) -> 
         ) from None
 
 
-def run_plan(
-    run_dir: Path, world_size: int = 1
-) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...]]:
+def run_plan(run_dir: Path) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...]]:
     """What a run directory trained, from its files alone (`data inspect RUN`, `verify RUN`): the plan
-    of RUN/config.toml (every source and phase; `world_size` ranks must share each batch), its
-    sources' training splits (each document they read held to its sha256:
-    DocumentTable.verify_documents), refused (DatasetError) when one is not the dataset
-    RUN/data_plan.json recorded, when the run recorded no plan, or drew its batches in an older order;
-    and the timeline's skips recorded there."""
+    of RUN/config.toml (every source and phase), its sources' training splits (each document they read
+    held to its sha256: DocumentTable.verify_documents), refused (DatasetError) when one is not the
+    dataset RUN/data_plan.json recorded, when the run recorded no plan, or drew its batches in an older
+    order; and the timeline's skips recorded there."""
     from training.contract.config_loader import load_config
     from training.data.spec import check_config
 
     cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
-    # The config as it trained (its micro-batch rule is the trainer's, met on the run's own ranks);
-    # `world_size` only splits each batch's rows, said in the reader's flag (trial RV64a 2f)
+    # checked as it trained: its micro-batch rule is the trainer's, met on the run's own ranks, which a
+    # reader's --world-size only splits the rows among (trial RV64a 2f: refused by that rule)
     spec = check_config(cfg, 1)
-    for ph in spec.phases:
-        if (g := ph.global_batch_tokens // ph.seq_len) % world_size:
-            raise DatasetError(
-                f"--world-size {world_size}: phase {ph.name!r} of {run_dir / CONFIG_TOML} has a global "
-                f"batch of {g} sequences, which {world_size} ranks cannot share; give a world size that "
-                f"divides it ({', '.join(str(d) for d in range(1, g + 1) if g % d == 0)})"
-            )
     description = recorded_plan(run_dir)
     if description is None:
         # Deleted, or never written (a run of gristmill before 44980ef): what the run trained, and in
