@@ -364,15 +364,24 @@ def rewind_unreachable(
         why = f"its first checkpoint (checkpoint.interval = {interval}) is after"
     else:
         have = ", ".join(f"step {s}" for s in sorted(saved)[-3:]) or "none in the run directory"
-        why = (
-            f"neither its checkpoints ({have}) nor its next save (checkpoint.interval = {interval}: step "
-            f"{following}) is {f'between step {oldest} and' if oldest else 'at or before'}"
+        later = (
+            f"its next save (checkpoint.interval = {interval}: step {following})"
+            if following <= last_step
+            else "a later save on checkpoint.interval's grid"
         )
+        within = f"between step {oldest} and" if oldest else "at or before"
+        why = f"neither its checkpoints ({have}) nor {later} is {within}"
+    # what would make one reachable (review RV65d 6: a lower interval was advised where no save after the
+    # start can come before the last step − the margin)
+    targets = sorted(s for s in saved if s >= oldest) + ([following] if following <= last_step else [])
+    fixes = [f"run.rewind.margin_steps to {last_step - targets[0]} or less"] if targets else []
+    if after + 1 <= newest:  # a save on a finer grid could come in time
+        fixes.append("checkpoint.interval")
     fallback = {"on_spike": "a spike is only reported", "on_nonfinite": "a non-finite step stops the run"}
     return (
         f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: {why} its last step "
         f"{last_step} − run.rewind.margin_steps {margin}, so {' and '.join(fallback[k] for k in rewinds)}; "
-        "lower run.rewind.margin_steps or checkpoint.interval"
+        f"lower {', or '.join(fixes) or 'run.rewind.margin_steps'}"
     )
 
 

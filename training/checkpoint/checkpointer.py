@@ -492,7 +492,7 @@ class Checkpointer:
         on_grid = self.cfg.interval > 0 and step % self.cfg.interval == 0
         return not (on_grid or step == self.plan_last_step)
 
-    def rewind_targets(self) -> list[int]:
+    def rewind_target_steps(self) -> list[int]:
         """The steps of this run's complete checkpoints that a rewind may go back to (not verified
         here: what the start's warning of a rewind that cannot happen looks at)."""
         steps = complete_steps(self.run_dir)

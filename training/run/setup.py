@@ -238,7 +238,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
                 "starts over from step 0; set checkpoint.interval (a save also at run.max_steps) to go on"
             )
         # a resume's checkpoints (saved at another checkpoint.interval, maybe) are targets too
-        targets, oldest = checkpointer.rewind_targets(), timeline.oldest_target
+        targets, oldest = checkpointer.rewind_target_steps(), timeline.oldest_target
         if unreachable := rewind_unreachable(cfg, spec.last_step, targets, oldest, resumed or 0):
             say(unreachable)
         if merge is not None:
