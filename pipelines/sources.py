@@ -779,16 +779,14 @@ class JsonlSource(_Reader):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"
-                place = {SOURCE_FILE: filepath, SOURCE_ROW: li}  # an excluded line's too (RV64b M3)
                 try:
                     data = parse_json_line(line, li == 1)
+                    why = None if isinstance(data, dict) else f"{where}: line is not a JSON object"
                 except (ValueError, RecursionError) as e:  # nested past the parser's depth
-                    meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})", **place}
-                    yield Document(text="", id=where, metadata=meta)
-                    continue
-                if not isinstance(data, dict):
-                    meta = {READ_ERROR: f"{where}: line is not a JSON object", **place}
-                    yield Document(text="", id=where, metadata=meta)
+                    why = f"{where}: malformed JSON ({type(e).__name__}: {e})"
+                if why is not None:  # no text, its id the line's place, made as every document is: its
+                    # reason and where the source has it (review RV64b M3)
+                    yield self.make_document(None, None, {READ_ERROR: why}, where, filepath, li)
                     continue
                 meta = {k: data[k] for k in META_KEYS if k in data}
                 if self.text_key not in data:  # not "empty text": the key missing, and those there
