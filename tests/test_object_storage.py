@@ -4574,6 +4574,16 @@ def test_a_dedup_build_finished_in_the_bucket_is_completed_elsewhere_without_its
     assert {k: v for k, v in now["files"].items() if k != "config.toml"} == {  # (build.workdir differs)
         k: v for k, v in was["files"].items() if k != "config.toml"
     }
+    # a task's shard damaged as well: that task is redone, which needs the stages' drop tables, so they
+    # run (skipped, the build stopped naming a logs folder the new work directory never had: RV65a F2)
+    damage(s3, f"dedup-elsewhere/shards/{sorted(now['shard_files'])[0]}")
+    s3.client.delete_object(Bucket=BUCKET, Key=f"dedup-elsewhere/{DATASET_JSON}")
+    lines.clear()
+    third = [*sets, f"build.workdir={json.dumps(str(tmp_path / 'w3'))}"]
+    assert build(load_config(DataConfig, config, third), log=lines.append).ok, lines
+    assert not any("its stages are not run again" in line for line in lines), lines
+    again = s3.client.get_object(Bucket=BUCKET, Key=f"dedup-elsewhere/{DATASET_JSON}")["Body"].read()
+    assert json.loads(again)["fingerprint"] == was["fingerprint"]
 
 
 def test_the_dedup_advice_followed_redoes_a_bucket_build_s_finished_tasks(s3, build_fixture, tmp_path):
