@@ -454,6 +454,16 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
     assert build(cfg, log=lines.append).ok
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    # a damaged manifest: that repair alone, not also a local build's completion marker to delete (RV65a
+    # F3: two fixes in one line, the second wrong for a bucket's build)
+    manifest = next(k for k in s3.keys("killed-build") if k.startswith("manifest/"))
+    damage(s3, f"killed-build/{manifest}")
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    said = [line for line in capsys.readouterr().out.splitlines() if manifest in line]
+    assert said and fix in said[0] and "logs/completions" not in said[0], said
+    s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
+    assert build(cfg, log=lines.append).ok
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     # the reader's refusal of a damaged shard gives the same advice (review R18e 2)
     for key in s3.keys("killed-build"):
         if key.startswith("shards/"):
