@@ -42,7 +42,7 @@ from training.contract.config_loader import (
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, refuse_empty, sigterm_raises, wrapped
+from training.contract.errors import GristmillError, interrupted, refuse_empty, sigterm_raises, wrapped
 from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
@@ -233,8 +233,11 @@ def _run(args: argparse.Namespace) -> int:
         process_group=0,
     )
 
+    relayed: list[int] = []  # the signals passed to the agent itself: no worker to pass them to yet
+
     def relay(signum: int, frame) -> None:
-        _signal_workers(proc, signum)
+        if not _signal_workers(proc, signum):
+            relayed.append(signum)
 
     previous = {sig: signal.signal(sig, relay) for sig in (signal.SIGINT, signal.SIGTERM)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: train on
@@ -243,7 +246,26 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    # torchrun's agent ended by a signal (killed, or torchrun's own exit for one passed to it): its
+    # workers die with it, and no rank said a word
+    if code < 0 or (code - 128 in relayed):
+        say_agent_killed(proc.pid, signal.Signals(-code if code < 0 else code - 128), relayed)
     return 128 - code if code < 0 else code  # torchrun killed by a signal: the shell's 128 + N
+
+
+def say_agent_killed(pid: int, sig: signal.Signals, relayed: list[int]) -> None:
+    """One line for torchrun's agent ended by `sig` (trial RV65b 3, 4: exit 137 or 143 and nothing
+    said): a signal this launcher passed to it before any worker started (`relayed`), or another's (a
+    kill -9, the OOM killer)."""
+    if sig in relayed:
+        line = f"{interrupted(sig.name)} (before torchrun started its workers: nothing was trained)"
+    else:
+        line = (
+            f"error: torchrun's agent (pid {pid}) was killed by {sig.name}, and its workers with it: "
+            "continue with --resume auto (from the newest complete checkpoint)"
+        )
+    with contextlib.suppress(OSError):  # a reader gone: the status still says it
+        print(line, file=sys.stderr, flush=True)
 
 
 # `python -m training.launch torchrun ARGS`: the launcher's child, torchrun with the workers' exit status.
@@ -449,10 +471,13 @@ def _signal_children(pid: int, signum: int) -> list[int]:
     return children
 
 
-def _signal_workers(torchrun: subprocess.Popen, signum: int) -> None:
-    """Send `signum` to torchrun's workers, or to torchrun where they cannot be listed."""
-    if not _signal_children(torchrun.pid, signum):
-        torchrun.send_signal(signum)
+def _signal_workers(torchrun: subprocess.Popen, signum: int) -> bool:
+    """Send `signum` to torchrun's workers, or to torchrun where they cannot be listed (none started
+    yet: False)."""
+    if _signal_children(torchrun.pid, signum):
+        return True
+    torchrun.send_signal(signum)
+    return False
 
 
 if __name__ == "__main__":

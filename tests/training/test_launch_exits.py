@@ -34,7 +34,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from pipelines.local_s3 import free_port
 from tests.helpers import forked, light_trainer
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
-from training.launch import child_pids, exit_status
+from training.launch import child_pids, exit_status, say_agent_killed
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -307,6 +307,31 @@ def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, 
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
     assert f"error: training.train rank 1 (pid {workers[1]}) was killed by SIGKILL" in err.splitlines()
     assert "ChildFailedError" not in err and "Root Cause" not in err
+
+
+def test_torchrun_s_agent_killed_is_one_line_naming_the_resume(dataset, tmp_path, light, capsys):
+    """torchrun's agent killed (kill -9, the OOM killer) ends its workers: the launcher exited 137 and
+    said nothing (trial RV65b 3); a SIGTERM passed on before the workers started killed the agent, 143
+    and nothing said either (RV65b 4)."""
+    proc = launch(
+        2,
+        sets(dataset, tmp_path / "run", "schedule.steps=400", "run.log_every=1", "parallel.shard=2"),
+        env=light,
+    )
+    wait_for_step(proc, 2)
+    (agent,) = child_pids(proc.pid)
+    os.kill(agent, signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
+    assert (
+        f"error: torchrun's agent (pid {agent}) was killed by SIGKILL, and its workers with it: continue "
+        "with --resume auto (from the newest complete checkpoint)"
+    ) in err.splitlines(), err[-3000:]
+    say_agent_killed(agent, signal.SIGTERM, [signal.SIGTERM])  # the launcher's own, passed on
+    assert capsys.readouterr().err == (
+        "interrupted (SIGTERM): nothing after the last line above was done (before torchrun started its "
+        "workers: nothing was trained)\n"
+    )
 
 
 def failure(rank: int, exitcode: int) -> ProcessFailure:
