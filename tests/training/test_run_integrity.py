@@ -869,7 +869,15 @@ def test_a_metrics_row_whose_loss_is_not_a_number_is_an_unreadable_line(tmp_path
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "val_loss": 1.0}\n')
     got, note = read_metrics(path)
     assert [r["step"] for r in got] == [4, 5]
-    assert note == f"note: dropped 3 unreadable line(s) of {path}: 1, 2, 3"
+    # each by the row it follows (trial RV65c F4: which step's row was lost)
+    assert note == f"note: dropped 3 unreadable line(s) of {path}: " + ", ".join(
+        f"{i} (before any row)" for i in (1, 2, 3)
+    )
+    path.write_text(path.read_text().replace('{"step": 1, "loss": null}', '{"step": 1, "loss": 3.0}'))
+    assert (
+        read_metrics(path)[1]
+        == f"note: dropped 2 unreadable line(s) of {path}: 2 (after step 1's row), 3 (after step 1's row)"
+    )
 
 
 def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
@@ -1423,3 +1431,25 @@ def test_a_resume_with_nothing_to_do_draws_the_run_s_curve(dataset, tmp_path, ca
     assert (
         f"curve: {run / 'loss.png'} (the run's rows through step 4)" in out and (run / "loss.png").is_file()
     )
+
+
+def test_a_resume_says_which_rows_a_deleted_or_damaged_metrics_file_lost(dataset, tmp_path, capsys):
+    """metrics.jsonl deleted before a resume: nothing was said, the run's record began at the resume
+    (trial RV65c F4); a line in it damaged: "dropped 1 unreadable line(s): 3", not which step's row,
+    nor that the file written without it loses it for good."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "schedule.steps=6", "checkpoint.interval=2", "run.max_steps=2")
+    train(load_train_config(TINY, sets))
+    (run / "metrics.jsonl").unlink()
+    capsys.readouterr()
+    train(load_train_config(TINY, [*sets, "run.max_steps=4", "checkpoint.resume='auto'"]))
+    out = capsys.readouterr().out
+    assert (
+        f"note: {run / 'metrics.jsonl'} is missing (deleted?): the rows of the steps before 2 are lost" in out
+    )
+    assert [r["step"] for r in metrics(run)] == [2, 3, 4]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(f"{lines[0]}\n{lines[1][:20]}\n{lines[2]}\n")  # step 3's cut short
+    train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
+    said = f"note: dropped 1 unreadable line(s) of {run / 'metrics.jsonl'}: 2 (after step 2's row); written "
+    assert said + "without them, their rows are lost" in capsys.readouterr().out

@@ -342,7 +342,7 @@ DROPPED_LINES = "note: dropped"  # read_metrics' note of lines that are not rows
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
     line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""
-    rows, bad = [], []
+    rows, bad, where = [], [], []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -357,11 +357,13 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
             rows.append(row)
         except ValueError:
             bad.append(i)
+            # the row it follows: which step's row it was is what a reader needs (trial RV65c F4)
+            where.append(f"{i} (after step {rows[-1]['step']}'s row)" if rows else f"{i} (before any row)")
     if not bad:
         return rows, None
     if bad == [len(lines)]:
         return rows, f"note: cut off the torn last line of {path} (line {bad[0]}: a write was interrupted)"
-    return rows, f"{DROPPED_LINES} {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
+    return rows, f"{DROPPED_LINES} {len(bad)} unreadable line(s) of {path}: {', '.join(where[:10])}"
 
 
 def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ from training.contract.run_layout import (
     CONSUMPTION_PARQUET,
     DATA_PLAN_JSON,
     DISCARDED_BATCHES_BIN,
+    DROPPED_LINES,
     EVAL_DIR,
     EVAL_PARQUET,
     EVAL_PLOT,
@@ -186,7 +187,10 @@ class RunRecord:
             left = sorted({*saved, *set_aside}) if mine is not None else []
             self._open_log(mine, logged, left)
             if cut:  # said once the file is written without them: a resume refused before it kept them
-                say(cut)  # (it said so, and the torn line stayed: trial RV61b F3)
+                # (it said so, and the torn line stayed: trial RV61b F3); an unreadable row is lost for
+                # good then, which verify can no longer tell (trial RV65c F4)
+                lost = "; written without them, their rows are lost" if cut.startswith(DROPPED_LINES) else ""
+                say(cut + lost)
             self._open_batches(mine, left)
             self.config = to_toml(config)
             self._record_config((resumed or 0) + 1, earlier_run=mine is None)
@@ -334,8 +338,13 @@ class RunRecord:
         """metrics.jsonl's rows a resume finds (None: a fresh run, or no file), read, not changed, and
         the note of the lines that are none, which go when _open_log writes the rows."""
         path = self.run_dir / METRICS_JSONL
-        if resumed is None or not path.exists():
+        if resumed is None:
             return None, None
+        if not path.exists():  # every run that started made it: deleted, its rows with it (RV65c F4)
+            return None, (
+                f"note: {path} is missing (deleted?): the rows of the steps before {resumed} are lost (a "
+                "checkpoint holds its own step's alone); this resume writes the rest"
+            )
         return read_metrics(path)
 
     @_writes(METRICS_JSONL)
