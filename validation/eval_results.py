@@ -346,8 +346,21 @@ def write_step_json(
         write_atomic(out, text + "\n")
         warning = rebuild_eval_table(run_dir)
     if warning:  # the scores stand (review RV32e F5): the caller's eval is not failed for the table
-        say(warning)
+        say(said_again(warning, step))
     return out
+
+
+_SAID: dict[str, int] = {}  # a side output's warning said in this process → the step it was said at
+
+
+def said_again(warning: str, step: int) -> str:
+    """`warning` (eval.parquet not rebuilt, eval.png not drawn: another step's results.json damaged),
+    or, said already at another step in this process, one short line pointing back at it: the whole
+    two lines came again at every later eval (trial RV65c F5)."""
+    first = _SAID.setdefault(warning, step)
+    if first == step:
+        return warning
+    return f"{warning.split(' (', 1)[0]} again, for the reason said at step {first}"
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,14 @@ from validation.eval import (
 )
 from validation.eval_data import EvalError, damaged_task_files, task_data_problem
 from validation.eval_output import eval_output
-from validation.eval_results import EVAL_LOG, chance_levels, metric_order, write_plot, write_step_json
+from validation.eval_results import (
+    EVAL_LOG,
+    chance_levels,
+    metric_order,
+    said_again,
+    write_plot,
+    write_step_json,
+)
 
 TOKENIZER_SUBDIR = "tokenizer"  # RUN/eval/tokenizer: the export's tokenizer files, for in-process eval
 
@@ -317,7 +324,7 @@ class TrainingEval:
                 say(line)
         # a side output, as loss.png: the scores stand
         if self.cfg.plot and (warning := write_plot(self.run_dir)):
-            say(warning)
+            say(said_again(warning, step))
         return metrics
 
 
