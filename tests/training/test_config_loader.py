@@ -13,6 +13,7 @@ from training.contract.config_loader import (
     json_sha256,
     load_config,
     to_toml,
+    with_resume,
 )
 
 
@@ -148,6 +149,17 @@ def test_errors_name_the_override(tmp_path):
     bad = write(tmp_path, "workers = 'two'\n")
     with pytest.raises(ConfigError, match=rf'^workers must be an integer, got "two" \({bad}\)$'):
         load_config(Outer, bad, ["name=x"])
+    # an editor's byte-order mark: "invalid statement at line 1, column 1" said nothing of it (RV65b)
+    marked = tmp_path / "marked.toml"
+    marked.write_bytes(b"\xef\xbb\xbfworkers = 1\n")
+    with pytest.raises(
+        ConfigError, match=r"starts with a UTF-8 byte-order mark, .* save it as UTF-8 without"
+    ):
+        load_config(Outer, marked)
+    # --resume beside a --set of another checkpoint.resume: the later won silently (trial RV65b)
+    assert with_resume(["checkpoint.resume='auto'"], "auto")[-1] == 'checkpoint.resume="auto"'
+    with pytest.raises(ConfigError, match=r"^--resume auto and --set checkpoint.resume=x/step-10 name two"):
+        with_resume(["checkpoint.resume=x/step-10"], "auto")
 
 
 @dataclass

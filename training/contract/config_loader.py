@@ -51,7 +51,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing TOML file to --config")
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            if text.startswith("\ufeff"):  # an editor's byte-order mark: "invalid statement" at 1:1 (RV65b)
+                raise ConfigError(
+                    f"{path}: starts with a UTF-8 byte-order mark, which TOML does not allow; save it as "
+                    "UTF-8 without one"
+                )
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
         except UnicodeDecodeError as e:  # TOML files are UTF-8
@@ -129,8 +135,18 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def with_resume(overrides: list[str], resume: str | None) -> list[str]:
-    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
-    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
+    """--resume X as the override checkpoint.resume = "X"; a --set of another checkpoint.resume beside
+    it is refused (the later one won without a word: trial RV65b)."""
+    if not resume:
+        return list(overrides)
+    for item in overrides:
+        key, value = parse_override(item)
+        if key == "checkpoint.resume" and value != resume:
+            raise ConfigError(
+                f"--resume {resume} and --set {item} name two checkpoints to resume from; give one",
+                "checkpoint.resume",
+            )
+    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"]
 
 
 def parse_override(item: str) -> tuple[str, Any]:
