@@ -196,6 +196,10 @@ def test_arrays_of_tables_round_trip_and_take_indexed_overrides(tmp_path):
     assert load_config(WithArrays, p, ["stage[-1].steps=7"]).stage[1].steps == 7
     with pytest.raises(ConfigError, match=r"stage has 2 entries, not an entry \[-3\]"):
         load_config(WithArrays, p, ["stage[-3].steps=1"])
+    # a whole entry replaced: it was "unknown key 'stage[0]'" (trial RV65b)
+    assert load_config(WithArrays, p, ['stage[0]={name = "z", steps = 9}']).stage[0] == Stage("z", 9)
+    with pytest.raises(ConfigError, match=r"^override stage\[0\]: an entry of stage is a table"):
+        load_config(WithArrays, p, ["stage[0]=3"])
     with pytest.raises(ConfigError) as blamed:  # on the override that wrote it, not the file (RV65d 8)
         load_config(WithArrays, p, ['stage[-1].steps="x"'])
     assert str(blamed.value).endswith("""(--set stage[-1].steps="x")"""), blamed.value

@@ -183,8 +183,20 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> str:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = value
-    return ".".join([*named, parts[-1]])
+    name, index = _indexed(parts[-1], key)
+    if index is None:
+        node[name] = value
+        return ".".join([*named, name])
+    # a whole entry of an array of tables: `--set 'phase[0]={name="a", steps=5}'` (it was called an
+    # unknown key 'phase[0]': trial RV65b)
+    entries = node.get(name)
+    if not isinstance(entries, list) or not -len(entries) <= index < len(entries):
+        have = len(entries) if isinstance(entries, list) else 0
+        raise ConfigError(f"override {key}: {name} has {have} entries, not an entry [{index}]")
+    if not isinstance(value, dict):
+        raise ConfigError(f'override {key}: an entry of {name} is a table, e.g. {key}={{name = "a"}}')
+    entries[index % len(entries)] = value
+    return ".".join([*named, f"{name}[{index % len(entries)}]"])
 
 
 @dataclasses.dataclass(frozen=True)
