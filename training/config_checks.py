@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Sequence
 
 from training.config import (
@@ -81,6 +82,18 @@ def check_seed(key: str, seed: int) -> None:
     what the loader's order keys read: data.seed = 2**64 drew seed 0's batches (trial RV65b 5)."""
     if not -(2**63) <= seed < 2**64:
         raise ConfigError(f"{key} = {seed} does not fit in 64 bits; use a smaller seed", key)
+
+
+def check_threads(threads: int) -> None:
+    """run.threads at most this machine's CPUs: 100000 was "can't start new thread", a segfault (trial
+    RV65b 1). Checked where a process starts its threads (the trainer, its launcher), not with the
+    config: a run trained on a bigger machine is read (inspected, verified) anywhere (review RV65e 2)."""
+    if threads > (cpus := os.cpu_count() or 1):
+        raise ConfigError(
+            f"run.threads = {threads} is more than this machine's {cpus} CPUs; give at most {cpus} (0: "
+            "torch's default)",
+            "run.threads",
+        )
 
 
 def check_model_section(m: ModelSection) -> None:

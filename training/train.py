@@ -56,6 +56,7 @@ import torch.nn as nn
 
 from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
+from training.config_checks import check_threads
 from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
@@ -193,6 +194,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         )
     device = pick_device(cfg.run.device, env.local_rank)
     threads = torch.get_num_threads()
+    check_threads(cfg.run.threads)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     if device.type == "cuda":

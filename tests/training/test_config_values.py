@@ -73,8 +73,6 @@ def refusal(*overrides: str) -> str:
         ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
         # reduced modulo 2**64 by the loader's keys: seed 0's batches (trial RV65b 5)
         ("data.seed=18446744073709551616", "data.seed = 18446744073709551616 does not fit in 64 bits"),
-        # a segfault ("can't start new thread") past what the machine has (trial RV65b 1)
-        ("run.threads=100000", f"run.threads = 100000 is more than this machine's {os.cpu_count()} CPUs"),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):
@@ -121,8 +119,16 @@ print("CLI-PROBE " + json.dumps({"code": code, "torch": "torch" in sys.modules})
 """
 
 
-@pytest.mark.parametrize("override", ["optim.lr=inf", "model.init_std=0"])
-def test_gristmill_train_refuses_it_in_one_line_before_torch(override):
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("optim.lr=inf", "is not allowed"),
+        ("model.init_std=0", "is not allowed"),
+        # a segfault ("can't start new thread") past what the machine has (trial RV65b 1)
+        ("run.threads=100000", f"is more than this machine's {os.cpu_count()} CPUs"),
+    ],
+)
+def test_gristmill_train_refuses_it_in_one_line_before_torch(override, said):
     argv = ["train", "--config", TINY, "--set", override]
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -130,7 +136,13 @@ def test_gristmill_train_refuses_it_in_one_line_before_torch(override):
     assert json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1]) == {"code": 2, "torch": False}
     key = override.split("=")[0]
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"error: {key} = ") and "is not allowed" in line, line
+    assert line.startswith(f"error: {key} = ") and said in line, line
+
+
+def test_a_run_trained_with_more_threads_than_here_is_read_here():
+    """run.threads is the trainer's, checked where it starts them: in the config's checks, `verify RUN`
+    and `data inspect RUN` of a run trained on a bigger machine refused it (review RV65e 2)."""
+    check_config(load_train_config(TINY, [f"run.threads={(os.cpu_count() or 1) + 1}"]), 1)
 
 
 def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -329,12 +328,6 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
         raise ConfigError(
             f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
             "training process / torch's default thread count)"
-        )
-    if r.threads > (cpus := os.cpu_count() or 1):  # 100000: "can't start new thread", a segfault (RV65b 1)
-        raise ConfigError(
-            f"run.threads = {r.threads} is more than this machine's {cpus} CPUs; give at most {cpus} (0: "
-            "torch's default)",
-            "run.threads",
         )
     held_out = [src.name for src in spec.sources if src.val_fraction > 0]
     if cfg.eval.source and cfg.eval.source not in held_out:
