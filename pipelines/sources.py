@@ -457,7 +457,7 @@ def parse_json_line(line: bytes, first: bool) -> Any:
         line = line.removeprefix(BOM)
     # orjson reads an integer past 64 bits as a float: an id of 30 digits kept 17 of them (two ids one)
     # and a number as text was said "float" (trial RV64b M6), nested ones too (review RV65d 9); a line
-    # with 20 digits in a row (maybe in a string) goes to the stdlib, which keeps such an integer whole
+    # with 19 digits in a row (maybe in a string) goes to the stdlib, which keeps such an integer whole
     if _LONG_NUMBER.search(line) is None:
         try:
             return orjson.loads(line)
@@ -468,7 +468,7 @@ def parse_json_line(line: bytes, first: bool) -> Any:
     return json.loads(line.decode("utf-8", "surrogateescape"))
 
 
-_LONG_NUMBER = re.compile(rb"[0-9]{20}")
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")  # 19: -9223372036854775809 is past 64 bits too (RV65e 1)
 
 
 def first_json_lines(path: str, lines: int = 100, max_line: int | None = None) -> Iterator[tuple[bytes, Any]]:

@@ -104,9 +104,11 @@ def test_an_integer_past_64_bits_is_read_whole(tmp_path):
     lines = [f'{{"text": "One document.", "id": {big}}}', f'{{"text": "Two.", "id": {big + 1}}}']
     lines += [f'{{"text": {big}, "id": "t"}}', '{"text": "Three.", "id": 1e30}']
     lines += [f'{{"text": "Nested (review RV65d 9).", "id": [{big}]}}']
+    low = -(2**63) - 1  # 19 digits, past 64 bits below (review RV65e 1)
+    lines += [f'{{"text": "Five.", "id": {low}}}', f'{{"text": "Six.", "id": {low - 1}}}']
     write_jsonl_zst(tmp_path / "a.jsonl.zst", [line.encode() for line in lines])
     docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
-    assert [d.id for d in docs] == [str(big), str(big + 1), "t", "1e+30", f"[{big}]"]
+    assert [d.id for d in docs] == [str(big), str(big + 1), "t", "1e+30", f"[{big}]", str(low), str(low - 1)]
     assert "'text' is int, not a string" in docs[2].metadata[READ_ERROR]
 
 
