@@ -88,9 +88,16 @@ def write_atomic(
 
 
 def append_whole(fd: int, data: bytes) -> None:
-    """One os.write of `data` on an O_APPEND descriptor, whole or an OSError: a nearly full disk
-    writes part of it and returns the count, no error, which left a metrics row torn, printed and
-    sent to the trackers as written, then cut off by the resume as a torn line: lost (trial RV65c F1)."""
-    written = os.write(fd, data)
-    if written != len(data):
-        raise OSError(errno.ENOSPC, f"a short write ({written:,} of {len(data):,} bytes): the disk is full")
+    """`data` appended whole on an O_APPEND descriptor (one writer), or an OSError. A nearly full disk
+    writes part of it and returns the count, no error: a metrics row was left torn, printed and sent to
+    the trackers as written, then cut off by the resume as a torn line, lost (trial RV65c F1). The
+    rest is written after it, so the error is the disk's own (ENOSPC, EFBIG under `ulimit -f`, EDQUOT:
+    review RV65e 3), and an interrupted write finishes."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:  # no progress and no error: what a full device would have said
+            raise OSError(
+                errno.ENOSPC, f"nothing more written ({len(data) - len(view):,} of {len(data):,} bytes)"
+            )
+        view = view[written:]
