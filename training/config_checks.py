@@ -394,7 +394,9 @@ def rewind_unreachable(
     return (
         f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: {why} its last step "
         f"{last_step} − run.rewind.margin_steps {margin}, so {' and '.join(fallback[k] for k in rewinds)}; "
-        f"lower {', or '.join(fixes) or 'run.rewind.margin_steps'}"
+        # no checkpoint and no save in the plan's reach: a lower interval is needed, and the margin too
+        # where no save after the start can come in time (review RV65e 4)
+        f"lower {', or '.join(fixes) or 'run.rewind.margin_steps and checkpoint.interval'}"
     )
 
 

@@ -80,9 +80,9 @@ from training.contract.run_layout import (
     check_saved_config_place,
     checkpoint_dir,
     complete_steps,
-    kept_rows,
 )
 from training.metrics import (
+    kept_losses,
     mfu,
     no_step_row,
     peak_memory_bytes,
@@ -392,11 +392,11 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     # The curve of the run's whole record, drawn when it holds a kept loss: also where this invocation
     # trained nothing (a resume at the last step, writing the row a kill cut off, left the picture of
     # an earlier stop, or none: trial RV65c F2)
-    curve = run.record.draw_loss() if any("loss" in r for r in kept_rows(run.record.rows)) else None
+    curve = run.record.draw_loss() if kept_losses(run.record.rows) else None
     if line is not None:
         say(line + (f"; {curve}" if curve else ""))
-    elif curve:
-        say(f"{curve} (the run's rows through step {state.step})")
+    elif curve:  # (a note where matplotlib is missing)
+        say(f"{curve} (the run's rows through step {state.step})" if curve.startswith("curve:") else curve)
     return {
         "run_dir": str(run.run_dir),
         "steps": state.step,

@@ -158,3 +158,28 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
     err = capsys.readouterr().err.strip()
     assert err == 'error: run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"', err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_can_never_rewind_warning_advises_what_would_let_it():
+    """The settings named are those that would make a rewind possible (reviews RV65d 6, RV65e 4)."""
+    from training.config_checks import rewind_unreachable
+
+    def advice(*sets: str, steps: int = 10, saved=(), after: int = 0) -> str | None:
+        cfg = load_train_config(TINY, ["run.on_spike='rewind'", *sets])
+        warned = rewind_unreachable(cfg, steps, saved, 0, after)
+        return warned and warned.rsplit("; ", 1)[1]
+
+    margin = "run.rewind.margin_steps="
+    assert (
+        advice("checkpoint.interval=8", f"{margin}5")
+        == "lower run.rewind.margin_steps to 2 or less, or checkpoint.interval"
+    )
+    assert (
+        advice("checkpoint.interval=20", f"{margin}10")
+        == "lower run.rewind.margin_steps and checkpoint.interval"
+    )
+    assert (
+        advice("checkpoint.interval=8", f"{margin}9", saved=[2, 4], after=5)
+        == "lower run.rewind.margin_steps to 8 or less"
+    )
+    assert advice("checkpoint.interval=4", f"{margin}2") is None
