@@ -6,6 +6,7 @@ resume, a second trainer on the same directory, a stale lock and a read-only run
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -1453,3 +1454,27 @@ def test_a_resume_says_which_rows_a_deleted_or_damaged_metrics_file_lost(dataset
     train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
     said = f"note: dropped 1 unreadable line(s) of {run / 'metrics.jsonl'}: 2 (after step 2's row); written "
     assert said + "without them, their rows are lost" in capsys.readouterr().out
+
+
+def test_an_append_cut_short_is_finished_or_raises_the_disk_s_own_error(tmp_path):
+    """A write that comes back short (a nearly full disk, a file size limit) returned its count and no
+    error: the row was left torn and taken as written (trial RV65c F1). append_whole, which every
+    record's append goes through (metrics.jsonl, batches.bin, checkpoints.jsonl), writes the rest, so
+    the error is the limit's own, EFBIG here, not "the disk is full" (review RV65e 3)."""
+    probe = (
+        "import os, resource, sys\n"
+        "from training.contract.atomic_write import append_whole\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
+        "append_whole(fd, b'x' * 1000)\n"
+        "try:\n"
+        "    append_whole(fd, b'y' * 75)\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n"
+    )
+    path = tmp_path / "record"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], cwd=ROOT, env=ENV, capture_output=True, text=True
+    )
+    assert proc.stdout.strip() == str(errno.EFBIG), proc.stdout + proc.stderr[-2000:]
+    assert path.stat().st_size == 1024  # the part that fit: a torn line the resume cuts off
