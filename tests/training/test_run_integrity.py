@@ -1429,9 +1429,12 @@ def test_a_resume_with_nothing_to_do_draws_the_run_s_curve(dataset, tmp_path, ca
     train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
     out = capsys.readouterr().out
     assert "nothing to do: the checkpoint is at step 4" in out, out
-    assert (
-        f"curve: {run / 'loss.png'} (the run's rows through step 4)" in out and (run / "loss.png").is_file()
-    )
+    assert f"curve: {run / 'loss.png'} (the run's rows through step 4)" in out, out
+    assert (run / "loss.png").is_file()
+    # not drawn again with metrics.plot = false: the picture is said to be an earlier one's
+    train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'", "metrics.plot=false"]))
+    said = f"{run / 'loss.png'} is an earlier invocation's curve (metrics.plot = false)"
+    assert said in capsys.readouterr().out
 
 
 def test_a_resume_says_which_rows_a_deleted_or_damaged_metrics_file_lost(dataset, tmp_path, capsys):

@@ -289,10 +289,16 @@ class RunRecord:
 
     def draw_loss(self) -> str | None:
         """RUN/loss.png on rank 0 when metrics.plot is on (at the end, and at a stop): its place as
-        `curve: PATH`, a note instead when matplotlib is missing, None when not drawn."""
-        if self.rank != 0 or not self.plot:
+        `curve: PATH`, a note instead when matplotlib is missing, None when not drawn. With it off, an
+        earlier invocation's picture is said to be one (it stayed as if it were the run's: RV65c F2)."""
+        if self.rank != 0:
             return None
-        plan, path = self.timeline.plan, self.run_dir / LOSS_PNG
+        path = self.run_dir / LOSS_PNG
+        if not self.plot:
+            return (
+                f"{path} is an earlier invocation's curve (metrics.plot = false)" if path.exists() else None
+            )
+        plan = self.timeline.plan
         phases = [(plan.first_step[p], ph.name) for p, ph in enumerate(plan.phases)]
         return plot_loss(self.rows, path, self.timeline.skips, phases) or f"curve: {path}"
 
