@@ -43,7 +43,7 @@ from training.contract.config_loader import (
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, interrupted, refuse_empty, sigterm_raises, wrapped
+from training.contract.errors import GristmillError, refuse_empty, sigterm_raises, wrapped
 from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
@@ -257,10 +257,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def say_agent_killed(pid: int, sig: signal.Signals, relayed: list[int]) -> None:
     """One line for torchrun's agent ended by `sig` (trial RV65b 3, 4: exit 137 or 143 and nothing
-    said): a signal this launcher passed to it before any worker started (`relayed`), or another's (a
-    kill -9, the OOM killer)."""
+    said): a signal this launcher passed to it while it ran no worker (`relayed`: before they started,
+    or after they ended, a complete run's: RV65f 1), or another's (a kill -9, the OOM killer)."""
     if sig in relayed:
-        line = f"{interrupted(sig.name)} (before torchrun started its workers: nothing was trained)"
+        line = (
+            f"note: {sig.name} reached torchrun's agent while it ran no worker (before they started, or "
+            f"after they ended): exit {128 + sig} is the agent's; the run's own lines above say what was done"
+        )
     else:
         line = (
             f"error: torchrun's agent (pid {pid}) was killed by {sig.name}, and its workers with it: "

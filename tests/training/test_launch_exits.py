@@ -328,9 +328,9 @@ def test_torchrun_s_agent_killed_is_one_line_naming_the_resume(dataset, tmp_path
         "with --resume auto (from the newest complete checkpoint)"
     ) in err.splitlines(), err[-3000:]
     say_agent_killed(agent, signal.SIGTERM, [signal.SIGTERM])  # the launcher's own, passed on
-    assert capsys.readouterr().err == (
-        "interrupted (SIGTERM): nothing after the last line above was done (before torchrun started its "
-        "workers: nothing was trained)\n"
+    assert capsys.readouterr().err == (  # before the workers started, or after they ended (RV65f 1)
+        "note: SIGTERM reached torchrun's agent while it ran no worker (before they started, or after they "
+        "ended): exit 143 is the agent's; the run's own lines above say what was done\n"
     )
 
 
