@@ -1456,7 +1456,9 @@ def test_a_resume_says_which_rows_a_deleted_or_damaged_metrics_file_lost(dataset
     (run / "metrics.jsonl").write_text(f"{lines[0]}\n{lines[1][:20]}\n{lines[2]}\n")  # step 3's cut short
     train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
     said = f"note: dropped 1 unreadable line(s) of {run / 'metrics.jsonl'}: 2 (after step 2's row); written "
-    assert said + "without them, their rows are lost" in capsys.readouterr().out
+    assert said + "without them, their rows are lost (step 4's, if one of them, is written again" in (
+        capsys.readouterr().out
+    )
 
 
 def test_an_append_cut_short_is_finished_or_raises_the_disk_s_own_error(tmp_path):

@@ -189,7 +189,12 @@ class RunRecord:
             if cut:  # said once the file is written without them: a resume refused before it kept them
                 # (it said so, and the torn line stayed: trial RV61b F3); an unreadable row is lost for
                 # good then, which verify can no longer tell (trial RV65c F4)
-                lost = "; written without them, their rows are lost" if cut.startswith(DROPPED_LINES) else ""
+                lost = (  # the resumed step's own row comes back from the checkpoint (RV65f 4)
+                    f"; written without them, their rows are lost (step {mine}'s, if one of them, is written "
+                    "again from the checkpoint)"
+                    if cut.startswith(DROPPED_LINES)
+                    else ""
+                )
                 say(cut + lost)
             self._open_batches(mine, left)
             self.config = to_toml(config)
