@@ -132,7 +132,9 @@ class Trackers:
             self.trackers[name] = _Feed(name, t)
             how = "continued" if prev else "new"
             say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {t.name!r}){t.where}")
-            held[name] = prev.get("sent_through") if prev else None
+            # a record without sent_through: its run holds no step (none sent, or a store found empty at
+            # the end: trial RV65f 7, no note then)
+            held[name] = (prev.get("sent_through") or 0) if prev else None
             if held[name] is not None and resume_step is not None and held[name] > resume_step:
                 self.skip_through[name] = held[name]
             if isinstance(held[name], int) and resume_step is not None and held[name] < resume_step:
@@ -142,9 +144,10 @@ class Trackers:
                     if held[name] + 1 == resume_step
                     else f"steps {held[name] + 1}–{resume_step}"
                 )
+                holds = f"holds steps through {held[name]}" if held[name] else "holds no step"
                 say(
-                    f"note: {name}'s run {t.id} holds steps through {held[name]}; {gap} (trained without it, "
-                    "or not taken before a stop) are not in it: metrics.jsonl has them"
+                    f"note: {name}'s run {t.id} {holds}; {gap} (trained without it, or not taken before a "
+                    "stop) are not in it: metrics.jsonl has them"
                 )
         # Each record says how far its tracker was sent ("sent_through": the highest step it took,
         # kept current while an invocation has it open, so a kill leaves it short, never ahead: rows

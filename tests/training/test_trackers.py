@@ -571,7 +571,7 @@ def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
         assert err.count("\n") == 1 and "trackio could not start a run" in err and "TRACKIO_DIR" in err, err
         assert not (tmp_path / "start" / "metrics.jsonl").exists()
 
-    run = tmp_path / "lost"
+    run, original = tmp_path / "lost", storage.TRACKIO_DIR
     monkeypatch.setattr(storage, "TRACKIO_DIR", storage.TRACKIO_DIR)  # restored after the test
 
     def lose_the_store() -> None:  # as a disk unmounted mid-run would
@@ -592,6 +592,11 @@ def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
     # what the store holds, not the higher count recorded row by row as they went (trial RV65c F3)
     recorded = json.loads((run / "trackers.json").read_text())["trackio"].get("sent_through", 0)
     assert recorded == int(said.group(1)) < 8, (recorded, said.group(0))
+    if recorded == 0:  # a store found empty: a resume says its run holds no step (trial RV65f 7)
+        storage.TRACKIO_DIR = original
+        step_4 = json.dumps(str(run / "checkpoints" / "step-000004"))
+        assert run_training(dataset, run, ["trackio"], f"checkpoint.resume={step_4}") == 0
+        assert "holds no step; steps 1–4 (trained without it" in capsys.readouterr().out
 
 
 # its writer thread's exception, kept and raised again at the next flush, is no thread's unhandled one
