@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import json
 import keyword
+import os
 import tomllib
 import types
 import typing
@@ -139,9 +140,13 @@ def with_resume(overrides: list[str], resume: str | None) -> list[str]:
     it is refused (the later one won without a word: trial RV65b)."""
     if not resume:
         return list(overrides)
+
+    def same(a: Any, b: str) -> bool:  # one checkpoint however written (a trailing slash, relative: RV65f)
+        return a == b or ("auto" not in (a, b) and os.path.realpath(str(a)) == os.path.realpath(b))
+
     for item in overrides:
         key, value = parse_override(item)
-        if key == "checkpoint.resume" and value != resume:
+        if key == "checkpoint.resume" and not same(value, resume):
             raise ConfigError(
                 f"--resume {resume} and --set {item} name two checkpoints to resume from; give one",
                 "checkpoint.resume",
