@@ -630,9 +630,11 @@ class Checkpointer:
                 record_saved(self.run_dir, missed, identity)
             except OSError as e:
                 then = "" if last else "written with the next save's; if the run stops first, "
+                steps = [s for s, _ in self._unrecorded]  # every one left out, not the first alone (RV65f 3)
+                which = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
                 self.log(
-                    f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): {then}an export of step "
-                    f"{missed} whose checkpoint retention deletes cannot be told from another run's"
+                    f"warning: {CHECKPOINTS_JSONL} not written ({e.strerror or e}): {then}an export of "
+                    f"{which} whose checkpoint retention deletes cannot be told from another run's"
                 )
                 return
             del self._unrecorded[0]
