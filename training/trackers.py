@@ -157,7 +157,7 @@ class Trackers:
         for name, record in state.items():
             if isinstance(record, dict):
                 record["open"] = name in names
-                if held.get(name) is not None:  # the new record of a continued run: what it holds
+                if held.get(name):  # the new record of a continued run: what it holds (0: none, unsaid)
                     record["sent_through"] = held[name]
         self._state = state
         if state or (self.run_dir / TRACKERS_JSON).exists():
