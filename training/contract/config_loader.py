@@ -179,10 +179,7 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> str:
         name, index = _indexed(part, key)
         child = node.setdefault(name, {})
         if index is not None:
-            if not isinstance(child, list) or not -len(child) <= index < len(child):
-                have = len(child) if isinstance(child, list) else 0
-                raise ConfigError(f"override {key}: {name} has {have} entries, not an entry [{index}]")
-            index %= len(child)
+            index = _entry(child, index, name, key)
             child = child[index]
         named.append(part if index is None else f"{name}[{index}]")
         if not isinstance(child, dict):
@@ -195,13 +192,20 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> str:
     # a whole entry of an array of tables: `--set 'phase[0]={name="a", steps=5}'` (it was called an
     # unknown key 'phase[0]': trial RV65b)
     entries = node.get(name)
+    index = _entry(entries, index, name, key)
+    if not isinstance(value, dict):
+        raise ConfigError(f'override {key}: an entry of {name} is a table, e.g. {key}={{name = "a"}}')
+    entries[index] = value
+    return ".".join([*named, f"{name}[{index}]"])
+
+
+def _entry(entries: Any, index: int, name: str, key: str) -> int:
+    """`index` of the array of tables `entries` (override `key`'s `name`), counted from the start; a
+    ConfigError with the count of entries when there is none there."""
     if not isinstance(entries, list) or not -len(entries) <= index < len(entries):
         have = len(entries) if isinstance(entries, list) else 0
         raise ConfigError(f"override {key}: {name} has {have} entries, not an entry [{index}]")
-    if not isinstance(value, dict):
-        raise ConfigError(f'override {key}: an entry of {name} is a table, e.g. {key}={{name = "a"}}')
-    entries[index % len(entries)] = value
-    return ".".join([*named, f"{name}[{index % len(entries)}]"])
+    return index % len(entries)
 
 
 @dataclasses.dataclass(frozen=True)
