@@ -48,7 +48,7 @@ from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
 from training.run.lock import check_unlocked
-from training.run.worker_reply import REPLY_KEY
+from training.run.worker_reply import REPLY_KEY, STATUS_KEY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -290,28 +290,25 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     itself: a line names it (the entry point, rank, PID and signal) — the first failure, or any
     death by a signal other than that SIGTERM (the OOM killer's SIGKILL, a SIGSEGV) — and a first
     failure by a signal makes the status 128 + the signal, as the shell reports such a process."""
+    # A worker that said its error and was then stopped by torchrun's SIGTERM in its teardown (another
+    # rank's collective failed of its going first) ends with the status its reply names: its own error
+    # was the job's first, not the SIGTERM (143 and "rank 0 was killed by SIGTERM" under rank 0's own
+    # full-disk line: trial RV65f 2)
+    codes = {rank: _own_status(f) for rank, f in failures.items()}
     # torchrun's timestamps are whole seconds. Of failures in one second, a death by a signal other than
     # torchrun's SIGTERM (SIGKILL, SIGSEGV) comes first, then an exit of the worker's own (a survivor's
     # failed collective exits 1 of it: train.peer_gone, review R23f 3), and torchrun's SIGTERM of a
     # survivor last, a consequence (rank 0 so stopped won the tie: 143 for a SIGKILLed rank 1, R23c 5).
-    first = min(
-        failures,
-        key=lambda r: (
-            failures[r].timestamp,
-            failures[r].exitcode == -signal.SIGTERM,
-            failures[r].exitcode > 0,
-        ),
-    )
-    code = failures[first].exitcode
+    first = min(failures, key=lambda r: (failures[r].timestamp, codes[r] == -signal.SIGTERM, codes[r] > 0))
+    code = codes[first]
     if code > 0:
-        zero = failures.get(0)
-        code = zero.exitcode if zero is not None and zero.exitcode > 0 else code
+        code = codes[0] if codes.get(0, 0) > 0 else code
     else:
         code = 128 - code
     lines = [
         f"error: {name} rank {rank} (pid {f.pid}) was killed by {f.signal_name()}"
         for rank, f in failures.items()
-        if f.exitcode < 0 and (rank == first or f.exitcode != -signal.SIGTERM)
+        if codes[rank] < 0 and (rank == first or codes[rank] != -signal.SIGTERM)
     ]
     # A rank's own error that rank 0, which alone prints errors, did not stop on (its shard, its
     # disk): its message is in the reply file train.py left (training/run/worker_reply.py).
@@ -319,6 +316,16 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     if replies and not any(f.error_file_data[REPLY_KEY] == "printed" for f in replies):
         lines.insert(0, f"error: {min(replies, key=lambda f: f.timestamp).message}")
     return code, lines
+
+
+def _own_status(failure: Any) -> int:
+    """A failed worker's exit status, as torchrun reports it (a signal: its negative number), or the
+    status its reply names (training/run/worker_reply.py) when torchrun's SIGTERM stopped it after it
+    said its error."""
+    status = failure.error_file_data.get(STATUS_KEY) if REPLY_KEY in failure.error_file_data else None
+    if failure.exitcode == -signal.SIGTERM and isinstance(status, int) and status > 0:
+        return status
+    return failure.exitcode
 
 
 class _HeldLogs(logging.Handler):

@@ -515,7 +515,15 @@ def _save_before_stopping(
     state = run.state
     if state.step > start and run.checkpointer.requested_step == state.step:  # held: unless failed or skipped
         return state.step if finished and run.checkpointer.low_disk is None else None
-    if not can_save or state.step <= start:
+    if state.step <= start:
+        return None
+    if not can_save:  # the steps since the last checkpoint are lost: said (trial RV65f 2)
+        newest = run.checkpointer.newest_complete()
+        since = "from the start" if newest == "none" else f"from {newest}"
+        say(
+            f"{why}: step {state.step} not saved (a record is rank 0's alone: the other ranks cannot join "
+            f"a save); {run.checkpointer.resume_option()} trains again {since}"
+        )
         return None
     verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
     if verdict.action == STOP:
@@ -748,14 +756,14 @@ def main(
         # leaves it for the launcher, which prints it when no rank printed (an error that only
         # this rank met: its shard, its disk; training/run/worker_reply.py).
         rank = DistEnv.from_environ().rank
-        report_to_launcher(f"rank {rank}: {e}", printed=rank == 0)
+        report_to_launcher(f"rank {rank}: {e}", printed=rank == 0, status=e.exit_code)
         return print_error(e) if rank == 0 else e.exit_code
     except KeyboardInterrupt:
         # A Ctrl-C outside the loop's handler (setup, a checkpoint's load; the launcher passes it to
         # every worker): one line and 130, as one process says it (pipelines/cli.py), not a
         # traceback per rank and exit 1 (review R18d 2b).
         rank = DistEnv.from_environ().rank
-        report_to_launcher(f"rank {rank}: {INTERRUPTED}", printed=rank == 0)
+        report_to_launcher(f"rank {rank}: {INTERRUPTED}", printed=rank == 0, status=INTERRUPTED_EXIT)
         if rank == 0:
             with contextlib.suppress(OSError):  # a reader gone: still 130 (it was 1: review R18f 3)
                 print(INTERRUPTED, file=sys.stderr, flush=True)

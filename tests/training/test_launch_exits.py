@@ -373,10 +373,10 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     it in torchrun's reply file, and the launcher prints it when rank 0 did not stop on its own."""
     from training.run.worker_reply import report_to_launcher
 
-    def reply(rank: int, message: str, exitcode: int) -> ProcessFailure:
+    def reply(rank: int, message: str, exitcode: int, status: int = 2) -> ProcessFailure:
         path = tmp_path / f"error-{rank}.json"
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
-        report_to_launcher(f"rank {rank}: {message}", printed=rank == 0)
+        report_to_launcher(f"rank {rank}: {message}", printed=rank == 0, status=status)
         return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=str(path))
 
     rank1 = reply(1, "shards/00001_00000.tar is truncated; rebuild it", 2)
@@ -385,6 +385,17 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     # rank 0 met it too and printed it (even if torchrun then stopped it with SIGTERM): nothing added
     assert exit_status({1: rank1, 0: reply(0, "the same", -15)})[1] == []
     assert exit_status({1: rank1, 0: reply(0, "the same", 2)}) == (2, [])
+    # rank 0 printed its own error (a full disk under metrics.jsonl) and was SIGTERMed in its teardown,
+    # after rank 1's collective failed of it: its error's status, no "killed" line (they were 143 and
+    # "rank 0 was killed by SIGTERM": trial RV65f 2)
+    gone = failure(1, 1)
+    gone.timestamp += 1
+    full = reply(0, "cannot write metrics.jsonl: No space left on device", -15)
+    assert exit_status({1: gone, 0: full}, "training.train") == (2, [])
+    assert exit_status({1: gone, 0: reply(0, "interrupted", -15, status=130)}, "m") == (130, [])
+    # a SIGKILL after its reply (the out-of-memory killer) is a death of its own: said, 137
+    code, lines = exit_status({1: gone, 0: reply(0, "the same", -9)}, "m")
+    assert (code, lines) == (137, ["error: m rank 0 (pid 1000) was killed by SIGKILL"])
 
 
 def test_a_reader_gone_before_the_launchers_first_line_costs_no_run(dataset, tmp_path, light):

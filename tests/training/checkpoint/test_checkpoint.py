@@ -565,6 +565,40 @@ def test_a_metrics_row_written_in_part_stops_the_run_and_the_resume_writes_it(da
     assert [r["step"] for r in metrics(run)] == list(range(1, 31))
 
 
+def test_a_record_rank_0_cannot_write_under_torchrun_ends_with_its_error_and_says_what_is_lost(
+    dataset, tmp_path
+):
+    """Two processes, metrics.jsonl's disk full: a record is rank 0's alone, so the other rank cannot
+    join a save and the steps since the last checkpoint are lost (docs/checkpoints.md). The run ended
+    143 with "rank 0 … was killed by SIGTERM" under rank 0's own line (torchrun stopped it in its
+    teardown after rank 1's collective failed of it), and nothing said the steps were lost (trial
+    RV65f 2): now exit 2, rank 0's line, and which checkpoint a resume trains again from."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces here (unshare -rm) for a tmpfs of one free page")
+    run, small = tmp_path / "run", tmp_path / "small"
+    run.mkdir()
+    small.mkdir()
+    sets = overrides(dataset, run, "checkpoint.interval=4")
+    mount = (
+        f"mount -t tmpfs -o size=12k tmpfs {small} && dd if=/dev/zero of={small}/fill bs=4k count=2 "
+        f"2>/dev/null && ln -s {small}/metrics.jsonl {run}/metrics.jsonl"
+    )
+    cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, "", "pipelines.cli", "train"]
+    env = {**ENV, "PYTHON_EXEC": sys.executable}  # the workers in the namespace, where the tmpfs is
+    argv = [*cmd, "--config", TINY, "--nproc-per-node", "2", "--set", *sets, "parallel.shard=2"]
+    proc = forked.run(argv, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "metrics.jsonl: No space left on device" in proc.stderr, proc.stderr[-3000:]
+    assert "killed by" not in proc.stderr, proc.stderr[-3000:]
+    said = re.search(
+        r"step (\d+) not saved \(a record is rank 0's alone: .*; --resume auto trains again (.*)", proc.stdout
+    )
+    assert said is not None, proc.stdout[-3000:]
+    newest = complete_steps(run)
+    assert said[2] == (f"from {checkpoint_dir(run, newest[-1])}" if newest else "from the start"), said[0]
+    assert int(said[1]) > (newest[-1] if newest else 0)
+
+
 # --- no training needed -----------------------------------------------------------------------
 
 
