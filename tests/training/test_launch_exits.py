@@ -278,12 +278,16 @@ def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path
     missing = tmp_path / "no such 'dir'"  # a space and a quote: the echoed command quotes them (issue 37)
     run_sets = sets(dataset, tmp_path / "run", "eval.interval=20")
     assert train_eval_main(["--config", TINY, "--resume", str(missing), "--set", *run_sets]) == 2
-    assert the_one_line(capsys.readouterr().err) == f"error: --resume {missing}: no such checkpoint directory"
-    said = {**light, "LIGHT_TRAINER": f"exit:2:error: --resume {missing}: no such checkpoint directory"}
+    line = (
+        f"error: --resume {missing}: no such checkpoint directory; give a checkpoint's path "
+        "(RUN/checkpoints/step-N), or auto for the run's newest complete one"
+    )
+    assert the_one_line(capsys.readouterr().err) == line
+    said = {**light, "LIGHT_TRAINER": f"exit:2:{line}"}
     proc = launch(1, run_sets, "--resume", str(missing), env=said)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 2, out[-2000:] + err[-3000:]
-    assert the_one_line(err) == f"error: --resume {missing}: no such checkpoint directory"
+    assert the_one_line(err) == line
     # The echoed torchrun command, pasted back into a shell, gives the same arguments.
     echo = next(line for line in out.splitlines() if line.startswith("+ "))
     argv = shlex.split(echo[2:])

@@ -172,7 +172,10 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
     if spec != "auto":
         path = Path(spec)
         if not path.is_dir():
-            raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
+            raise CheckpointError(  # "latest", "last": the word a user of another trainer tries (RV65b)
+                f"--resume {spec}: no such checkpoint directory; give a checkpoint's path "
+                "(RUN/checkpoints/step-N), or auto for the run's newest complete one"
+            )
         saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
         # a save cut at once: an empty step folder of a run's checkpoints/ (R22i M5, R22j M2)
         # (the parent's name as given: through a link, R22k M1)
