@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 from copy import deepcopy
 from functools import partial
 
 import multiprocess
+import multiprocess.pool
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.utils.logging import logger
 from datatrove.utils.stats import PipelineStats
@@ -32,10 +34,30 @@ from pipelines.build_identity import BuildError
 from training.contract.lifetime import exit_with
 
 POLL_S = 1.0  # how often the wait for the next result looks at the workers
+HELP_S = 5.0  # how long the pool's end waits for its task queue's read lock (see _Pool)
 
 
 class WorkerDied(BuildError):
     """A build worker process died while running a task."""
+
+
+class _Pool(multiprocess.pool.Pool):
+    """multiprocess's Pool whose end does not wait forever for its task queue's read lock. A worker
+    waiting for a task holds that lock; killed there (the out-of-memory killer takes an idle worker
+    still holding a long document's memory), it holds it for good, and the pool's terminate() waited
+    for it with the build's lock held and every task done (trial RV66b F1). The other workers hand it
+    back within moments of the pool's end (its sentinels wake them); past HELP_S the end goes on
+    without it: what it guards is the queue's draining, which only ending workers still read."""
+
+    @staticmethod
+    def _help_stuff_finish(inqueue, task_handler, size):
+        deadline = time.monotonic() + HELP_S
+        while not inqueue._rlock.acquire(timeout=0.1):
+            if time.monotonic() > deadline:
+                break
+        while task_handler.is_alive() and inqueue._reader.poll():
+            inqueue._reader.recv()
+            time.sleep(0)
 
 
 class WatchedLocalExecutor(LocalPipelineExecutor):
@@ -86,7 +108,7 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             completed = mg.Value("i", skipped)
             completed_lock = mg.Lock()
             ctx = multiprocess.get_context(self.start_method)
-            with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
+            with _Pool(self.workers, initializer=exit_with, initargs=(build,), context=ctx) as pool:
                 run_rank = partial(
                     self._launch_run_for_rank,
                     ranks_q=ranks_q,
@@ -129,13 +151,13 @@ def _death_message(workers, started: int) -> str:
     codes = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
     code = codes[0] if codes else None
     how = "died" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    # fewer workers first: the same command goes on from the finished tasks, where a filters.max_chars
+    # changes what is built (refused over this output's tasks: trial RV66b F3)
     hint = (
         ": what the out-of-memory killer sends; a very long document can take ~100× its size while it "
-        "is tokenized, so set filters.max_chars or use fewer build.workers"
+        "is tokenized: rerun with fewer build.workers, or build into a new output with filters.max_chars"
         if code == -9
         else ""
     )
-    return (
-        f"a build worker process died while running a task ({how}{hint}); the pool of {started} workers "
-        "was stopped"
-    )
+    # running a task or waiting for one (holding the pool's task queue: the stage cannot go on)
+    return f"a build worker process died ({how}{hint}); the pool of {started} workers was stopped"

@@ -3,6 +3,7 @@ running; the rerun finishes to the same shards. A kill -9 of the build leaves no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,11 +46,70 @@ def test_a_dead_worker_stops_the_build_instead_of_hanging(built_dataset, build_f
     assert died.returncode == 2, died.stdout[-2000:] + died.stderr[-2000:]
     assert time.monotonic() - t0 < 100
     err = died.stderr.strip().splitlines()[-1]
-    assert err.startswith("error: a build worker process died while running a task (killed by signal 9"), err
+    assert err.startswith("error: a build worker process died (killed by signal 9"), err
     assert "rerun the same command" in err and "Traceback" not in died.stderr
     # the fault is said before the build starts: one left set killed a real build's task (R25b 7)
     warning = "warning: GRISTMILL_TEST_KILL=1:second_shard:self is set: a test's injected fault, the task"
     assert died.stdout.count(warning) == 1, died.stdout[:2000]
+    rerun(config, out)
+    same_shards(out, built_dataset)
+
+
+def _pool_workers(session: int) -> list[int]:
+    """The build's pool workers: the processes its forkserver forked."""
+    procs = {pid: Path(f"/proc/{pid}") for pid in session_processes(session)}
+    server = [pid for pid, d in procs.items() if b"forkserver" in (d / "cmdline").read_bytes()]
+    return [
+        pid
+        for pid, d in procs.items()
+        if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) in server
+    ]
+
+
+def _holds(pid: int, name_part: str) -> bool:
+    """Whether process `pid` has a file open whose path contains `name_part`."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if name_part in os.readlink(fd):
+                return True
+    return False
+
+
+def test_a_worker_killed_while_it_waits_for_a_task_stops_the_build_instead_of_hanging(
+    built_dataset, build_fixture, tmp_path
+):
+    """A pool worker waiting for a task holds the pool's task queue's read lock, and killed there (the
+    out-of-memory killer takes an idle worker that still holds a long document's memory) it holds it
+    for good: the pool's end waited for it forever, the build's lock held (trial RV66b F1). Task 1
+    parks mid-shard; the worker that finished task 0 is killed as it waits for another."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        cwd=ROOT,
+        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (list((out / "shards").glob("00001_*.tar.tmp")) and list(out.rglob("completions/00000"))):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # task 0's worker is back at the queue
+        idle = [pid for pid in _pool_workers(proc.pid) if not _holds(pid, "00001_")]
+        assert len(idle) == 1, idle
+        os.kill(idle[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 2, stdout[-2000:] + stderr[-2000:]
+        err = stderr.strip().splitlines()[-1]
+        assert err.startswith("error: a build worker process died (killed by signal 9"), err
+        assert "the 1 finished tasks are kept" in err and "Traceback" not in stderr, err
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
     rerun(config, out)
     same_shards(out, built_dataset)
 
