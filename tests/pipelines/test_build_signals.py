@@ -30,6 +30,19 @@ def rerun(config: Path, out: Path) -> None:
     assert build(load_config(DataConfig, config, [f"output={out}"]), log=lines.append).ok, lines[-20:]
 
 
+def parked_build(config: Path, out: Path) -> subprocess.Popen:
+    """`python -m pipelines.build` in a session of its own, its task 1 parked mid-shard."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        cwd=ROOT,
+        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def same_shards(a: Path, b: Path) -> None:
     names = sorted(p.name for p in (a / "shards").iterdir())
     assert names == sorted(p.name for p in (b / "shards").iterdir())
@@ -84,15 +97,7 @@ def test_a_worker_killed_while_it_waits_for_a_task_stops_the_build_instead_of_ha
     parks mid-shard; the worker that finished task 0 is killed as it waits for another."""
     _, _, config = build_fixture
     out = tmp_path / "ds"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
-        cwd=ROOT,
-        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = parked_build(config, out)
     try:
         deadline = time.monotonic() + 60
         while not (list((out / "shards").glob("00001_*.tar.tmp")) and list(out.rglob("completions/00000"))):
@@ -129,15 +134,7 @@ def test_sigterm_stops_the_build_and_its_workers_and_frees_the_lock(built_datase
     process went on running and held OUTPUT/.build.lock, so every rerun was refused."""
     _, _, config = build_fixture
     out = tmp_path / "ds"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
-        cwd=ROOT,
-        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = parked_build(config, out)
     try:
         deadline = time.monotonic() + 60
         while not list((out / "shards").glob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
