@@ -32,7 +32,7 @@ from pipelines.sources import SourceFiles, iter_texts, list_source_files, source
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
-from training.contract.dataset_format import BUILD_JSON, DATASET_JSON
+from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, file_sha256
 from training.contract.errors import refuse_empty
 
 
@@ -177,6 +177,7 @@ def train_tokenizer(
             "source": source_folder(cfg.source),
             "kind": cfg.source.kind,
             "vocab_size": tc.vocab_size,  # the setting (a small corpus gives fewer): _unlike_train_settings
+            "sha256": file_sha256(out),  # which file it speaks of: _trained_as
             **stats,
             "at": _utc(time.time()),
         }
@@ -191,6 +192,23 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _trained_as(tok: Path) -> tuple[dict[str, Any] | None, str]:
+    """The record `gristmill tokenizer train` wrote beside tokenizer `tok` when it is this file's (its
+    sha256 is the file's), else None, with why not: "" where there is none. A record copied or left
+    beside another file vouched for it, "trained on this source" (trial RV66b F4); one written
+    before the record kept the sha256 cannot tell."""
+    try:
+        rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, ""
+    if not isinstance(rec, dict):
+        return None, ""
+    if rec.get("sha256") != file_sha256(tok):
+        why = "another file's (its sha256 is not this one's)" if "sha256" in rec else "older than its sha256"
+        return None, f" ({trained_record(tok).name} beside it is {why})"
+    return rec, ""
+
+
 def _unlike_train_settings(tok: Path, cfg: DataConfig) -> str:
     """ "" when the reused tokenizer was trained with [tokenizer.train]'s vocab_size (as its record says)
     and holds its special tokens, else what differs: those settings apply to a tokenizer trained now,
@@ -198,10 +216,8 @@ def _unlike_train_settings(tok: Path, cfg: DataConfig) -> str:
     from tokenization.tokenizer_io import load_tokenizer
 
     tc, said = cfg.tokenizer.train, []
-    try:
-        size = json.loads(trained_record(tok).read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        size = None  # not trained here, or before the record kept it: its size is no setting's
+    rec = _trained_as(tok)[0]  # None: not trained here, or not this file: its size is no setting's
+    size = None if rec is None else rec.get("vocab_size")
     if size is not None and size != tc.vocab_size:
         setting = f"tokenizer.train.vocab_size = {tc.vocab_size:,}"
         said.append(f"was trained with vocab_size = {size:,}, not {setting}")
@@ -225,14 +241,14 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
     )
     unlike = _unlike_train_settings(tok, cfg)  # loads the tokenizer: once
     own += unlike
+    rec, why = _trained_as(tok)
     try:
-        rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
         source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         # Not trained here (a base model's tokenizer, a copy): never suggest deleting it.
         dated = _utc(tok.stat().st_mtime)
         return (
-            f"tokenizer {tok} exists: using it as is; what it was trained on is not recorded "
+            f"tokenizer {tok} exists: using it as is; what it was trained on is not recorded{why} "
             f"(file dated {dated}); {own}"
         )
     here = source_folder(cfg.source)

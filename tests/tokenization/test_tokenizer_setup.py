@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,13 @@ def test_a_reused_tokenizer_unlike_the_training_settings_is_said(build_fixture, 
     assert "note:" not in reuse_line(tok, train_config(config, tok, vocab_size=400))
     line = reuse_line(tok, train_config(config, tok, vocab_size=16384))
     assert "; note: it was trained with vocab_size = 400, not tokenizer.train.vocab_size = 16,384" in line
+    assert "exists: using it, trained on this source (" in line
+    # another file copied over it, the record left beside it: the record vouched for it, "trained on
+    # this source", and its vocab_size was said to be the file's (trial RV66b F4)
+    shutil.copyfile(train_fixture_tokenizer(tmp_path / "other.json", fixture_texts(40)), tok)
+    line = reuse_line(tok, train_config(config, tok, vocab_size=16384))
+    assert "trained on this source" not in line and "trained with vocab_size = 400" not in line, line
+    assert "what it was trained on is not recorded (tok.json.trained.json beside it is another file's" in line
 
 
 def train_config(config: Path, out: Path, vocab_size: int = 400, source: Path | None = None) -> DataConfig:
