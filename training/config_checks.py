@@ -78,11 +78,10 @@ _MODEL_POSITIVE_FLOATS = ("rope_theta", "norm_eps", "init_std")
 
 
 def check_seed(key: str, seed: int) -> None:
-    """A seed is an unsigned 64-bit number, what the loader's order keys read: past it data.seed =
-    2**64 drew seed 0's batches (trial RV65b 5), and a negative one its 2**64 complement's (-1 and
-    2**64 - 1 were one seed: trial RV65f 6); torch.manual_seed reduces the same way."""
-    if not 0 <= seed < 2**64:
-        raise ConfigError(f"{key} = {seed} is not a seed: give a whole number from 0 to 2**64 - 1", key)
+    """A seed fits in 64 bits, what torch.manual_seed takes (past it, an OverflowError mid-setup) and
+    what the loader's order keys read: data.seed = 2**64 drew seed 0's batches (trial RV65b 5)."""
+    if not -(2**63) <= seed < 2**64:
+        raise ConfigError(f"{key} = {seed} does not fit in 64 bits; use a smaller seed", key)
 
 
 def check_threads(threads: int) -> None:

@@ -715,7 +715,7 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     argv = ["data", "inspect", str(text_dataset), "--seq-len", str(SEQ), "--global-batch", str(G)]
     assert cli([*argv, "--seed", str(2**64)]) == 2
     said = capsys.readouterr().err.strip()
-    assert said == f"error: --seed = {2**64} is not a seed: give a whole number from 0 to 2**64 - 1", said
+    assert said == f"error: --seed = {2**64} does not fit in 64 bits; use a smaller seed", said
 
 
 def test_inspect_refuses_a_manifest_changed_after_the_build(text_dataset, tmp_path, capsys):
