@@ -282,10 +282,11 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     """The exit status of a torchrun job whose workers `failures` ({global rank: ProcessFailure}) did
     not all exit 0, and the lines to print. The first failure decides (torchrun lists them in the
     order it saw them, to the second; of equal times, a signal's death first and torchrun's SIGTERM
-    last). A worker that exited by itself with a status > 0 has said why (train.py prints a
-    GristmillError once, on rank 0; an
-    uncaught exception prints its traceback): that status is the job's, rank 0's if it has one since
-    its message is the one on screen, and nothing is added. The others then died of the SIGTERM
+    last; then one that left a reply, its own error, before one that did not: a survivor's failed
+    collective). A worker that exited by itself with a status > 0 has said why (train.py prints a
+    GristmillError once, on rank 0; an uncaught exception prints its traceback): that status is the
+    job's, rank 0's where it printed its own error since its message is the one on screen, and
+    nothing is added. The others then died of the SIGTERM
     torchrun stops survivors with, which is no news. A worker killed by a signal says nothing
     itself: a line names it (the entry point, rank, PID and signal) — the first failure, or any
     death by a signal other than that SIGTERM (the OOM killer's SIGKILL, a SIGSEGV) — and a first
@@ -299,10 +300,20 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     # torchrun's SIGTERM (SIGKILL, SIGSEGV) comes first, then an exit of the worker's own (a survivor's
     # failed collective exits 1 of it: train.peer_gone, review R23f 3), and torchrun's SIGTERM of a
     # survivor last, a consequence (rank 0 so stopped won the tie: 143 for a SIGKILLed rank 1, R23c 5).
-    first = min(failures, key=lambda r: (failures[r].timestamp, codes[r] == -signal.SIGTERM, codes[r] > 0))
+    first = min(
+        failures,
+        key=lambda r: (
+            failures[r].timestamp,
+            codes[r] == -signal.SIGTERM,
+            codes[r] > 0,
+            REPLY_KEY not in failures[r].error_file_data,
+        ),
+    )
     code = codes[first]
     if code > 0:
-        code = codes[0] if codes.get(0, 0) > 0 else code
+        # not rank 0's exit 1 of a collective failed by another rank's error (review RV66e 3)
+        printed = 0 in failures and failures[0].error_file_data.get(REPLY_KEY) == "printed"
+        code = codes[0] if printed and codes[0] > 0 else code
     else:
         code = 128 - code
     lines = [

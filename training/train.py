@@ -756,6 +756,8 @@ def main(
         # leaves it for the launcher, which prints it when no rank printed (an error that only
         # this rank met: its shard, its disk; training/run/worker_reply.py).
         rank = DistEnv.from_environ().rank
+        if torchrun_worker():  # torchrun's SIGTERM in the teardown left: this status, not 143 (RV66e)
+            exit_on_signal_with(e.exit_code, None)
         report_to_launcher(f"rank {rank}: {e}", printed=rank == 0, status=e.exit_code)
         return print_error(e) if rank == 0 else e.exit_code
     except KeyboardInterrupt:

@@ -280,7 +280,7 @@ def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path
     assert train_eval_main(["--config", TINY, "--resume", str(missing), "--set", *run_sets]) == 2
     line = (
         f"error: --resume {missing}: no such checkpoint directory; give a checkpoint's path "
-        "(RUN/checkpoints/step-N), or auto for the run's newest complete one"
+        "(RUN/checkpoints/step-N), or auto for the run's newest complete one that verifies"
     )
     assert the_one_line(capsys.readouterr().err) == line
     said = {**light, "LIGHT_TRAINER": f"exit:2:{line}"}
@@ -345,8 +345,6 @@ def failure(rank: int, exitcode: int) -> ProcessFailure:
 def test_exit_status_of_torchruns_failures():
     # rank 1 stopped first with its own status; torchrun then SIGTERMed rank 0 (no news)
     assert exit_status({1: failure(1, 3), 0: failure(0, -15)}, "training.train") == (3, [])
-    # rank 0's status is the one whose message is on screen
-    assert exit_status({1: failure(1, 1), 0: failure(0, 2)}) == (2, [])
     # killed first: named, 128 + N; a worker that then failed of it adds nothing
     code, lines = exit_status({1: failure(1, -9), 0: failure(0, 1)}, "training.train")
     assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
@@ -361,10 +359,6 @@ def test_exit_status_of_torchruns_failures():
     code, lines = exit_status(both, "training.train")
     assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
     assert exit_status({0: failure(0, -15), 1: failure(1, 2)}, "training.train") == (2, [])
-    # rank 0's collective failed of rank 1's SIGKILL in the same second (exit 1, one line of its own):
-    # the kill is the first failure, 137 (review R23f 3)
-    code, lines = exit_status({0: failure(0, 1), 1: failure(1, -9)}, "training.train")
-    assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
     # rank 0's collective failed of rank 1's SIGKILL in the same second (exit 1, one line of its own):
     # the kill is the first failure, 137 (review R23f 3)
     code, lines = exit_status({0: failure(0, 1), 1: failure(1, -9)}, "training.train")
@@ -396,6 +390,16 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     gone.timestamp += 1
     full = reply(0, "cannot write metrics.jsonl: No space left on device", -15)
     assert exit_status({1: gone, 0: full}, "training.train") == (2, [])
+    gone.timestamp = full.timestamp  # in the same second: the reply, its own error, is the first
+    assert exit_status({1: gone, 0: full}, "training.train") == (2, [])
+    # rank 0's status is the one whose message is on screen
+    assert exit_status({1: failure(1, 1), 0: reply(0, "the same", 2)}) == (2, [])
+    # rank 1's own error (its reply; SIGTERMed in its teardown, or exited 2), rank 0's collective failed
+    # of it (exit 1, no reply): rank 1's status and line, not rank 0's 1 (review RV66e 3)
+    peer = failure(0, 1)
+    for own in (reply(1, "its shard is gone", -15), reply(1, "its shard is gone", 2)):
+        peer.timestamp = own.timestamp
+        assert exit_status({0: peer, 1: own}, "m") == (2, ["error: rank 1: its shard is gone"])
     assert exit_status({1: gone, 0: reply(0, "interrupted", -15, status=130)}, "m") == (130, [])
     # a SIGKILL after its reply (the out-of-memory killer) is a death of its own: said, 137
     code, lines = exit_status({1: gone, 0: reply(0, "the same", -9)}, "m")

@@ -174,7 +174,7 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
         if not path.is_dir():
             raise CheckpointError(  # "latest", "last": the word a user of another trainer tries (RV65b)
                 f"--resume {spec}: no such checkpoint directory; give a checkpoint's path "
-                "(RUN/checkpoints/step-N), or auto for the run's newest complete one"
+                "(RUN/checkpoints/step-N), or auto for the run's newest complete one that verifies"
             )
         saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
         # a save cut at once: an empty step folder of a run's checkpoints/ (R22i M5, R22j M2)
