@@ -997,7 +997,9 @@ def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[
     if len({doc for doc, _, _ in pairs}) < n_choices:
         raise EvalError(
             f"cloze items from only {len({d for d, _, _ in pairs})} of {len(texts)} held-out documents (need "
-            f"≥ {n_choices}); raise data.val_fraction, or docs (eval.docs in a training recipe)"
+            f"≥ {n_choices}); raise data.val_fraction, or docs (eval.docs in a training recipe); a corpus "
+            "with few sentences (code, lowercase text) makes few: score heldout_ppl alone (--tasks "
+            "heldout_ppl; eval.tasks in a training recipe)"
         )
     items = []
     for k, (doc, ctx, true) in enumerate(pairs):
