@@ -73,7 +73,9 @@ WITH by_reason AS (
 ), kinds AS (
     SELECT dataset_name, filter, reason, n, true AS named_first,
            regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
-                                         ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS kind
+                                         ': ".*$', ': "…"'),
+                          -- a number, not a name's digit ("invalid UTF-8": trial RV66b F5)
+                          '(^|[^\\w-]|[^\\w]-|^-)\\d+(\\.\\d+)?', '\\1N', 'g') AS kind
     FROM by_reason WHERE first.task = ''
     UNION ALL
     SELECT d.dataset_name, d.filter, d.reason, d.n, d.task = d.first.task,

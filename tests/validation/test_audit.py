@@ -999,6 +999,9 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         ("d", "dedup", "exact duplicate of <urn:uuid:1>"),
         ("d", "dedup", "minhash duplicate of doc-7"),
         ("d", "dedup", "exact duplicate of <urn:uuid:2>"),
+        # numbers folded, not a name's digit: "invalid UTF-N" (trial RV66b F5)
+        ("d", "text", "invalid UTF-8 at byte 12"),
+        ("d", "text", "invalid UTF-8 at byte 7"),
         ("d", "decontaminate", '13-gram of qa test doc 8: "the man is" (+4 more indexed 13-grams)'),
         ("d", "decontaminate", '13-gram of qa test doc 12: "a b c"'),
         ("d", "decontaminate", '13-gram of anli_r1 test_r1 doc 3: "a b c"'),
@@ -1027,14 +1030,15 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
     con.execute("INSERT INTO dataset VALUES ('d', ?)", [json.dumps({"decontaminate": {"tasks": tasks}})])
     got = {(f, r): (n, pct) for _, f, r, n, pct, _ in con.execute(PRESETS["drops"]).fetchall()}
     assert got == {
-        ("dedup", "exact duplicate of <id>"): (2, 22.22),
-        ("dedup", "minhash duplicate of <id>"): (1, 11.11),
-        ("decontaminate", 'N-gram of qa test doc N: "…"'): (4, 44.44),
-        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 22.22),
-        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 22.22),
-        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 11.11),
-        ("decontaminate", 'N-gram of tm_(a) test doc N: "…"'): (1, 11.11),
-        ("decontaminate", 'N-gram of tm_(b) test doc N: "…"'): (1, 11.11),
+        ("dedup", "exact duplicate of <id>"): (2, 18.18),
+        ("dedup", "minhash duplicate of <id>"): (1, 9.09),
+        ("text", "invalid UTF-8 at byte N"): (2, 18.18),
+        ("decontaminate", 'N-gram of qa test doc N: "…"'): (4, 36.36),
+        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 18.18),
+        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 18.18),
+        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 9.09),
+        ("decontaminate", 'N-gram of tm_(a) test doc N: "…"'): (1, 9.09),
+        ("decontaminate", 'N-gram of tm_(b) test doc N: "…"'): (1, 9.09),
     }
     examples = {r: e for _, _, r, _, _, e in con.execute(PRESETS["drops"]).fetchall()}
     assert examples['N-gram of anli_r1 test_r1 doc N: "…"'] == '13-gram of anli_r1 test_r1 doc 3: "a b c"'
