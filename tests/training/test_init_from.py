@@ -1307,6 +1307,36 @@ def test_a_base_without_a_tokenizer_json_exports_the_separator_as_bos_and_eos(tm
     assert json.loads((out / "special_tokens_map.json").read_text())["eos_token"] == "<|endoftext|>"
 
 
+def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_exports(tmp_path, built_dataset):
+    """An instruct base's chat template, saved by transformers as chat_template.jinja, was in no
+    export (AutoTokenizer's chat_template None), and its generation_config.json's eos list (Llama-3-
+    Instruct's [128001, 128009]) was replaced by config.json's one id, so generate() no longer stopped
+    at the other (trial RV66a F1, F2). The template is kept in RUN/base and shipped; the list keeps
+    its special members by config.json's rule, an ordinary id ("!", 2 here) left out."""
+    from training.checkpoint.base_record import base_files
+
+    vocab_size = read_dataset_info(built_dataset)["vocab_size"]
+    base = tmp_path / "instruct"
+    make_base(base, vocab_size=vocab_size, bos_token_id=1, eos_token_id=0)
+    shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
+    generation = {"bos_token_id": 1, "eos_token_id": [0, 1, 2], "do_sample": False}
+    (base / "generation_config.json").write_text(json.dumps(generation))
+    template = "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}"
+    (base / "chat_template.jinja").write_text(template)
+    run = tmp_path / "run"
+    run.mkdir()
+    record_base(run, base, str(base.resolve()), base_sha256(base))
+    files = base_files(run)
+    assert "chat_template.jinja" in files and "chat_template.jinja" in HUB_FILES
+    model = gristmill_model(base)
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", base=files)
+    shipped = json.loads((out / "generation_config.json").read_text())
+    assert (shipped["bos_token_id"], shipped["eos_token_id"], shipped["do_sample"]) == (1, [0, 1], False)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == template
+    assert (out / "chat_template.jinja").read_text() == template
+
+
 def test_export_dtype_and_out(tmp_path, straight, capsys):
     """Issue 37 item 20: `export RUN --step N --dtype bf16 --out DIR` writes a bf16 copy (each tensor
     the fp32 export's, rounded once) from the checkpoint, or from RUN/exports/step-N once the

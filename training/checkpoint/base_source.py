@@ -40,6 +40,7 @@ __all__ = [
     "CONFIG_JSON",
     "HUB_FILES",
     "INDEX_JSON",
+    "CHAT_TEMPLATE",
     "KEPT_FILES",
     "OTHER_TOKENIZER_FORMS",
     "TOKENIZER_FILES",
@@ -57,7 +58,11 @@ SINGLE_FILE = "model.safetensors"
 INDEX_JSON = "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
-KEPT_FILES = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
+CHAT_TEMPLATE = "chat_template.jinja"
+"""Where transformers (4.47 on) saves a tokenizer's chat template, outside tokenizer_config.json:
+an export without it lost an instruct base's template, AutoTokenizer's chat_template None (trial
+RV66a F1)."""
+KEPT_FILES = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json", CHAT_TEMPLATE)
 """The files of a base a run keeps (base_record's copy in RUN/base, which its export ships), held
 present or absent by the hub's word, as the weights are."""
 OTHER_TOKENIZER_FORMS = ("vocab.json", "merges.txt", "tokenizer.model")
@@ -103,6 +108,7 @@ HUB_FILES = [
     "tokenizer_config.json",
     "special_tokens_map.json",
     "generation_config.json",
+    CHAT_TEMPLATE,
 ]
 """What a hub base is fetched with (snapshot_download's allow_patterns): never .bin pickles, never
 another format's copy of the weights (original/*.pth)."""

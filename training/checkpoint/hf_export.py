@@ -52,7 +52,7 @@ from training.checkpoint.base_record import (
     read_base_record,
     weights_sha256,
 )
-from training.checkpoint.base_source import hub_id, locate_base
+from training.checkpoint.base_source import CHAT_TEMPLATE, hub_id, locate_base
 from training.checkpoint.export_advice import export_again, export_command, export_fix, export_step_of
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
@@ -942,6 +942,18 @@ def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     return split_token_ids(config, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
 
 
+def _generation_ids(kept: dict[str, Any], config: dict[str, Any], base: dict[str, Path]) -> dict[str, Any]:
+    """The bos/eos/pad ids of an export's generation_config.json (the base's, `kept`): by the one rule
+    config.json's ids follow (split_token_ids), its own special ones as they are, a list kept whole
+    (Llama-3-Instruct's eos [128001, 128009] beside config.json's 128009: generate() stopped at one
+    of the two: trial RV66a F2); else the export's `config` id (the separator where the base's was
+    an ordinary token)."""
+    own = {}
+    if TOKENIZER_JSON in base:
+        own = split_token_ids(kept, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
+    return {k: own.get(k, config.get(k)) for k in TOKEN_ID_KEYS if k in kept}
+
+
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
     """The base's files (base_record.base_files) with its tokenizer files only when it brought its
     tokenizer.json: a tokenizer_config.json alone (a sentencepiece base's) names tokens of a tokenizer
@@ -1015,15 +1027,17 @@ def export_hf(
             }
             for name, content in files.items():
                 (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-            if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
+            if GENERATION_CONFIG in base:  # the base's, its ids by config.json's rule (_generation_ids)
                 kept = _generation_config(base[GENERATION_CONFIG])
-                ids = {k: config[k] for k in TOKEN_ID_KEYS if k in kept}
+                ids = _generation_ids(kept, config, base)
                 if all(kept[k] == v for k, v in ids.items()):
                     shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
                 else:
                     text = json.dumps(kept | ids, indent=2) + "\n"
                     (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
             write_tokenizer(dataset_dir, model_cfg, tmp, base, export=out_dir)
+            if CHAT_TEMPLATE in own_tokenizer_files(base):  # the tokenizer's, as the base's users load it
+                shutil.copyfile(base[CHAT_TEMPLATE], tmp / CHAT_TEMPLATE)
             checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
             (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
             written = checksums["files"]
