@@ -39,7 +39,6 @@ import torch
 
 from training.checkpoint.base_record import BASE_JSON, base_weights, read_base_record
 from training.checkpoint.base_source import hub_id, locate_base
-from training.checkpoint.model_config import resolve_model_config
 from training.config import TrainConfig, load_train_config
 from training.contract.config_loader import (
     ConfigError,
@@ -58,6 +57,7 @@ from training.data.remote import dataset_info
 from training.data.spec import applied_config, batch_shapes, check_config, resolve
 from training.mix.recipe import MixConfig, names
 from training.run.faults import faults_set
+from training.run.preflight import model_for_data
 from training.run.validation import validation_of
 
 
@@ -275,10 +275,10 @@ def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
         spec = check_config(probe, 1)
         tables = open_sources(spec)
         # the trainer's model checks too (a proxy longer than max_seq_len): refused here, not by every
-        # proxy's run (or a commands.sh of runs the trainer refuses: review R18h 1). A base's shape is
-        # the base's, checked with it.
-        if not probe.model.init_from:
-            resolve_model_config(probe.model, tables[0].info, spec.seq_lens)
+        # proxy's run (or a commands.sh of runs the trainer refuses: review R18h 1); a base's with the
+        # base, as the trainer and --plan check it (its vocabulary, tokenizer, shape, positions: a
+        # commands.sh of runs its base refuses, trial RV66a F3)
+        model_for_data(probe, spec, tables[0].info, None)
     except ConfigError as e:
         raise ConfigError(in_search_keys(str(e), cfg), key=e.key) from None
     return tables

@@ -373,6 +373,15 @@ def test_a_base_replaced_at_the_same_path_is_other_runs(tmp_path):
     ), again.stdout
     commands = (out / "commands.sh").read_text()
     assert sum(line.startswith("gristmill train ") for line in commands.splitlines()) == 4, commands
+    # proxies their base refuses (another shape): refused before any run, not written as a commands.sh
+    # whose every line the trainer refuses on the cluster (trial RV66a F3)
+    shaped = config.read_text()
+    config.write_text(shaped.replace('set = ["', 'set = ["model.n_layers=3", "', 1))
+    refused = propose(config, out, "--write-commands")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stdout + refused.stderr
+    assert "model.n_layers = 3" in refused.stderr and "gristmill train" not in refused.stdout, refused.stderr
+    assert (out / "commands.sh").read_text() == commands
+    config.write_text(shaped)
     # a base that cannot be read is refused before the search changes OUT (R16e F2)
     before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     (base / "model.safetensors").unlink()
