@@ -2187,7 +2187,14 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
             with pytest.raises(EntryNotFoundError):
                 hf_hub_download(REPO, name)
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-        assert locate_base(REPO).identity == f"{REPO}@{bare}"
+        said = []
+        assert locate_base(REPO, say=said.append).identity == f"{REPO}@{bare}"
+        # no word of a chat_template.jinja (a cache as a gristmill before it was kept left it): taken,
+        # and said, not refused as a file the run keeps (trial RV66a F1)
+        assert said[-1].startswith(
+            f"note: the hub cache {tmp_path / 'hf-home-2' / 'hub'} does not say whether"
+        )
+        assert "has a chat_template.jinja: the run's exports ship none" in said[-1], said
 
 
 def test_a_hub_base_whose_tokenizer_is_in_another_form_is_refused_as_a_directorys_is(
@@ -2403,11 +2410,13 @@ def test_a_file_the_hub_lacks_is_recorded_as_absent_when_the_base_is_fetched(tmp
         point_hub_at(hub, monkeypatch, home)
         assert locate_base(REPO).identity == f"{REPO}@{commit}"
     cache = home / "hub" / f"models--{REPO.replace('/', '--')}"
-    absent = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    absent = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}
     assert {p.name for p in (cache / ".no_exist" / commit).iterdir()} == absent
     shutil.rmtree(cache / "trees", ignore_errors=True)  # no listing cached
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    assert locate_base(REPO).identity == f"{REPO}@{commit}"
+    said = []
+    assert locate_base(REPO, say=said.append).identity == f"{REPO}@{commit}"
+    assert not any("chat_template" in line for line in said), said
 
 
 @pytest.mark.parametrize("way", ["through a symlink", "from another working directory"])

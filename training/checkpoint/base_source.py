@@ -291,6 +291,9 @@ def fetch_hub_base(
     ]
     if listed is not None:  # what the hub lacks, recorded as hf_hub_download does for offline reads (M1)
         _record_absent(path, [f for files in lacking.values() for f in files if f not in listed])
+    # a cache an older gristmill (or from_pretrained) filled holds no word of it: it runs, said below
+    template_unknown = CHAT_TEMPLATE in unknown
+    unknown = [u for u in unknown if u != CHAT_TEMPLATE]
     if unknown:
         held = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
         why = ""
@@ -305,6 +308,12 @@ def fetch_hub_base(
             f"{repo} at commit {commit} ({held}; no {' and no '.join(unknown)}){why}: "
             f"{_get(repo, commit, offline, settable)}",
             "model.init_from",
+        )
+    if template_unknown and say is not None:
+        say(
+            f"note: the hub cache {cache} does not say whether {repo} at commit {commit} has a "
+            f"{CHAT_TEMPLATE}: the run's exports ship none; `hf download {repo} {CHAT_TEMPLATE} "
+            f"--revision {commit}` fetches it, where it has one"
         )
     others = sorted(set(OTHER_TOKENIZER_FORMS) & (listed or set()) - {p.name for p in path.iterdir()})
     if others and TOKENIZER_JSON in lacking:
