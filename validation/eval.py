@@ -1354,8 +1354,10 @@ def evaluate_missing(
     failures: list[NonFiniteMetricsError] | None = None,
     verbose: bool = False,
     told: set[int] | None = None,
+    looked: set[int] | None = None,
 ) -> list[int]:
     """Evaluate every available step without scores of the plan's tasks under `cfg`'s settings; returns them.
+    `looked`: gains the steps this look found (a watch's: a save none found went by, said).
 
     A step with a task whose metrics are all NaN/inf does not stop the others: its error goes to
     `failures` when a list is given, else the errors are raised together once every step is done. So
@@ -1368,7 +1370,10 @@ def evaluate_missing(
     # run without [eval] never scored the baseline (trial RV63b 10); `told` holds -1 once step 0's
     # failure was said (tried again at each look, said once: review RV64d 4)
     from_base = [0] if run_config(run_dir).model.init_from else []
-    for step in from_base + [s for s in available_steps(run_dir) if s not in from_base]:
+    steps = from_base + [s for s in available_steps(run_dir) if s not in from_base]
+    if looked is not None:
+        looked.update(steps)
+    for step in steps:
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
         try:
             scored = evaluated(
@@ -1407,8 +1412,22 @@ def evaluate_missing(
                         told.add(-1)
                         _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
-                if step in available:
+                if step in available and step in complete_steps(run_dir):
                     raise
+                if step in available:
+                    # Its checkpoint went while it was read, and another process (a second watch, an
+                    # `eval --step`, `gristmill export`) exported it meanwhile: scored from that export
+                    # (the watch died of it, exit 2: trial RV66d F3)
+                    made = export_dir(run_dir, step)
+                    _log(f"step {step}: its checkpoint went while it was read; scored from {made}")
+                    try:
+                        evaluate_step(run_dir, step, cfg, plan, verbose)
+                    except NonFiniteMetricsError as again:
+                        failed.append(again)
+                    if show:
+                        print_table(run_dir, [step])
+                    done.append(step)
+                    continue
                 # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch
                 # goes on with the steps that are there.
                 _log(
@@ -1453,17 +1472,19 @@ def watch(
     before, seen, said, told = set(read_ledger(run_dir).saves), set(), set(), set()
     try:
         while True:
-            seen |= set(available_steps(run_dir))
-            if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose, told=told):
+            found = evaluate_missing(
+                run_dir, cfg, plan, failures=failures, verbose=verbose, told=told, looked=seen
+            )
+            if found:
                 last_new = time.time()
             # RUN/checkpoints.jsonl's saves since the watch began that no look found: deleted while it
-            # scored another step, they went by without a line (trial RV59a F4). Read before the look
-            # (a save between them is no miss), less a rewind's saves of earlier weights and the steps
-            # the run's own [eval] scored (review RV59f 2).
+            # scored another step, they went by without a line (trial RV59a F4). Less those there now
+            # (the next look's: a step found here and deleted before it went by unsaid, RV66d F1), a
+            # rewind's saves of earlier weights and the steps the run's own [eval] scored (RV59f 2).
             saved = {s for s, i in read_ledger(run_dir).saves if (s, i) not in before}
-            seen |= set(available_steps(run_dir)) | untrained_steps(run_dir)
+            now = set(available_steps(run_dir)) | untrained_steps(run_dir)
             scored = {s for s in saved if (eval_dir(run_dir, s) / RESULTS_JSON).is_file()}
-            missed = sorted(saved - seen - scored - said)
+            missed = sorted(saved - seen - now - scored - said)
             if missed:
                 said |= set(missed)
                 _log(

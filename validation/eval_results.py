@@ -781,17 +781,19 @@ def _label(value: float, stderr: float | None) -> str:
 def write_plot(run_dir: str | Path) -> str | None:
     """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files); a
     warning line instead when it cannot be written (`save_figure`: the scores stand without it), with
-    the command that draws it again."""
-    try:
-        raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
-    except EvalResultsError as e:  # another step's damaged file: this eval's scores stand (RV61b F1)
-        plot = Path(run_dir) / EVAL_PLOT
-        with contextlib.suppress(OSError):  # an earlier picture lacks these scores (review RV61f F4)
-            plot.unlink(missing_ok=True)
-        return f"warning: {plot} not drawn (nor kept: it lacked these scores): {e}"
-    plt = agg_pyplot()
-    fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), raw, merged)
-    warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
+    the command that draws it again. Drawn under the eval files' lock: a writer that read the results
+    before another's and saved after it left the picture of fewer steps (trial RV66d F2)."""
+    with eval_lock(run_dir):
+        try:
+            raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
+        except EvalResultsError as e:  # another step's damaged file: this eval's scores stand (RV61b F1)
+            plot = Path(run_dir) / EVAL_PLOT
+            with contextlib.suppress(OSError):  # an earlier picture lacks these scores (review RV61f F4)
+                plot.unlink(missing_ok=True)
+            return f"warning: {plot} not drawn (nor kept: it lacked these scores): {e}"
+        plt = agg_pyplot()
+        fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), raw, merged)
+        warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
     # the fix, which the bare "not drawn (Is a directory)" left to guess (review RV26b 5)
     return warning and f"{warning}: once it can be written, `gristmill eval {run_dir} --table` draws it"
 

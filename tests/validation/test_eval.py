@@ -350,6 +350,19 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
         assert capsys.readouterr().err.strip().endswith(f"drop {ignored[0]}")
     assert main(["eval", str(run), "--table"]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {table} and {run / 'eval.png'} from ")
+    # eval.png drawn under the eval files' lock: a draw that read the results before another writer's
+    # and saved after it left the picture of fewer steps (trial RV66d F2)
+    from training.contract.eval_table import eval_lock
+    from validation.eval_results import write_plot
+
+    (run / "eval.png").unlink()
+    with eval_lock(run):
+        drawing = threading.Thread(target=write_plot, args=(run,))
+        drawing.start()
+        drawing.join(1.5)
+        assert drawing.is_alive() and not (run / "eval.png").exists()
+    drawing.join(60)
+    assert (run / "eval.png").is_file()
     assert main(["data", "audit", str(run), "--sql", "FROM eval", "--format", "json"]) == 0
     assert capsys.readouterr().out == before
     assert {p: p.read_bytes() for p in (run / "eval").glob("*/results.json")} == scores
@@ -952,14 +965,64 @@ def test_watch_names_the_steps_saved_and_gone_while_it_scored_another(
             # step 8 scored by the run's own [eval] before retention took it: no miss (review RV59f 2)
             eval_dir(run_dir, 8).mkdir(parents=True)
             (eval_dir(run_dir, 8) / "results.json").write_text("{}")
+        if step == 10:  # saved after the look found its steps, and deleted before the next look
+            shutil.copytree(export_dir(run_dir, 5), export_dir(run_dir, 11))
+            record_saved(run_dir, 11, "b" * 64)
         return real(run_dir, step, *args, **kwargs)
 
+    sleep = eval_module.time.sleep
+
+    def retention_between_looks(seconds: float) -> None:
+        shutil.rmtree(export_dir(run, 11), ignore_errors=True)
+        sleep(seconds)
+
     monkeypatch.setattr(eval_module, "evaluate_step", trainer_meanwhile)
+    monkeypatch.setattr(eval_module.time, "sleep", retention_between_looks)
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
     assert main(watch) == 0
     err = capsys.readouterr().err
-    assert err.count("skipped: saved and gone") == 1, err
+    assert err.count("skipped: saved and gone") == 2, err
     assert "steps 6, 7 skipped: saved and gone (a running run's checkpoint.keep_last" in err, err  # not 8
+    # step 11 was there when the look ended, and taken for seen: never scored nor said (trial RV66d F1)
+    assert "step 11 skipped: saved and gone" in err, err
+
+
+def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export_made_meanwhile(
+    built_dataset, tmp_path, monkeypatch, capsys
+):
+    """Two watches beside a run with keep_last = 1: the checkpoint of step 11 went while this watch read
+    it, and the other watch had exported it meanwhile; the step counted as available, so the error was
+    raised and the watch died, exit 2 (trial RV66d F3). It is scored from that export."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+    from training.checkpoint.hf_export import ExportError
+    from training.contract.run_layout import checkpoint_dir
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5])
+    fake_checkpoint(run, 11)  # a complete checkpoint when the look lists the steps
+    real = eval_module.evaluate_step
+    tries = []
+
+    def deleted_while_read(run_dir, step, *args, **kwargs):
+        tries.append(step)
+        if step == 11 and tries.count(11) == 1:  # the other watch's export, then retention
+            model = _tiny_model(built_dataset, seed=11)
+            export_hf(
+                model.state_dict(), model.cfg, built_dataset, export_dir(run_dir, 11), meta={"step": 11}
+            )
+            shutil.rmtree(checkpoint_dir(run_dir, 11))
+            raise ExportError(
+                f"{run_dir} has no complete checkpoint of step 11 any more (deleted while it was read)"
+            )
+        return real(run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(eval_module, "evaluate_step", deleted_while_read)
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
+    assert main(watch) == 0
+    err = capsys.readouterr().err
+    assert f"step 11: its checkpoint went while it was read; scored from {export_dir(run, 11)}" in err, err
+    assert (eval_dir(run, 11) / "results.json").is_file() and tries.count(11) == 2
 
 
 def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(

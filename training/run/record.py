@@ -527,17 +527,24 @@ class RunRecord:
             evals = set_aside_after(self.run_dir / EVAL_DIR, after)
             rebuilt = evals and (self.run_dir / EVAL_PARQUET).is_file()
             warning = rebuild_eval_table(self.run_dir) if rebuilt else None
+            # a draw in flight would put the discarded steps back (trial RV66d F2): under the lock too
+            unplotted = self._unplot() if evals else None
         whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
         for old, new in moved + evals:
             say(f"note: {old.parent.name}/{old.name} is from {whose}; moved it to {new.name}")
         if warning:  # the run goes on (review RV32e F5), having said what it moved
             say(warning)
-        if evals:
-            plot = self.run_dir / EVAL_PLOT
-            try:  # a directory of its name was a traceback at the run's start (review RV26b 6)
-                plot.unlink(missing_ok=True)
-            except OSError as e:
-                say(f"warning: {plot} not removed ({e.strerror or e}): it is no picture of this run's evals")
+        if unplotted:
+            say(unplotted)
+
+    def _unplot(self) -> str | None:
+        """RUN/eval.png removed (a picture of discarded steps); the warning when it cannot be."""
+        plot = self.run_dir / EVAL_PLOT
+        try:  # a directory of its name was a traceback at the run's start (review RV26b 6)
+            plot.unlink(missing_ok=True)
+        except OSError as e:
+            return f"warning: {plot} not removed ({e.strerror or e}): it is no picture of this run's evals"
+        return None
 
 
 def _keep_earlier(path: Path) -> None:
