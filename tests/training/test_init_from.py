@@ -1327,7 +1327,7 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     run.mkdir()
     record_base(run, base, str(base.resolve()), base_sha256(base))
     files = base_files(run)
-    assert "chat_template.jinja" in files and "chat_template.jinja" in HUB_FILES
+    assert "chat_template.jinja" in files
     model = gristmill_model(base)
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", base=files)
     shipped = json.loads((out / "generation_config.json").read_text())
@@ -1335,6 +1335,15 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template == template
     assert (out / "chat_template.jinja").read_text() == template
+    # a token's text for an id ("</s>") was a traceback at every export (review RV66g 6): the export's id
+    files["generation_config.json"].write_text(json.dumps({"eos_token_id": "</s>", "bos_token_id": 1}))
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "text-id", base=files)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 0
+    # a base without a tokenizer.json of its own trains and ships the dataset's: its template names the
+    # tokens of one it did not bring, and is not shipped (review RV66g 2)
+    del files["tokenizer.json"]
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "no-tokenizer", base=files)
+    assert not (out / "chat_template.jinja").exists()
 
 
 def test_export_dtype_and_out(tmp_path, straight, capsys):
@@ -2192,9 +2201,9 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         # no word of a chat_template.jinja (a cache as a gristmill before it was kept left it): taken,
         # and said, not refused as a file the run keeps (trial RV66a F1)
         assert said[-1].startswith(
-            f"note: the hub cache {tmp_path / 'hf-home-2' / 'hub'} does not say whether"
+            f"note: the hub cache {tmp_path / 'hf-home-2' / 'hub'} holds no chat_template.jinja"
         )
-        assert "has a chat_template.jinja: the run's exports ship none" in said[-1], said
+        assert "says the repository has none: the run's exports ship none" in said[-1], said
 
 
 def test_a_hub_base_whose_tokenizer_is_in_another_form_is_refused_as_a_directorys_is(
@@ -2320,6 +2329,33 @@ def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_c
             f"; no {shards[-1]} (named by model.safetensors.index.json) and no tokenizer_config.json and no "
             "special_tokens_map.json): "
         ) in line, line
+
+
+def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_it_is_read(
+    tmp_path, monkeypatch
+):
+    """A hub base's chat_template.jinja is fetched with it (exports ship it: trial RV66a F1); a snapshot
+    an earlier gristmill cached without it, whose cached listing names one, was refused offline as
+    incomplete by snapshot_download (review RV66g 1): read, with a note that the exports ship none."""
+    from huggingface_hub import snapshot_download
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    files["chat_template.jinja"] = b"{% for m in messages %}{{ m.content }}{% endfor %}"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        fetched = locate_base(REPO).directory
+        assert (fetched / "chat_template.jinja").read_bytes() == files["chat_template.jinja"]
+        point_hub_at(hub, monkeypatch, tmp_path / "older-home")
+        snapshot_download(REPO, allow_patterns=HUB_FILES)  # what a gristmill before the template cached
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+        said = []
+        assert locate_base(REPO, say=said.append).identity == f"{REPO}@{commit}"
+    assert said[-1].startswith(
+        f"note: the hub cache {tmp_path / 'older-home' / 'hub'} holds no chat_template.jinja"
+    )
+    assert "the run's exports ship none" in said[-1], said
 
 
 def _refused_offline(monkeypatch) -> str:

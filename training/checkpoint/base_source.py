@@ -25,6 +25,7 @@ huggingface_hub is imported only for a hub id (training/ runs without it otherwi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -108,10 +109,11 @@ HUB_FILES = [
     "tokenizer_config.json",
     "special_tokens_map.json",
     "generation_config.json",
-    CHAT_TEMPLATE,
 ]
 """What a hub base is fetched with (snapshot_download's allow_patterns): never .bin pickles, never
-another format's copy of the weights (original/*.pth)."""
+another format's copy of the weights (original/*.pth). Not CHAT_TEMPLATE, fetched on its own (a
+snapshot a gristmill before it cached offline, whose listing names one, was refused as incomplete by
+snapshot_download: review RV66g 1)."""
 DOWNLOAD_ONLY = "--include '*.json' --include '*.safetensors' --include tokenizer.model --include merges.txt"
 """The same for the `hf download` an advice names: a plain one fetches the whole repository, a
 Llama's original/*.pth too (16 GB more for an 8B: review RV60d 5); and a tokenizer's other forms, which
@@ -275,6 +277,9 @@ def fetch_hub_base(
     commit = path.name  # the cache's snapshots/<commit>
     if not _COMMIT.fullmatch(commit):
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
+    if not offline and not (path / CHAT_TEMPLATE).is_file() and not _recorded_absent(path, [CHAT_TEMPLATE]):
+        with contextlib.suppress(Exception):  # none there: recorded absent (.no_exist); else said below
+            hf_hub_download(repo, CHAT_TEMPLATE, revision=commit)
     lacking = _lacking(path)
     listed = _hub_listing(repo, commit, offline) if lacking else None
     # What the snapshot lacks and the hub lists, or what nobody can say the hub lacks: the snapshot
@@ -311,9 +316,9 @@ def fetch_hub_base(
         )
     if template_unknown and say is not None:
         say(
-            f"note: the hub cache {cache} does not say whether {repo} at commit {commit} has a "
-            f"{CHAT_TEMPLATE}: the run's exports ship none; `hf download {repo} {CHAT_TEMPLATE} "
-            f"--revision {commit}` fetches it, where it has one"
+            f"note: the hub cache {cache} holds no {CHAT_TEMPLATE} of {repo} at commit {commit}, and nothing "
+            f"says the repository has none: the run's exports ship none; `hf download {repo} "
+            f"{CHAT_TEMPLATE} --revision {commit}` fetches it, where it has one"
         )
     others = sorted(set(OTHER_TOKENIZER_FORMS) & (listed or set()) - {p.name for p in path.iterdir()})
     if others and TOKENIZER_JSON in lacking:

@@ -949,9 +949,16 @@ def _generation_ids(kept: dict[str, Any], config: dict[str, Any], base: dict[str
     of the two: trial RV66a F2); else the export's `config` id (the separator where the base's was
     an ordinary token)."""
     own = {}
-    if TOKENIZER_JSON in base:
-        own = split_token_ids(kept, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
+    if TOKENIZER_JSON in base:  # of ids only: a token's text there ("</s>") is no id (review RV66g 6)
+        ids = {k: v for k, v in kept.items() if k in TOKEN_ID_KEYS and _holds_ids(v)}
+        own = split_token_ids(ids, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
     return {k: own.get(k, config.get(k)) for k in TOKEN_ID_KEYS if k in kept}
+
+
+def _holds_ids(value: Any) -> bool:
+    """Whether a generation config's token value is an id, or a list of ids (or null)."""
+    members = value if isinstance(value, list) else [value]
+    return all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in members)
 
 
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
@@ -961,7 +968,8 @@ def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
     vocabulary (review R23e S4)."""
     if TOKENIZER_JSON in base:
         return base
-    return {name: path for name, path in base.items() if name not in TOKENIZER_FILES}
+    # its chat template names that tokenizer's tokens too (review RV66g 2)
+    return {name: path for name, path in base.items() if name not in (*TOKENIZER_FILES, CHAT_TEMPLATE)}
 
 
 def export_hf(
