@@ -1396,6 +1396,8 @@ def evaluate_missing(
                 _log(f"step {step} not scored: {e}; the other steps go on")
             continue
         if not scored:
+            # read from its checkpoint (no export yet): one that goes meanwhile may leave another's export
+            from_checkpoint = not export_dir(run_dir, step).is_dir()
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
@@ -1412,7 +1414,8 @@ def evaluate_missing(
                         told.add(-1)
                         _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
-                if step in available and step in complete_steps(run_dir):
+                exported = from_checkpoint and export_dir(run_dir, step).is_dir()
+                if step in available and (step in complete_steps(run_dir) or not exported):
                     raise
                 if step in available:
                     # Its checkpoint went while it was read, and another process (a second watch, an
@@ -1424,6 +1427,9 @@ def evaluate_missing(
                         evaluate_step(run_dir, step, cfg, plan, verbose)
                     except NonFiniteMetricsError as again:
                         failed.append(again)
+                    except DiscardedStepError as again:  # a rewind meanwhile (review RV66g 4)
+                        _log(f"{again}; the watch goes on")
+                        continue
                     if show:
                         print_table(run_dir, [step])
                     done.append(step)

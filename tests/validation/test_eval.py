@@ -359,7 +359,7 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
     with eval_lock(run):
         drawing = threading.Thread(target=write_plot, args=(run,))
         drawing.start()
-        drawing.join(1.5)
+        drawing.join(3.0)
         assert drawing.is_alive() and not (run / "eval.png").exists()
     drawing.join(60)
     assert (run / "eval.png").is_file()
@@ -997,6 +997,7 @@ def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export
     from pipelines.cli import main
     from training.checkpoint.hf_export import ExportError
     from training.contract.run_layout import checkpoint_dir
+    from validation.eval_data import EvalError
 
     run = tmp_path / "run"
     _make_run(run, built_dataset, [5])
@@ -1023,6 +1024,18 @@ def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export
     err = capsys.readouterr().err
     assert f"step 11: its checkpoint went while it was read; scored from {export_dir(run, 11)}" in err, err
     assert (eval_dir(run, 11) / "results.json").is_file() and tries.count(11) == 2
+    # a step read from its export all along fails as it fails: once, in its own words (review RV66g 3)
+    shutil.rmtree(eval_dir(run, 5))
+
+    def fails(run_dir, step, *args, **kwargs):
+        tries.append(step)
+        raise EvalError(f"step {step} cannot be scored")
+
+    monkeypatch.setattr(eval_module, "evaluate_step", fails)
+    assert main(watch) == 2
+    err = capsys.readouterr().err
+    assert "error: step 5 cannot be scored" in err and "went while it was read" not in err, err
+    assert tries.count(5) == 2  # the first watch's, and this one's
 
 
 def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
