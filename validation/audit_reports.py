@@ -72,10 +72,14 @@ WITH by_reason AS (
     FROM dataset, json_each(json->'decontaminate'->'tasks') t
 ), kinds AS (
     SELECT dataset_name, filter, reason, n, true AS named_first,
-           regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
-                                         ': ".*$', ': "…"'),
-                          -- a number, not a name's digit ("invalid UTF-8": trial RV66b F5)
-                          '(^|[^\\w-]|[^\\w]-|^-)\\d+(\\.\\d+)?', '\\1N', 'g') AS kind
+           regexp_replace(regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$',
+                                                                       'duplicate of <id>'),
+                                                        ': ".*$', ': "…"'),
+                                         -- a range, then a number (1.2e-05 too), not a name's digit
+                                         -- ("invalid UTF-8": trial RV66b F5, RV66f F2)
+                                         '(^|[^\\w-])\\d+(\\.\\d+)?([eE][-+]?\\d+)?'
+                                         || '-\\d+(\\.\\d+)?([eE][-+]?\\d+)?', '\\1N-N', 'g'),
+                          '(^|[^\\w-]|[^\\w]-|^-)\\d+(\\.\\d+)?([eE][-+]?\\d+)?', '\\1N', 'g') AS kind
     FROM by_reason WHERE first.task = ''
     UNION ALL
     SELECT d.dataset_name, d.filter, d.reason, d.n, d.task = d.first.task,

@@ -1002,6 +1002,11 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         # numbers folded, not a name's digit: "invalid UTF-N" (trial RV66b F5)
         ("d", "text", "invalid UTF-8 at byte 12"),
         ("d", "text", "invalid UTF-8 at byte 7"),
+        # one kind, not one per exponent or range end (trial RV66f F2)
+        ("d", "language", "language_score 1.2e-05 < 0.65"),
+        ("d", "language", "language_score 3.4e-06 < 0.65"),
+        ("d", "length", "words 10-20 outside 30-40"),
+        ("d", "length", "words 1-2 outside 30-40"),
         ("d", "decontaminate", '13-gram of qa test doc 8: "the man is" (+4 more indexed 13-grams)'),
         ("d", "decontaminate", '13-gram of qa test doc 12: "a b c"'),
         ("d", "decontaminate", '13-gram of anli_r1 test_r1 doc 3: "a b c"'),
@@ -1030,15 +1035,17 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
     con.execute("INSERT INTO dataset VALUES ('d', ?)", [json.dumps({"decontaminate": {"tasks": tasks}})])
     got = {(f, r): (n, pct) for _, f, r, n, pct, _ in con.execute(PRESETS["drops"]).fetchall()}
     assert got == {
-        ("dedup", "exact duplicate of <id>"): (2, 18.18),
-        ("dedup", "minhash duplicate of <id>"): (1, 9.09),
-        ("text", "invalid UTF-8 at byte N"): (2, 18.18),
-        ("decontaminate", 'N-gram of qa test doc N: "…"'): (4, 36.36),
-        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 18.18),
-        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 18.18),
-        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 9.09),
-        ("decontaminate", 'N-gram of tm_(a) test doc N: "…"'): (1, 9.09),
-        ("decontaminate", 'N-gram of tm_(b) test doc N: "…"'): (1, 9.09),
+        ("dedup", "exact duplicate of <id>"): (2, 13.33),
+        ("dedup", "minhash duplicate of <id>"): (1, 6.67),
+        ("text", "invalid UTF-8 at byte N"): (2, 13.33),
+        ("language", "language_score N < N"): (2, 13.33),
+        ("length", "words N-N outside N-N"): (2, 13.33),
+        ("decontaminate", 'N-gram of qa test doc N: "…"'): (4, 26.67),
+        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 13.33),
+        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 13.33),
+        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 6.67),
+        ("decontaminate", 'N-gram of tm_(a) test doc N: "…"'): (1, 6.67),
+        ("decontaminate", 'N-gram of tm_(b) test doc N: "…"'): (1, 6.67),
     }
     examples = {r: e for _, _, r, _, _, e in con.execute(PRESETS["drops"]).fetchall()}
     assert examples['N-gram of anli_r1 test_r1 doc N: "…"'] == '13-gram of anli_r1 test_r1 doc 3: "a b c"'
