@@ -1032,6 +1032,8 @@ def _failed_message(out: Path, tasks: int, err: BaseException | None = None, st:
     done = len(completed_ranks(logs / "completions"))
     what = f" ({type(err).__name__}: {err})" if err else ""
     which = f" of the dedup {st.name} stage" if st and st.name != "build" else ""
+    if done == tasks:  # its pool stopped after the last task (a worker died waiting: trial RV66f F5)
+        return f"all {tasks} tasks{which} finished{what}; rerun the same command: it goes on from them."
     kept = f"the {done} finished tasks are kept, the others are redone" if done else "every task is redone"
     return (
         f"{tasks - done} of {tasks} tasks{which} did not finish{what}; their logs are in {logs / 'logs'}. "

@@ -17,8 +17,10 @@ The forkserver and multiprocess's resource tracker then end by themselves (their
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import time
 from copy import deepcopy
 from functools import partial
@@ -48,6 +50,14 @@ class _Pool(multiprocess.pool.Pool):
     for it with the build's lock held and every task done (trial RV66b F1). The other workers hand it
     back within moments of the pool's end (its sentinels wake them); past HELP_S the end goes on
     without it: what it guards is the queue's draining, which only ending workers still read."""
+
+    def terminate(self) -> None:
+        # a stopped worker (SIGSTOP, a debugger) keeps the SIGTERM it is sent pending, and the end
+        # joined it forever, the build's Ctrl-C too (trial RV66f F1): it runs on, to take it
+        for worker in list(self._pool):
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid, signal.SIGCONT)
+        super().terminate()
 
     @staticmethod
     def _help_stuff_finish(inqueue, task_handler, size):
@@ -155,7 +165,7 @@ def _death_message(workers, started: int) -> str:
     # changes what is built (refused over this output's tasks: trial RV66b F3)
     hint = (
         ": what the out-of-memory killer sends; a very long document can take ~100× its size while it "
-        "is tokenized: rerun with fewer build.workers, or build into a new output with filters.max_chars"
+        "is processed: rerun with fewer build.workers, or build into a new output with filters.max_chars"
         if code == -9
         else ""
     )

@@ -204,8 +204,12 @@ def _trained_as(tok: Path) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(rec, dict):
         return None, ""
     if rec.get("sha256") != file_sha256(tok):
-        why = "another file's (its sha256 is not this one's)" if "sha256" in rec else "older than its sha256"
-        return None, f" ({trained_record(tok).name} beside it is {why})"
+        why = (
+            "another file's, or this one's before it changed"
+            if "sha256" in rec
+            else "from before records named their file"
+        )
+        return None, f": {trained_record(tok).name} beside it is {why}"
     return rec, ""
 
 

@@ -119,6 +119,45 @@ def test_a_worker_killed_while_it_waits_for_a_task_stops_the_build_instead_of_ha
     same_shards(out, built_dataset)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_worker_does_not_keep_the_build_from_ending(build_fixture, tmp_path, sig):
+    """A worker stopped (SIGSTOP, a debugger) kept the SIGTERM the pool's end sends it pending, and the
+    end joined it forever: a build's SIGTERM or Ctrl-C hung (trial RV66f F1)."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    proc = parked_build(config, out)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((out / "shards").glob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        for pid in _pool_workers(proc.pid):
+            os.kill(pid, signal.SIGSTOP)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+        assert stderr.strip().splitlines()[-1].startswith("error: stopped by a signal before"), stderr
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_pool_stopped_after_its_last_task_says_every_task_finished(tmp_path):
+    """A worker that died waiting after the stage's last task was handed out stopped the build with
+    "0 of 8 tasks did not finish … Fix the cause" (trial RV66f F5): every task finished, and the same
+    command goes on from them."""
+    from pipelines.build import _failed_message
+
+    logs = tmp_path / "logs"
+    (logs / "completions").mkdir(parents=True)
+    (logs / "completions" / "00000").touch()
+    assert _failed_message(tmp_path, 2).startswith("1 of 2 tasks did not finish; their logs are in ")
+    (logs / "completions" / "00001").touch()
+    assert (
+        _failed_message(tmp_path, 2) == "all 2 tasks finished; rerun the same command: it goes on from them."
+    )
+
+
 def test_a_stage_s_workers_find_its_steps_imported_by_the_forkserver(tmp_path):
     """A task's modules (datatrove, the tokenizer, pyarrow: ~1 s) are imported once per build, by
     the forkserver the workers are forked from, not again by every worker as it unpickles its task."""

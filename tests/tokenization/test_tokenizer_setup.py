@@ -234,7 +234,7 @@ def test_a_reused_tokenizer_unlike_the_training_settings_is_said(build_fixture, 
     shutil.copyfile(train_fixture_tokenizer(tmp_path / "other.json", fixture_texts(40)), tok)
     line = reuse_line(tok, train_config(config, tok, vocab_size=16384))
     assert "trained on this source" not in line and "trained with vocab_size = 400" not in line, line
-    assert "what it was trained on is not recorded (tok.json.trained.json beside it is another file's" in line
+    assert "is not recorded: tok.json.trained.json beside it is another file's, " in line
 
 
 def train_config(config: Path, out: Path, vocab_size: int = 400, source: Path | None = None) -> DataConfig:
