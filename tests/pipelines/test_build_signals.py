@@ -43,6 +43,17 @@ def parked_build(config: Path, out: Path) -> subprocess.Popen:
     )
 
 
+def until_parked(proc: subprocess.Popen, out: Path, task_0_done: bool = False) -> None:
+    """Wait until parked_build's task 1 is parked mid-shard (and, with `task_0_done`, task 0 is done)."""
+    deadline = time.monotonic() + 60
+    while not (
+        list((out / "shards").glob("00001_*.tar.tmp"))
+        and (not task_0_done or list(out.rglob("completions/00000")))
+    ):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+
+
 def same_shards(a: Path, b: Path) -> None:
     names = sorted(p.name for p in (a / "shards").iterdir())
     assert names == sorted(p.name for p in (b / "shards").iterdir())
@@ -99,10 +110,7 @@ def test_a_worker_killed_while_it_waits_for_a_task_stops_the_build_instead_of_ha
     out = tmp_path / "ds"
     proc = parked_build(config, out)
     try:
-        deadline = time.monotonic() + 60
-        while not (list((out / "shards").glob("00001_*.tar.tmp")) and list(out.rglob("completions/00000"))):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        until_parked(proc, out, task_0_done=True)
         time.sleep(0.5)  # task 0's worker is back at the queue
         idle = [pid for pid in _pool_workers(proc.pid) if not _holds(pid, "00001_")]
         assert len(idle) == 1, idle
@@ -127,10 +135,7 @@ def test_a_stopped_worker_does_not_keep_the_build_from_ending(build_fixture, tmp
     out = tmp_path / "ds"
     proc = parked_build(config, out)
     try:
-        deadline = time.monotonic() + 60
-        while not list((out / "shards").glob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        until_parked(proc, out)
         for pid in _pool_workers(proc.pid):
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(sig)
@@ -175,10 +180,7 @@ def test_sigterm_stops_the_build_and_its_workers_and_frees_the_lock(built_datase
     out = tmp_path / "ds"
     proc = parked_build(config, out)
     try:
-        deadline = time.monotonic() + 60
-        while not list((out / "shards").glob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        until_parked(proc, out)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
