@@ -40,7 +40,7 @@ HELP_S = 5.0  # how long the pool's end waits for its task queue's read lock (se
 
 
 class WorkerDied(BuildError):
-    """A build worker process died while running a task."""
+    """A build worker process died, running a task or waiting for one (it held the pool's task queue)."""
 
 
 class _Pool(multiprocess.pool.Pool):

@@ -286,11 +286,11 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     collective). A worker that exited by itself with a status > 0 has said why (train.py prints a
     GristmillError once, on rank 0; an uncaught exception prints its traceback): that status is the
     job's, rank 0's where it printed its own error since its message is the one on screen, and
-    nothing is added. The others then died of the SIGTERM
-    torchrun stops survivors with, which is no news. A worker killed by a signal says nothing
-    itself: a line names it (the entry point, rank, PID and signal) — the first failure, or any
-    death by a signal other than that SIGTERM (the OOM killer's SIGKILL, a SIGSEGV) — and a first
-    failure by a signal makes the status 128 + the signal, as the shell reports such a process."""
+    nothing is added. The others then died of the SIGTERM torchrun stops survivors with, which is no
+    news. A worker killed by a signal says nothing itself: a line names it (the entry point, rank, PID
+    and signal) — the first failure, or any death by a signal other than that SIGTERM (the OOM
+    killer's SIGKILL, a SIGSEGV) — and a first failure by a signal makes the status 128 + the signal,
+    as the shell reports such a process."""
     # A worker that said its error and was then stopped by torchrun's SIGTERM in its teardown (another
     # rank's collective failed of its going first) ends with the status its reply names: its own error
     # was the job's first, not the SIGTERM (143 and "rank 0 was killed by SIGTERM" under rank 0's own
