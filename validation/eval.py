@@ -1488,7 +1488,8 @@ def watch(
             # (the next look's: a step found here and deleted before it went by unsaid, RV66d F1), a
             # rewind's saves of earlier weights and the steps the run's own [eval] scored (RV59f 2).
             saved = {s for s, i in read_ledger(run_dir).saves if (s, i) not in before}
-            now = set(available_steps(run_dir)) | untrained_steps(run_dir)
+            there = set(available_steps(run_dir))
+            now = there | untrained_steps(run_dir)
             scored = {s for s in saved if (eval_dir(run_dir, s) / RESULTS_JSON).is_file()}
             missed = sorted(saved - seen - now - scored - said)
             if missed:
@@ -1498,7 +1499,8 @@ def watch(
                     "gone (a running run's checkpoint.keep_last, or a rewind that set them aside) before the "
                     "watch looked; checkpoint.export_interval keeps exports for a lagging eval"
                 )
-            if idle_exit_s and time.time() - last_new > idle_exit_s:
+            # a step that appeared after the look is new: looked at before an idle exit (it went unscored)
+            if idle_exit_s and time.time() - last_new > idle_exit_s and not there - seen:
                 break
             time.sleep(poll_s)
     except KeyboardInterrupt:

@@ -987,6 +987,34 @@ def test_watch_names_the_steps_saved_and_gone_while_it_scored_another(
     assert "step 11 skipped: saved and gone" in err, err
 
 
+def test_a_step_that_appears_after_an_idle_look_is_scored_before_the_watch_exits(
+    built_dataset, tmp_path, monkeypatch
+):
+    """`--idle-exit`: a step saved after a look that found nothing new, before the idle check, ended the
+    watch unscored and unsaid (review RV66g nit). It is looked at first."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5])
+    real = eval_module.read_ledger
+    calls = []
+
+    def saved_meanwhile(run_dir):
+        calls.append(1)
+        if len(calls) == 3:  # after the second look (the first idle one), before its idle check
+            model = _tiny_model(built_dataset, seed=12)
+            export_hf(
+                model.state_dict(), model.cfg, built_dataset, export_dir(run_dir, 12), meta={"step": 12}
+            )
+        return real(run_dir)
+
+    monkeypatch.setattr(eval_module, "read_ledger", saved_meanwhile)
+    watch = ["eval", str(run), "--watch", "--poll", "0.3", "--idle-exit", "0.01", *QUICK]
+    assert main(watch) == 0
+    assert (eval_dir(run, 12) / "results.json").is_file()
+
+
 def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export_made_meanwhile(
     built_dataset, tmp_path, monkeypatch, capsys
 ):
