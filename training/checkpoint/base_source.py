@@ -277,9 +277,12 @@ def fetch_hub_base(
     commit = path.name  # the cache's snapshots/<commit>
     if not _COMMIT.fullmatch(commit):
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
-    if not offline and not (path / CHAT_TEMPLATE).is_file() and not _recorded_absent(path, [CHAT_TEMPLATE]):
-        with contextlib.suppress(Exception):  # none there: recorded absent (.no_exist); else said below
-            hf_hub_download(repo, CHAT_TEMPLATE, revision=commit)
+    # the chat template where the listing snapshot_download cached names one (asked of a hub that cannot
+    # be reached, every start waited for its timeouts); one not fetched is said below
+    if not offline and not (path / CHAT_TEMPLATE).is_file():
+        if CHAT_TEMPLATE in (_hub_listing(repo, commit, offline=True) or ()):
+            with contextlib.suppress(Exception):
+                hf_hub_download(repo, CHAT_TEMPLATE, revision=commit)
     lacking = _lacking(path)
     listed = _hub_listing(repo, commit, offline) if lacking else None
     # What the snapshot lacks and the hub lists, or what nobody can say the hub lacks: the snapshot
