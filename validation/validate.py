@@ -122,13 +122,13 @@ from training.contract.object_store import (
 from training.contract.run_layout import is_training_run, unlike_a_run
 from training.contract.separator_check import documents_breaking
 from training.data.remote import (
-    BUCKET_REPAIRS,
     CacheError,
     CacheSettings,
     add_cache_argument,
     cache_of,
     ensure,
     local_root,
+    repair_advice,
     tmp_name,
 )
 
@@ -854,7 +854,8 @@ def validate_dataset(
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
         _check_task_counts(root, info, problems, local=not url)
-        _blame_damaged_manifests(info, results, problems, bucket=url is not None)
+        bucket_fix = repair_advice(ObjectStore(url)) if url is not None and problems else None
+        _blame_damaged_manifests(info, results, problems, bucket_fix)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -1174,7 +1175,7 @@ def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Probl
 
 
 def _blame_damaged_manifests(
-    info: dict[str, Any], results: list[ShardResult], problems: list[Problem], bucket: bool = False
+    info: dict[str, Any], results: list[ShardResult], problems: list[Problem], bucket_fix: str | None = None
 ) -> None:
     """A manifest file that cannot be read or is not as dataset.json records it is listed first, in
     the order found, with its fix, naming its task's shards that hash to dataset.json's record
@@ -1182,8 +1183,8 @@ def _blame_damaged_manifests(
     validate blame intact shards, dozens of lines, the manifest's last (review R31b F4). A problem of
     one document (a key) stays as it is, where it is; a manifest no build task wrote (a stray) gets a
     stray's fix, delete it, not a task's; a problem that already ends in a fix gets no second one
-    (review RV32e F4). `bucket`: a bucket's dataset, whose objects a fetch refused with the bucket's
-    own repair: not also a local build's (trial RV65a F3: two fixes in one line, one of them wrong)."""
+    (review RV32e F4). `bucket_fix`: a bucket's dataset's repair (remote.repair_advice), its files'
+    fix instead of a local build's (trial RV65a F3: two fixes in one line, one of them wrong)."""
 
     def of_the_file(p: Problem) -> bool:  # not one document's (a duplicate key)
         return (
@@ -1195,10 +1196,12 @@ def _blame_damaged_manifests(
     files, rest = [], []
     for p in problems:
         (files if of_the_file(p) else rest).append(p)
-    problems[:] = [_blamed(p, info, results, bucket) for p in files] + rest
+    problems[:] = [_blamed(p, info, results, bucket_fix) for p in files] + rest
 
 
-def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult], bucket: bool) -> Problem:
+def _blamed(
+    problem: Problem, info: dict[str, Any], results: list[ShardResult], bucket_fix: str | None
+) -> Problem:
     """A manifest file's `problem` with its fix and the intact shards of its task (above)."""
     task = task_of_file(problem.shard)
     recorded, tasks = info.get("files") or {}, info.get("tasks")
@@ -1222,9 +1225,8 @@ def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult], 
     )
     # a task of this version's build redone; an older layout's dataset is no task of this build
     redo = redo_task(f"{task:05d}")
-    fix = redo if info["format"] == FORMAT else REBUILD
-    bucket_fix = bucket and any(repair in problem.message for repair in BUCKET_REPAIRS)
-    if problem.message.endswith((REBUILD, redo)) or bucket_fix:  # its own fix already
+    fix = bucket_fix or (redo if info["format"] == FORMAT else REBUILD)
+    if problem.message.endswith((REBUILD, redo)) or (bucket_fix and bucket_fix in problem.message):  # its own
         return Problem(f"{problem.message}{follows}", problem.shard, kind=problem.kind)
     return Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind)
 

@@ -628,17 +628,13 @@ def bucket_lacks(
     )
 
 
-# The two repairs of a bucket's dataset (repair_advice), by which a line that gives one is told
-BUCKET_REPAIRS = ("rerun the `gristmill data build` that wrote it there", "upload the dataset again")
-
-
 def repair_advice(store: ObjectStore) -> str:
     """What puts a damaged object of the bucket's dataset right: for one a build wrote there (its tasks'
     records are there), that build rerun; an upload of a local build over it replaced the tasks' stats
     under their records, and the next build rerun took the dataset for damaged (review R18c M2)."""
     if store.list(f"{TASK_RECORDS_DIR}/"):
         return (
-            f"delete {store.url.child(DATASET_JSON)} and {BUCKET_REPAIRS[0]}: it checks every object "
-            "against its task's record and redoes what is damaged"
+            f"delete {store.url.child(DATASET_JSON)} and rerun the `gristmill data build` that wrote it "
+            "there: it checks every object against its task's record and redoes what is damaged"
         )
-    return f"{BUCKET_REPAIRS[1]} (`gristmill data upload DIR {store.url}`) or rebuild it"
+    return f"upload the dataset again (`gristmill data upload DIR {store.url}`) or rebuild it"
