@@ -218,6 +218,17 @@ def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
     return sorted(exports | {s for s in complete_steps(run_dir) if _holds_merged(run_dir, s)})
 
 
+def went_while_read(run_dir: Path, step: int, from_checkpoint: bool, merged: bool = False) -> str | None:
+    """Why step `step`'s failed evaluation is not a failure of its own, where it is not: "gone" (its
+    checkpoint went while it was read: a running run's checkpoint.keep_last, or a rewind), "exported"
+    (gone, read from its checkpoint, and another process exported it meanwhile: score that export)."""
+    if step not in available_steps(run_dir, merged):
+        return "gone"
+    if from_checkpoint and export_dir(run_dir, step, merged).is_dir() and step not in complete_steps(run_dir):
+        return "exported"
+    return None
+
+
 def _holds_merged(run_dir: Path, step: int) -> bool:
     """Whether checkpoint `step` holds its step's merged weights (one it cannot read does not)."""
     try:
@@ -1406,18 +1417,17 @@ def evaluate_missing(
                 _log(f"{e}; the watch goes on")
                 continue
             except GristmillError as e:
-                available = available_steps(run_dir)
-                if step in from_base and step not in available:
+                went = went_while_read(run_dir, step, from_checkpoint)
+                if step in from_base and went == "gone":
                     # the base not at hand (moved, or a hub base offline): its own line, once, not at
                     # every look, nor called a checkpoint deleted by retention (review RV64c 5)
                     if -1 not in told:
                         told.add(-1)
                         _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
-                exported = from_checkpoint and export_dir(run_dir, step).is_dir()
-                if step in available and (step in complete_steps(run_dir) or not exported):
+                if went is None:
                     raise
-                if step in available:
+                if went == "exported":
                     # Its checkpoint went while it was read, and another process (a second watch, an
                     # `eval --step`, `gristmill export`) exported it meanwhile: scored from that export
                     # (the watch died of it, exit 2: trial RV66d F3)
@@ -1700,11 +1710,26 @@ def run(args: argparse.Namespace) -> int:
             f"{run_dir} has no {weights} of step {step}: "
             f"{missing_step_reason(run_dir, step, merged)}; steps: {', '.join(map(str, steps)) or 'none'}"
         )
-    try:
-        evaluate_step(run_dir, step, cfg, verbose=args.verbose, merged=merged)
-    except NonFiniteMetricsError:
-        print_table(run_dir, [step], merged=merged)  # the NaN/inf rows too, then the one error line
-        raise
+    for tries_left in range(3, -1, -1):
+        from_checkpoint = not export_dir(run_dir, step, merged).is_dir()
+        try:
+            evaluate_step(run_dir, step, cfg, verbose=args.verbose, merged=merged)
+            break
+        except NonFiniteMetricsError:
+            print_table(run_dir, [step], merged=merged)  # the NaN/inf rows too, then the one error line
+            raise
+        except GristmillError:
+            # The newest step asked for without --step went while it was read, beside a running run
+            # with a fast checkpoint.keep_last: the error named a step the user never gave (trial RV66d
+            # F6). The newest one now is what was asked for; a step given with --step fails as it fails.
+            went = went_while_read(run_dir, step, from_checkpoint, merged) if args.step is None else None
+            if went is None or not tries_left or not (now := available_steps(run_dir, merged)):
+                raise
+            how = f"evaluating step {now[-1]}, the newest now"
+            if went == "exported":
+                how = f"scored from {export_dir(run_dir, step, merged)}"
+            print(f"step {step}: its checkpoint went while it was read; {how}", file=sys.stderr)
+            step = step if went == "exported" else now[-1]
     print_table(run_dir, [step], merged=merged)
     try:  # another step's results.json damaged: the table was not rebuilt (the warning above says so)
         for which in (False, True):

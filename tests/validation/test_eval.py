@@ -1066,6 +1066,45 @@ def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export
     assert tries.count(5) == 2  # the first watch's, and this one's
 
 
+def test_eval_without_step_scores_the_newest_step_when_its_checkpoint_went_while_it_was_read(
+    built_dataset, tmp_path, monkeypatch, capsys
+):
+    """`gristmill eval RUN` (no --step) beside a running run with checkpoint.keep_last = 1: the newest step
+    went while it was read, and the error named a step the user never gave (trial RV66d F6). The newest
+    step now is scored; a step given with --step fails as it fails."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+    from training.checkpoint.hf_export import ExportError
+    from training.contract.run_layout import checkpoint_dir
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5])
+    fake_checkpoint(run, 11)  # the newest when the eval starts
+    real = eval_module.evaluate_step
+    tries = []
+
+    def retention_meanwhile(run_dir, step, *args, **kwargs):
+        tries.append(step)
+        if step == 11:  # the trainer saved step 12 and its retention deleted step 11
+            model = _tiny_model(built_dataset, seed=12)
+            export_hf(
+                model.state_dict(), model.cfg, built_dataset, export_dir(run_dir, 12), meta={"step": 12}
+            )
+            if checkpoint_dir(run_dir, 11).is_dir():
+                shutil.rmtree(checkpoint_dir(run_dir, 11))
+            raise ExportError(f"{run_dir} has no complete checkpoint of step 11 any more")
+        return real(run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(eval_module, "evaluate_step", retention_meanwhile)
+    assert main(["eval", str(run), *QUICK]) == 0
+    err = capsys.readouterr().err
+    assert "step 11: its checkpoint went while it was read; evaluating step 12, the newest now" in err, err
+    assert tries == [11, 12] and (eval_dir(run, 12) / "results.json").is_file()
+    fake_checkpoint(run, 11)
+    assert main(["eval", str(run), "--step", "11", *QUICK]) == 2
+    assert "has no complete checkpoint of step 11 any more" in one_error_line(capsys.readouterr().err)
+
+
 def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     eval_run, tmp_path, monkeypatch, capsys
 ):
