@@ -1314,6 +1314,7 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     at the other (trial RV66a F1, F2). The template is kept in RUN/base and shipped; the list keeps
     its special members by config.json's rule, an ordinary id ("!", 2 here) left out."""
     from training.checkpoint.base_record import base_files
+    from training.checkpoint.hf_export import unkept_base_note
 
     vocab_size = read_dataset_info(built_dataset)["vocab_size"]
     base = tmp_path / "instruct"
@@ -1344,6 +1345,24 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     del files["tokenizer.json"]
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "no-tokenizer", base=files)
     assert not (out / "chat_template.jinja").exists()
+    # a run started before gristmill kept the template (its RUN/base and base.json without it) exported
+    # none, unsaid (trial RV66f F3): said at `gristmill export` and at its resumes
+    assert unkept_base_note(run) is None
+    record = json.loads((run / "base" / "base.json").read_text())
+    record["files"].remove("chat_template.jinja")
+    (run / "base" / "base.json").write_text(json.dumps(record))
+    (run / "base" / "chat_template.jinja").unlink()
+    note = unkept_base_note(run)
+    assert note == (
+        f"note: {base.resolve()} holds chat_template.jinja, which {run / 'base'} does not keep (added since "
+        "the run started, or the run started before gristmill kept it): the run's exports ship none; where "
+        "it is still the base's, copy it into an export by hand (its checksums do not list it)"
+    ), note
+    # not shipped by a base without its own tokenizer.json (above)
+    record["files"].remove("tokenizer.json")
+    (run / "base" / "base.json").write_text(json.dumps(record))
+    (base / "tokenizer.json").unlink()
+    assert unkept_base_note(run) is None
 
 
 def test_export_dtype_and_out(tmp_path, straight, capsys):

@@ -972,6 +972,26 @@ def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
     return {name: path for name, path in base.items() if name not in (*TOKENIZER_FILES, CHAT_TEMPLATE)}
 
 
+def unkept_base_note(run_dir: str | Path) -> str | None:
+    """A note where the directory of the run's base now holds files its exports would ship that RUN/base/
+    does not keep: a run started before gristmill kept one (chat_template.jinja before 2026-12-06)
+    exported an instruct base's weights without its chat template, unsaid (trial RV66f F3). A hub
+    base's cache is not looked at (it may need the network)."""
+    record = read_base_record(run_dir)
+    if record is None or hub_id(str(record["init_from"])) is not None:
+        return None
+    base = Path(str(record["init_from"])).expanduser()
+    kept = {name: Path(run_dir) / BASE_DIR / name for name in record["files"]}
+    unkept = [name for name in own_tokenizer_files(kept_base_files(base) | kept) if name not in kept]
+    if not unkept:
+        return None
+    return (
+        f"note: {base} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep (added "
+        "since the run started, or the run started before gristmill kept it): the run's exports ship none; "
+        "where it is still the base's, copy it into an export by hand (its checksums do not list it)"
+    )
+
+
 def export_hf(
     state_dict: Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
@@ -1845,6 +1865,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
     require_run(args.run)
+    if note := unkept_base_note(args.run):
+        print(note)
     out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype, merged=args.merged)
     print(f"export: {out}")
     return 0

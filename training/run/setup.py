@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.hf_export import check_run_tokenizer
+from training.checkpoint.hf_export import check_run_tokenizer, unkept_base_note
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.io import run_data_order
 from training.checkpoint.record import START_SETTINGS
@@ -492,6 +492,8 @@ def _outputs(
                 "special tokens, for the exports) is not carried; resume from RUN/checkpoints/step-N of "
                 "its run to carry it"
             )
+    if resumed is not None and (note := unkept_base_note(run_dir)):
+        say(note)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(
         resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets, set_aside=set_aside
