@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -870,13 +871,24 @@ def make_reader(cfg: SourceConfig, source: SourceFiles, progress: TaskProgress |
     return cls(source, text_key=cfg.text_key, id_key=cfg.id_key, limit=cfg.limit, progress=progress)
 
 
-def iter_texts(cfg: SourceConfig, source: SourceFiles, filters: list, max_docs: int, max_chars: int):
-    """Texts from the start of the source (files in order) that pass `filters`, for tokenizer training."""
+def iter_texts(
+    cfg: SourceConfig,
+    source: SourceFiles,
+    filters: list,
+    max_docs: int,
+    max_chars: int,
+    seen: Counter | None = None,
+):
+    """Texts from the start of the source (files in order) that pass `filters`, for tokenizer training.
+    `seen`: counts the documents read ("read") and those each filter dropped, by its reason."""
     reader = make_reader(cfg, source)
+    seen = Counter() if seen is None else seen
     n = chars = 0
     # read_file, not datatrove's read_files_shard, which logs every file it opens to the terminal
     for doc in (d for f in source.files for d in reader.read_file(f)):
-        if not all(_passes(f, doc) for f in filters):
+        seen["read"] += 1
+        if (why := next((r for f in filters if (r := _drop_reason(f, doc)) is not None), None)) is not None:
+            seen[why] += 1
             continue
         yield doc.text
         n += 1
@@ -885,6 +897,8 @@ def iter_texts(cfg: SourceConfig, source: SourceFiles, filters: list, max_docs: 
             return
 
 
-def _passes(step, doc: Document) -> bool:
+def _drop_reason(step, doc: Document) -> str | None:
+    """Why filter `step` drops `doc` (its reason, else its name), None where it passes."""
     result = step.filter(doc)
-    return bool(result[0] if isinstance(result, tuple) else result)
+    passed, reason = result if isinstance(result, tuple) else (result, step.name)
+    return None if passed else reason

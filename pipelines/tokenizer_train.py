@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -142,18 +143,28 @@ def train_tokenizer(
     filters = make_filters(cfg.filters, None)
     t0 = time.perf_counter()
     stats = {"docs": 0, "chars": 0}
+    seen = Counter()
 
     def texts():
-        for text in iter_texts(cfg.source, source, filters, tc.sample_docs, tc.sample_chars):
+        for text in iter_texts(cfg.source, source, filters, tc.sample_docs, tc.sample_chars, seen):
             stats["docs"] += 1
             stats["chars"] += len(text)
             yield text
 
     tok = train_bpe(texts(), tc.vocab_size, list(tc.special_tokens), min_frequency=tc.min_frequency)
     if stats["docs"] == 0:  # tokenizers trains "successfully" on nothing: bytes and specials only
+        read = seen.pop("read", 0)
+        files = f"{len(source.files)} file{'s' if len(source.files) != 1 else ''}"
+        if not read:  # an empty file was "no document passed the filters" (trial RV66b nit)
+            raise TokenizerError(
+                f"source.path {cfg.source.path!r} holds no documents ({files} read), so there is "
+                "nothing to train on; point source.path at the corpus"
+            )
+        why = ", ".join(f"{reason} {count:,}" for reason, count in seen.most_common())
         raise TokenizerError(
-            f"no document of the source passed the filters, so there is nothing to train on; check "
-            f"source.text_key ({cfg.source.text_key!r}), source.path and the [filters] thresholds"
+            f"none of the {read:,} documents of source.path {cfg.source.path!r} passed the filters ({why}), "
+            f"so there is nothing to train on; check source.text_key ({cfg.source.text_key!r}) and the "
+            "[filters] thresholds"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:  # replacing is what was asked for

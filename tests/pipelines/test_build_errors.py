@@ -313,7 +313,13 @@ def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, ca
     argv = ["tokenizer", "train", "--config", str(config), "--set", f"tokenizer.path={out}"]
     argv += ["--set", "source.kind=jsonl", "--set", f"source.path={tmp_path / 'src'}"]
     msg = one_error(capsys, argv)
-    assert "no document of the source passed the filters" in msg and "source.text_key ('text')" in msg
+    assert "none of the 50 documents of source.path" in msg and "passed the filters (unreadable 50)" in msg
+    assert "source.text_key ('text')" in msg
+    assert not out.exists()
+    # an empty file holds no document, which no filter dropped (it said so: trial RV66b nit)
+    (tmp_path / "src" / "a.jsonl").write_text("")
+    msg = one_error(capsys, argv)
+    assert f"source.path '{tmp_path / 'src'}' holds no documents (1 file read)" in msg, msg
     assert not out.exists()
 
 
