@@ -30,6 +30,7 @@ from typing import Any
 from pipelines import progress
 from pipelines.config import DataConfig
 from pipelines.dataset_lock import LOCK
+from pipelines.decontam.ngram import read_manifest
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from tokenization.tokenizer_io import TokenizerError, names_local_file, tokenizer_file, trained_record
@@ -187,6 +188,7 @@ def check_output(
             if before != identity["tokenizer"]["sha256"] and kept.is_file() and file_sha256(kept) == before
             else ""
         )
+        keep += _kept_index_advice(out, was.get("decontaminate"), identity.get("decontaminate"))
         raise BuildError(
             f"{url or out} was built with a different config or input, refusing to mix the two (changed: "
             f"{'; '.join(changes) or 'unknown'}). {keep}Build into a new `output` {kind}, or start over: "
@@ -263,6 +265,26 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
                 f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
                 "writes its own there: set tokenizer.path to it, or move it out of the output"
             )
+
+
+def _kept_index_advice(out: Path, was: Any, now: Any) -> str:
+    """How to go on with the decontamination index the output was built with, where it changed and
+    OUTPUT/decontam/ still holds that one (the refusal offered only a new output or deleting this one:
+    trial RV66b nit); else ""."""
+    if not isinstance(was, dict) or was == now or not was.get("index_sha256"):
+        return ""
+    try:
+        kept = read_manifest(out / DECONTAM_DIR)
+    except GristmillError:
+        return ""
+    if kept["sha256"] != was["index_sha256"]:
+        return ""
+    same_n = was.get("ngram") == (now or {}).get("ngram")
+    ngram = "" if same_n else f" and decontaminate.ngram = {was['ngram']}"
+    return (
+        f"To go on with the decontamination index it was built with, set decontaminate.index = "
+        f"{str(out / DECONTAM_DIR)!r}{ngram} (tasks as it was built for, or empty). "
+    )
 
 
 def _local_tokenizer(spec: str | None) -> Path | None:

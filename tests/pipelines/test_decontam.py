@@ -639,8 +639,12 @@ def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
     with pytest.raises(
         BuildError,
         match=r"changed: decontaminate\.index_sha256: '\w+' → '\w+'; decontaminate\.ngram: 13 → 8\)",
-    ):
+    ) as refused:
         build(with_index(eight, "decontaminate.ngram=8"), **QUIET)
+    # the way on with the index the dataset was built with (trial RV66b nit): its copy, which builds
+    way = f"set decontaminate.index = {str(out / 'decontam')!r} and decontaminate.ngram = 13 (tasks as it was"
+    assert way in str(refused.value), refused.value
+    build(with_index(out / "decontam", "decontaminate.ngram=13"), **QUIET)
 
 
 def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_path):
