@@ -291,14 +291,14 @@ def summary_line(
         for n, how in ((skipped, "skipped by rewinds"), (nonfinite, "non-finite, not applied"))
         if n
     ]
-    trained = f"{end - start - skipped - nonfinite} steps" + (
-        f" trained, {', '.join(left_out)}" if left_out else ""
-    )
+    n = end - start - skipped - nonfinite
+    trained = f"{n} step{'' if n == 1 else 's'}" + (f" trained, {', '.join(left_out)}" if left_out else "")
     steps = f"{trained}{' since the resume' if start else ''}"
+    span = f"step {end}" if end == start + 1 else f"steps {start + 1}–{end}"  # not "steps 3–3 (1 steps"
     # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
     # which steps the two losses are of.
     said = (
-        f"{first['loss']:.4f} → {last['loss']:.4f} over steps {start + 1}–{end} ({steps})"
+        f"{first['loss']:.4f} → {last['loss']:.4f} over {span} ({steps})"
         if (first["step"], last["step"]) == (start + 1, end)
         else f"{first['loss']:.4f} at step {first['step']} → {last['loss']:.4f} at step {last['step']} "
         f"(logged, of steps {start + 1}–{end}; {steps})"

@@ -123,6 +123,8 @@ def test_the_summary_quotes_only_logged_steps(tmp_path):
     assert "loss 9.0255 at step 1 → 6.7533 at step 25 (logged, of steps 1–27; 27 steps), 3 s" in line
     rows.append({"step": 27, "loss": 6.7})
     assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in summary_line(rows, 0, 27, 3.0)
+    # one step: not "over steps 27–27 (1 steps since the resume)" (trial RV66a nit)
+    assert "loss 6.7000 → 6.7000 over step 27 (1 step since the resume)" in summary_line(rows, 26, 27, 3.0)
     # metrics.plot = false: no loss.png, so none named
     assert RunRecord(tmp_path, None, TrainState(), rank=0, plot=False).draw_loss() is None
 
