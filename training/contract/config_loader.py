@@ -378,6 +378,14 @@ def config_sha256(cfg: Any) -> str:
     return json_sha256(to_dict(cfg), default=str)
 
 
+def tokens_shown(value: float) -> str:
+    """A number of tokens a config gives, in a message: 2000000 for 2_000_000 (not :g's 6 digits,
+    2e+06: trial RV66a nit), 1e+30, not the 31 digits of its float (a budget a few digits too long:
+    RV53c 4)."""
+    exact = float(value).is_integer() and abs(float(value)) < 1e16
+    return str(int(value)) if exact else repr(float(value))
+
+
 def shown_value(table: dict[str, Any], key: str) -> str:
     """`table[key]` as a change note shows it (a resume's, a build's): `absent` where the key is not in
     the table (an entry added or gone, a source a mix does not name), `unset` where it is None (left to

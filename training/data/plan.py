@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from training.contract.config_loader import tokens_shown
 from training.contract.dataset_format import relative_location, working_directory_note
 from training.contract.errors import GristmillError
 from training.data.order import derive_key, hashed_order
@@ -959,11 +960,7 @@ def _budget_change(old: Plan, plan: Plan, p: int, name: str, was: int, now: int)
 
 def _budget_shown(written: float | None, trained: int) -> str:
     """A budget in tokens as written (3300, not the 3072 of its whole steps); `trained` when unknown."""
-    if written is None:
-        return str(trained)
-    # not :g's 6 digits; 1e+30, not the 31 digits of its float (a budget a few digits too long: RV53c 4)
-    exact = float(written).is_integer() and abs(float(written)) < 1e16
-    return str(int(written)) if exact else repr(float(written))
+    return str(trained) if written is None else tokens_shown(written)
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:

@@ -31,7 +31,7 @@ import numpy as np
 
 from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
-from training.contract.config_loader import ConfigError, add_config_arguments, save_config
+from training.contract.config_loader import ConfigError, add_config_arguments, save_config, tokens_shown
 from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import artifact_in, dataset_around
 from training.mix import fit as mix_fit
@@ -116,7 +116,7 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
                 for s, h in zip(cfg.data.sources, hi)
             )
             raise ConfigError(
-                f"{key} = {value:g} would read a source past its max_epochs in every mixture "
+                f"{key} = {tokens_shown(value)} would read a source past its max_epochs in every mixture "
                 f"(weights that fit: {fits}; constraints.min_weight {c.min_weight}); lower {key}, "
                 "add data, or raise a source's max_epochs"
                 + (_run_assumed(cfg, cfg.data.sources) if key == RUN_TOKENS else ""),

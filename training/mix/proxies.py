@@ -46,6 +46,7 @@ from training.contract.config_loader import (
     config_from,
     json_sha256,
     to_dict,
+    tokens_shown,
 )
 from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
@@ -314,7 +315,8 @@ def check_supply(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) -> N
         build_plan(tc, check_config(tc, 1), tables).check_supply()
     except PlanError as e:
         raise ConfigError(
-            f"proxy.tokens = {cfg.proxy.tokens:g} at the mixture of {proxy.label(names(cfg))}: {e}",
+            f"proxy.tokens = {tokens_shown(cfg.proxy.tokens)} at the mixture of "
+            f"{proxy.label(names(cfg))}: {e}",
             key="proxy.tokens",
         ) from None
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from training.config import SourceSection
-from training.contract.config_loader import ConfigError, load_config
+from training.contract.config_loader import ConfigError, load_config, tokens_shown
 
 
 @dataclass
@@ -247,7 +247,7 @@ def check_mix_config(cfg: MixConfig) -> None:
         raise ConfigError(f"proxy.tokens = {p.tokens}: must be a finite number", key="proxy.tokens")
     if p.tokens < p.global_batch_tokens:
         raise ConfigError(
-            f"proxy.tokens = {p.tokens:g}: less than one step of "
+            f"proxy.tokens = {tokens_shown(p.tokens)}: less than one step of "
             f"proxy.global_batch_tokens = {p.global_batch_tokens}",
             key="proxy.tokens",
         )

@@ -574,7 +574,7 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         ),
         (
             ["constraints.run_tokens=1e6"],
-            "constraints.run_tokens = 1e+06 would read a source past its max_epochs",
+            "constraints.run_tokens = 1000000 would read a source past its max_epochs",  # not 1e+06 (RV66a)
         ),
         (["proxy.set=['optim.lrr=1']"], "optim.lrr"),
         (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
