@@ -44,7 +44,7 @@ from tests.helpers.train_runs import (
 from training.checkpoint.base_record import record_base
 from training.checkpoint.base_source import HUB_FILES, locate_base
 from training.checkpoint.export_advice import export_fix
-from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf
+from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf, verify_export
 from training.checkpoint.hf_import import (
     BaseModelError,
     base_model_fields,
@@ -1324,18 +1324,28 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     (base / "generation_config.json").write_text(json.dumps(generation))
     template = "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}"
     (base / "chat_template.jinja").write_text(template)
+    # a named template beside it (transformers' additional_chat_templates/): kept and shipped too (trial
+    # RV66f F4: AutoTokenizer's chat_template lost it)
+    tool_use = "{% for m in messages %}[tool] {{ m.content }}{% endfor %}"
+    (base / "additional_chat_templates").mkdir()
+    (base / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use)
     run = tmp_path / "run"
     run.mkdir()
     record_base(run, base, str(base.resolve()), base_sha256(base))
     files = base_files(run)
-    assert "chat_template.jinja" in files
+    assert {"chat_template.jinja", "additional_chat_templates/tool_use.jinja"} <= files.keys(), files
     model = gristmill_model(base)
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", base=files)
     shipped = json.loads((out / "generation_config.json").read_text())
     assert (shipped["bos_token_id"], shipped["eos_token_id"], shipped["do_sample"]) == (1, [0, 1], False)
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
-    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == template
+    templates = transformers.AutoTokenizer.from_pretrained(out).chat_template
+    assert templates == {"default": template, "tool_use": tool_use}, templates
     assert (out / "chat_template.jinja").read_text() == template
+    assert verify_export(out) is None  # its checksums name the named template's file too
+    (out / "additional_chat_templates" / "tool_use.jinja").write_text("edited")
+    with pytest.raises(ExportError, match="additional_chat_templates/tool_use.jinja"):
+        verify_export(out)
     # a token's text for an id ("</s>") was a traceback at every export (review RV66g 6): the export's id
     files["generation_config.json"].write_text(json.dumps({"eos_token_id": "</s>", "bos_token_id": 1}))
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "text-id", base=files)
@@ -1344,19 +1354,21 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     # tokens of one it did not bring, and is not shipped (review RV66g 2)
     del files["tokenizer.json"]
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "no-tokenizer", base=files)
-    assert not (out / "chat_template.jinja").exists()
+    assert not (out / "chat_template.jinja").exists() and not (out / "additional_chat_templates").exists()
     # a run started before gristmill kept the template (its RUN/base and base.json without it) exported
     # none, unsaid (trial RV66f F3): said at `gristmill export` and at its resumes
     assert unkept_base_note(run) is None
     record = json.loads((run / "base" / "base.json").read_text())
-    record["files"].remove("chat_template.jinja")
+    for name in ("chat_template.jinja", "additional_chat_templates/tool_use.jinja"):
+        record["files"].remove(name)
+        (run / "base" / name).unlink()
     (run / "base" / "base.json").write_text(json.dumps(record))
-    (run / "base" / "chat_template.jinja").unlink()
     note = unkept_base_note(run)
     assert note == (
-        f"note: {base.resolve()} holds chat_template.jinja, which {run / 'base'} does not keep (added since "
-        "the run started, or the run started before gristmill kept it): the run's exports ship none; where "
-        "it is still the base's, copy it into an export by hand (its checksums do not list it)"
+        f"note: {base.resolve()} holds chat_template.jinja, additional_chat_templates/tool_use.jinja, "
+        f"which {run / 'base'} does not keep (added since the run started, or the run started before "
+        "gristmill kept those files): the run's exports do not ship those files; copy what is still the "
+        "base's into an export by hand (its checksums do not list it)"
     ), note
     # not shipped by a base without its own tokenizer.json (above)
     record["files"].remove("tokenizer.json")
@@ -2361,11 +2373,13 @@ def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_
     make_base(tmp_path / "base")
     files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
     files["chat_template.jinja"] = b"{% for m in messages %}{{ m.content }}{% endfor %}"
+    files["additional_chat_templates/rag.jinja"] = b"{% for m in messages %}[rag] {{ m.content }}{% endfor %}"
     with HubServer() as hub:
         commit = hub.add_repo(REPO, files, repo_type="model")
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
         fetched = locate_base(REPO).directory
-        assert (fetched / "chat_template.jinja").read_bytes() == files["chat_template.jinja"]
+        for template in ("chat_template.jinja", "additional_chat_templates/rag.jinja"):  # (RV66f F4)
+            assert (fetched / template).read_bytes() == files[template], template
         point_hub_at(hub, monkeypatch, tmp_path / "older-home")
         snapshot_download(REPO, allow_patterns=HUB_FILES)  # what a gristmill before the template cached
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)

@@ -32,10 +32,13 @@ from typing import Any
 from training.checkpoint.base_source import (
     INDEX_JSON,
     KEPT_FILES,
+    TEMPLATES_DIR,
     TOKENIZER_FILES,
     TOKENIZER_JSON,
     BaseModelError,
     hub_id,
+    kept_name,
+    named_templates,
     weights_files,
 )
 from training.checkpoint.export_advice import export_fix
@@ -161,8 +164,10 @@ def base_weights(identity: str, directory: str | Path) -> dict[str, Any]:
 
 def kept_base_files(directory: str | Path) -> dict[str, Path]:
     """{name: path} of the base's small files in `directory` that a run keeps in RUN/base/ (KEPT_FILES
-    present there): what its exports read."""
-    return {name: Path(directory) / name for name in KEPT_FILES if (Path(directory) / name).is_file()}
+    present there, and its named chat templates): what its exports read."""
+    directory = Path(directory)
+    names = [name for name in KEPT_FILES if (directory / name).is_file()] + named_templates(directory)
+    return {name: directory / name for name in names}
 
 
 def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
@@ -180,12 +185,14 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
 
 def _keep_files(source: Path, target: Path, kept: list[str]) -> None:
     """The base's small files `kept` copied from `source` into RUN/base/ (`target`); the others of
-    KEPT_FILES removed there (a record of an earlier start, from another base)."""
-    for name in KEPT_FILES:
-        if name in kept:
-            write_atomic(target / name, (source / name).read_bytes())
-        else:
+    KEPT_FILES removed there, and named chat templates (a record of an earlier start, from another
+    base)."""
+    for name in [*KEPT_FILES, *named_templates(target)]:
+        if name not in kept:
             (target / name).unlink(missing_ok=True)
+    for name in kept:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target / name, (source / name).read_bytes())
 
 
 def carry_base_record(from_run: str | Path, run_dir: str | Path) -> None:
@@ -221,8 +228,9 @@ def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
         record = read_json_record(path, "files")
         # the names it lists are of KEPT_FILES and tokenizer.json's sha256 text: `"files": [1]` was a
         # TypeError's traceback in verify and export (review RV60d 1)
-        if record is not None and not all(isinstance(n, str) and n in KEPT_FILES for n in record["files"]):
-            raise ValueError(f"its 'files' are not names of {', '.join(KEPT_FILES)}")
+        if record is not None and not all(isinstance(n, str) and kept_name(n) for n in record["files"]):
+            kept = f"{', '.join(KEPT_FILES)} or {TEMPLATES_DIR}/*.jinja"
+            raise ValueError(f"its 'files' are not names of {kept}")
         if record is not None and not isinstance(record.get(TOKENIZER_SHA256, ""), str):
             raise ValueError(f"its {TOKENIZER_SHA256!r} is not a sha256")
         return record

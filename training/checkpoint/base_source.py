@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +43,15 @@ __all__ = [
     "INDEX_JSON",
     "CHAT_TEMPLATE",
     "KEPT_FILES",
+    "TEMPLATES_DIR",
     "OTHER_TOKENIZER_FORMS",
     "TOKENIZER_FILES",
     "SINGLE_FILE",
     "BaseModelError",
     "BaseSource",
+    "chat_templates",
+    "kept_name",
+    "named_templates",
     "fetch_hub_base",
     "hub_id",
     "locate_base",
@@ -65,7 +69,30 @@ an export without it lost an instruct base's template, AutoTokenizer's chat_temp
 RV66a F1)."""
 KEPT_FILES = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json", CHAT_TEMPLATE)
 """The files of a base a run keeps (base_record's copy in RUN/base, which its export ships), held
-present or absent by the hub's word, as the weights are."""
+present or absent by the hub's word, as the weights are; and its named chat templates (below)."""
+TEMPLATES_DIR = "additional_chat_templates"
+"""Where transformers (4.53 on) saves a tokenizer's named chat templates, NAME.jinja each (a tool-use
+or RAG template beside the default): kept and shipped as chat_template.jinja is (trial RV66f F4)."""
+_NAMED_TEMPLATE = re.compile(rf"{TEMPLATES_DIR}/[^/\\]+\.jinja")
+
+
+def chat_templates(names: Iterable[str]) -> list[str]:
+    """The chat templates among a base's file names (relative paths): the default and named ones."""
+    return [n for n in names if n == CHAT_TEMPLATE or _NAMED_TEMPLATE.fullmatch(n)]
+
+
+def kept_name(name: str) -> bool:
+    """Whether `name` (a path relative to the base directory) is a file a run keeps of its base."""
+    return name in KEPT_FILES or bool(_NAMED_TEMPLATE.fullmatch(name))
+
+
+def named_templates(directory: Path) -> list[str]:
+    """The named chat templates of base directory `directory`, as paths relative to it."""
+    folder = directory / TEMPLATES_DIR
+    found = sorted(p.name for p in folder.glob("*.jinja") if p.is_file()) if folder.is_dir() else []
+    return [f"{TEMPLATES_DIR}/{name}" for name in found]
+
+
 OTHER_TOKENIZER_FORMS = ("vocab.json", "merges.txt", "tokenizer.model")
 """A base's tokenizer without tokenizer.json (GPT-2's vocab.json and merges.txt, SentencePiece's
 tokenizer.model): its own, other ids than the dataset's may be (hf_import.check_base_data refuses it)."""
@@ -279,10 +306,11 @@ def fetch_hub_base(
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
     # the chat template where the listing snapshot_download cached names one (asked of a hub that cannot
     # be reached, every start waited for its timeouts); one not fetched is said below
-    if not offline and not (path / CHAT_TEMPLATE).is_file():
-        if CHAT_TEMPLATE in (_hub_listing(repo, commit, offline=True) or ()):
-            with contextlib.suppress(Exception):
-                hf_hub_download(repo, CHAT_TEMPLATE, revision=commit)
+    if not offline:
+        for template in chat_templates(sorted(_hub_listing(repo, commit, offline=True) or ())):
+            if not (path / template).is_file():
+                with contextlib.suppress(Exception):
+                    hf_hub_download(repo, template, revision=commit)
     lacking = _lacking(path)
     listed = _hub_listing(repo, commit, offline) if lacking else None
     # What the snapshot lacks and the hub lists, or what nobody can say the hub lacks: the snapshot

@@ -52,7 +52,7 @@ from training.checkpoint.base_record import (
     read_base_record,
     weights_sha256,
 )
-from training.checkpoint.base_source import CHAT_TEMPLATE, hub_id, locate_base
+from training.checkpoint.base_source import chat_templates, hub_id, locate_base
 from training.checkpoint.export_advice import export_again, export_command, export_fix, export_step_of
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
@@ -968,8 +968,9 @@ def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
     vocabulary (review R23e S4)."""
     if TOKENIZER_JSON in base:
         return base
-    # its chat template names that tokenizer's tokens too (review RV66g 2)
-    return {name: path for name, path in base.items() if name not in (*TOKENIZER_FILES, CHAT_TEMPLATE)}
+    # its chat templates name that tokenizer's tokens too (review RV66g 2)
+    dropped = {*TOKENIZER_FILES, *chat_templates(base)}
+    return {name: path for name, path in base.items() if name not in dropped}
 
 
 def unkept_base_note(run_dir: str | Path) -> str | None:
@@ -985,10 +986,12 @@ def unkept_base_note(run_dir: str | Path) -> str | None:
     unkept = [name for name in own_tokenizer_files(kept_base_files(base) | kept) if name not in kept]
     if not unkept:
         return None
+    those = "that file" if len(unkept) == 1 else "those files"
     return (
         f"note: {base} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep (added "
-        "since the run started, or the run started before gristmill kept it): the run's exports ship none; "
-        "where it is still the base's, copy it into an export by hand (its checksums do not list it)"
+        f"since the run started, or the run started before gristmill kept {those}): the run's exports do "
+        f"not ship {those}; copy what is still the base's into an export by hand (its checksums do not list "
+        "it)"
     )
 
 
@@ -1064,9 +1067,12 @@ def export_hf(
                     text = json.dumps(kept | ids, indent=2) + "\n"
                     (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
             write_tokenizer(dataset_dir, model_cfg, tmp, base, export=out_dir)
-            if CHAT_TEMPLATE in own_tokenizer_files(base):  # the tokenizer's, as the base's users load it
-                shutil.copyfile(base[CHAT_TEMPLATE], tmp / CHAT_TEMPLATE)
-            checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
+            # the chat templates of the tokenizer it ships, as the base's users load them
+            for template in chat_templates(own_tokenizer_files(base)):
+                (tmp / template).parent.mkdir(exist_ok=True)
+                shutil.copyfile(base[template], tmp / template)
+            files = [str(p.relative_to(tmp)) for p in sorted(tmp.rglob("*")) if p.is_file()]
+            checksums = {"algorithm": "sha256", "files": file_records(tmp, files, "sha256")}
             (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
             written = checksums["files"]
             if out_dir.exists():  # os.replace would take an empty directory's place
