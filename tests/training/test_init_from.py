@@ -2385,10 +2385,15 @@ def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
         said = []
         assert locate_base(REPO, say=said.append).identity == f"{REPO}@{commit}"
-    assert said[-1].startswith(
+    assert said[-2].startswith(
         f"note: the hub cache {tmp_path / 'older-home' / 'hub'} holds no chat_template.jinja"
     )
-    assert "the run's exports ship none" in said[-1], said
+    assert "the run's exports ship none" in said[-2], said
+    # the named one, which the cached listing names: said too, not passed over
+    assert said[-1].startswith(
+        f"note: the hub cache {tmp_path / 'older-home' / 'hub'} holds no additional_chat_templates/rag.jinja "
+        f"of {REPO} at commit {commit}, which the repository holds"
+    ), said
 
 
 def _refused_offline(monkeypatch) -> str:

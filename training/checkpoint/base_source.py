@@ -306,11 +306,14 @@ def fetch_hub_base(
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
     # the chat template where the listing snapshot_download cached names one (asked of a hub that cannot
     # be reached, every start waited for its timeouts); one not fetched is said below
+    templates = chat_templates(sorted(_hub_listing(repo, commit, offline=True) or ()))
     if not offline:
-        for template in chat_templates(sorted(_hub_listing(repo, commit, offline=True) or ())):
+        for template in templates:
             if not (path / template).is_file():
                 with contextlib.suppress(Exception):
                     hf_hub_download(repo, template, revision=commit)
+    # named templates the listing names and the cache lacks (offline, or a fetch that failed): said
+    unfetched = [t for t in templates if t != CHAT_TEMPLATE and not (path / t).is_file()]
     lacking = _lacking(path)
     listed = _hub_listing(repo, commit, offline) if lacking else None
     # What the snapshot lacks and the hub lists, or what nobody can say the hub lacks: the snapshot
@@ -350,6 +353,12 @@ def fetch_hub_base(
             f"note: the hub cache {cache} holds no {CHAT_TEMPLATE} of {repo} at commit {commit}, and nothing "
             f"says the repository has none: the run's exports ship none; `hf download {repo} "
             f"{CHAT_TEMPLATE} --revision {commit}` fetches it, where it has one"
+        )
+    if unfetched and say is not None:
+        say(
+            f"note: the hub cache {cache} holds no {', '.join(unfetched)} of {repo} at commit {commit}, "
+            f"which the repository holds: the run's exports ship none; `hf download {repo} "
+            f"{' '.join(unfetched)} --revision {commit}` fetches them"
         )
     others = sorted(set(OTHER_TOKENIZER_FORMS) & (listed or set()) - {p.name for p in path.iterdir()})
     if others and TOKENIZER_JSON in lacking:
