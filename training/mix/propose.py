@@ -322,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         passed = untrained is None and mix_fit.gate(
             losses["proposal"], losses["uniform"], losses["proportional"]
         )
-        noise = _noise(fitted, mixes, losses, outside is not None, seeds, cfg.data.seed)
+        noise = _noise(fitted, mixes, losses, outside is not None, seeds, cfg.data.seed, base is not None)
         report = {
             "sources": sources,
             "prior": dict(zip(sources, prior.tolist())),
@@ -486,6 +486,7 @@ def _noise(
     outside: bool,
     seeds: list[int],
     swarm_seed: int,
+    from_base: bool = False,
 ) -> dict[str, Any]:
     """The validation seeds' spread beside the fit's leave-one-out error, and the gap between each
     mixture's predicted and validated loss, explained as far as the figures go. On a seed other than
@@ -494,7 +495,8 @@ def _noise(
     on the swarm's own seed there is no shift, and each gap is the fit's miss at its mixture,
     measured (review R16d F7). The shift and the proposal's miss beyond it are taken over the other
     seeds alone: averaged with the swarm's own, the miss mixed a measurement into an estimate
-    (review R25c 3); the own seed's gaps are said apart (`own_seed_gap`)."""
+    (review R25c 3); the own seed's gaps are said apart (`own_seed_gap`). `from_base`: the proxies
+    start from a base model, whose weights no seed changes (a seed moves its data order alone)."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
     if not seeds:  # no validation runs (proxies that learned nothing): nothing measured beside the fit
@@ -539,10 +541,13 @@ def _noise(
         )
         # the gaps shown are those the mean is of: over all seeds, they did not add up to it when the
         # swarm's own seed was among them (review R25j 1)
+        moves = "data order and initialisation"
+        if from_base:  # no seed changes a base's weights
+            moves = "data order: the proxies start from one base"
         text += (
             f"{on}{gaps_text(other_gap)}if the fit is exact at the baselines, {value:+.4f} (their mean gap) "
-            "is the validation seeds' shift from the swarm's seed (data order and initialisation; every "
-            f"mixture moves with it) and {shift['miss']:+.4f} the fit's own miss at the proposal"
+            f"is the validation seeds' shift from the swarm's seed ({moves}; every mixture moves with it) "
+            f"and {shift['miss']:+.4f} the fit's own miss at the proposal"
             f"{' (an extrapolation)' if outside else ''}; its leave-one-out error is {fitted.cv_error:.4f}; "
         )
         if own_gap:

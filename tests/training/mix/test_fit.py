@@ -82,3 +82,18 @@ def test_the_gate_keeps_the_proposal_only_if_it_beats_both_baselines_on_every_se
     assert not mix_fit.gate([4.0, 4.25], [4.2, 4.3], [4.1, 4.2])  # seed 2: worse than proportional
     assert not mix_fit.gate([4.0, 4.2], [4.2, 4.3], [4.1, 4.2])  # a tie is no win
     assert not mix_fit.gate([4.3], [4.2], [4.4])
+
+
+def test_the_noise_text_says_what_a_seed_moves():
+    """A validation seed's shift was put down to "data order and initialisation" for proxies that start
+    from a base model, whose weights no seed changes (trial RV66a nit): data order alone there."""
+    from training.mix.propose import _noise
+
+    X = np.array(simplex.swarm(np.full(3, 1 / 3), 12, seed=1, concentration=1.0, lo=LO, hi=HI))
+    fitted = mix_fit.fit(X, law(X), W)
+    mixes = {name: X[k] for k, name in enumerate(("proposal", "uniform", "proportional"))}
+    losses = {name: [float(law(mixes[name])[0] @ W) + 0.01] for name in mixes}
+    scratch = _noise(fitted, mixes, losses, False, [1], 1234)["explanation"]
+    assert "shift from the swarm's seed (data order and initialisation; every mixture" in scratch, scratch
+    based = _noise(fitted, mixes, losses, False, [1], 1234, from_base=True)["explanation"]
+    assert "shift from the swarm's seed (data order: the proxies start from one base; every" in based, based
