@@ -148,6 +148,7 @@ from validation.eval_results import (
     num_fewshot_passed,
     renamed_task,
     scored_itself,
+    undrawn_plot_note,
     write_plot,
     write_step_json,
 )
@@ -1224,6 +1225,8 @@ def evaluate_step(
     # the scores are written: a plot that cannot be is a warning
     if cfg.plot and (warning := write_plot(run_dir)):
         print(warning, file=sys.stderr, flush=True)
+    elif not cfg.plot and (note := undrawn_plot_note(run_dir, step, "plot")):
+        print(note, file=sys.stderr, flush=True)
     _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
     error = nonfinite_error(run_dir, step, results)
     if error is not None:

@@ -798,6 +798,19 @@ def write_plot(run_dir: str | Path) -> str | None:
     return warning and f"{warning}: once it can be written, `gristmill eval {run_dir} --table` draws it"
 
 
+def undrawn_plot_note(run_dir: str | Path, step: int, switch: str) -> str | None:
+    """The note for an eval that scored step `step` with pictures off (`switch`) beside an earlier
+    RUN/eval.png, which then lacks these scores and stayed as if it were the run's (trial RV65c); None
+    where there is none."""
+    plot = Path(run_dir) / EVAL_PLOT
+    if not plot.exists():
+        return None
+    return (
+        f"note: {plot} is an earlier picture, without the scores from step {step} on ({switch} = false); "
+        f"`gristmill eval {run_dir} --table` draws it again"
+    )
+
+
 def eval_figure(
     plt,
     rows: list[dict[str, Any]],

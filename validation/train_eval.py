@@ -80,6 +80,7 @@ from validation.eval_results import (
     chance_levels,
     metric_order,
     said_again,
+    undrawn_plot_note,
     write_plot,
     write_step_json,
 )
@@ -118,6 +119,7 @@ class TrainingEval:
         self.max_length = 0
         self.context = 0  # the model's max_seq_len (prepare sets it)
         self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
+        self.said_undrawn = False  # that an earlier eval.png lacks this invocation's scores
         self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
         self.failures: dict[bool, tuple[int, str]] = {}  # merged → (step, why) of the last failure said whole
 
@@ -325,6 +327,10 @@ class TrainingEval:
         # a side output, as loss.png: the scores stand
         if self.cfg.plot and (warning := write_plot(self.run_dir)):
             say(said_again(warning, step))
+        elif not self.cfg.plot and not self.said_undrawn:  # once a run: the first scores it lacks
+            self.said_undrawn = bool(note := undrawn_plot_note(self.run_dir, step, "metrics.plot"))
+            if note:
+                say(note)
         return metrics
 
 

@@ -535,13 +535,17 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert task["model"] == first["gristmill"]["export"] == str(export_dir(run, 5).resolve())
     assert main([*watch, *QUICK, "plot=true"]) == 0  # the same settings, which plot is not one of: done
     assert results.read_text() == json.dumps(first, indent=2, ensure_ascii=False) + "\n"
+    (run / "eval.png").write_bytes(b"an earlier picture")  # as if drawn before
     capsys.readouterr()
     assert main([*watch, *[a for a in QUICK if a != "limit=3"]]) == 0  # every document: scored again
     again = json.loads(results.read_text())
     assert again["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 0
     effective = [r["n-samples"]["heldout_ppl"]["effective"] for r in (first, again)]
     assert effective == [3, 5]
-    assert not (run / "eval.png").exists()  # scored again under plot=false: none drawn
+    # scored again under plot=false: none drawn, and the earlier picture said to lack the scores (RV65c)
+    assert (run / "eval.png").read_bytes() == b"an earlier picture"
+    note = f"note: {run / 'eval.png'} is an earlier picture, without the scores from step 5 on (plot = false)"
+    assert note in capsys.readouterr().err
 
 
 def test_each_task_s_row_names_the_model_that_scored_it():

@@ -88,12 +88,19 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(
     real_write = train_eval.write_step_json
     monkeypatch.setattr(train_eval, "write_step_json", write_step_json)
     run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.png").write_bytes(b"an earlier picture")  # a `gristmill eval`'s, say
     cfg = load_train_config(TINY, _sets(built_dataset, run))
     train(cfg, evaluator=TrainingEval(cfg))
     # its record of a step gets what `gristmill eval`'s does for the older entries it merges into: a
     # group's member's own config and a folder's documents by the rule before (review RV33a L3: untested)
     assert len(written) == 2, written
-    assert not (run / "eval.png").exists()  # metrics.plot = false (_sets): no picture, eval.png's neither
+    # metrics.plot = false (_sets): no picture, eval.png's neither; the earlier one is said to lack the
+    # run's scores, once (it stayed as if it were the run's: trial RV65c)
+    assert (run / "eval.png").read_bytes() == b"an earlier picture"
+    said = capsys.readouterr().out
+    note = f"note: {run / 'eval.png'} is an earlier picture, without the scores from step 2 on"
+    assert said.count(note) == 1, said
     for kwargs in written:
         assert kwargs["own_config"].__func__ is TaskPlan.own_config, kwargs
         assert kwargs["documents_before"].__func__ is TaskPlan.documents_before, kwargs
@@ -101,7 +108,7 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(
     rows = _rows(run)
     # its line: each task's score ± stderr on how many items, from how many held-out documents of
     # which source; a warning for a score on too few to mean anything (issue 47)
-    out = capsys.readouterr().out.splitlines()
+    out = said.splitlines()
     documents = len((eval_data(run) / "heldout_ppl.jsonl").read_text().splitlines())
     results = read_step_results(run, 4)
     (line,) = [x for x in out if x.startswith("[eval] step 4: ")]
