@@ -219,15 +219,11 @@ def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
     return sorted(exports | {s for s in complete_steps(run_dir) if _holds_merged(run_dir, s)})
 
 
-def went_while_read(run_dir: Path, step: int, from_checkpoint: bool, merged: bool = False) -> str | None:
-    """Why step `step`'s failed evaluation is not a failure of its own, where it is not: "gone" (its
-    checkpoint went while it was read: a running run's checkpoint.keep_last, or a rewind), "exported"
-    (gone, read from its checkpoint, and another process exported it meanwhile: score that export)."""
-    if step not in available_steps(run_dir, merged):
-        return "gone"
-    if from_checkpoint and export_dir(run_dir, step, merged).is_dir() and step not in complete_steps(run_dir):
-        return "exported"
-    return None
+def step_went(run_dir: Path, step: int, merged: bool = False) -> bool:
+    """Whether step `step`, whose evaluation failed, is no longer there to evaluate: its checkpoint
+    went while it was read (a running run's checkpoint.keep_last, or a rewind), no export of it left.
+    Not a failure of the step's own (one exported meanwhile is scored: evaluate_step)."""
+    return step not in available_steps(run_dir, merged)
 
 
 def _holds_merged(run_dir: Path, step: int) -> bool:
@@ -1156,6 +1152,17 @@ def evaluate_step(
         export = export_checkpoint(run_dir, step, log=_log, merged=merged)
     except CheckpointSetAside:  # the export it wrote from the checkpoint is set aside with it
         _discarded(run_dir, step, None, None)
+    except GristmillError:
+        # Its checkpoint went while it was read, and another process (a second watch, an `eval
+        # --step`, `gristmill export`) exported it meanwhile: scored from that export (a watch died of
+        # it, exit 2: trial RV66d F3). Only here: an export this eval wrote, then a failure of its own
+        # while a retention deleted the checkpoint, is that failure (review RV67d 2).
+        there = export_dir(run_dir, step, merged)
+        if not (made and there.is_dir() and not checkpoint_dir(run_dir, step).is_dir()):
+            raise
+        _log(f"step {step}: its checkpoint went while it was read; scored from {there}")
+        made = False  # another's
+        export = export_checkpoint(run_dir, step, log=_log, merged=merged)
     scored = _dir_identity(export)
 
     def still() -> bool:
@@ -1410,8 +1417,6 @@ def evaluate_missing(
                 _log(f"step {step} not scored: {e}; the other steps go on")
             continue
         if not scored:
-            # read from its checkpoint (no export yet): one that goes meanwhile may leave another's export
-            from_checkpoint = not export_dir(run_dir, step).is_dir()
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
@@ -1420,33 +1425,16 @@ def evaluate_missing(
                 _log(f"{e}; the watch goes on")
                 continue
             except GristmillError as e:
-                went = went_while_read(run_dir, step, from_checkpoint)
-                if step in from_base and went == "gone":
+                went = step_went(run_dir, step)
+                if step in from_base and went:
                     # the base not at hand (moved, or a hub base offline): its own line, once, not at
                     # every look, nor called a checkpoint deleted by retention (review RV64c 5)
                     if -1 not in told:
                         told.add(-1)
                         _log(f"step 0 (the base) not scored: {e}; the other steps go on (tried at each look)")
                     continue
-                if went is None:
+                if not went:
                     raise
-                if went == "exported":
-                    # Its checkpoint went while it was read, and another process (a second watch, an
-                    # `eval --step`, `gristmill export`) exported it meanwhile: scored from that export
-                    # (the watch died of it, exit 2: trial RV66d F3)
-                    made = export_dir(run_dir, step)
-                    _log(f"step {step}: its checkpoint went while it was read; scored from {made}")
-                    try:
-                        evaluate_step(run_dir, step, cfg, plan, verbose)
-                    except NonFiniteMetricsError as again:
-                        failed.append(again)
-                    except DiscardedStepError as again:  # a rewind meanwhile (review RV66g 4)
-                        _log(f"{again}; the watch goes on")
-                        continue
-                    if show:
-                        print_table(run_dir, [step])
-                    done.append(step)
-                    continue
                 # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch
                 # goes on with the steps that are there.
                 _log(
@@ -1714,7 +1702,6 @@ def run(args: argparse.Namespace) -> int:
             f"{missing_step_reason(run_dir, step, merged)}; steps: {', '.join(map(str, steps)) or 'none'}"
         )
     for tries_left in range(3, -1, -1):
-        from_checkpoint = not export_dir(run_dir, step, merged).is_dir()
         try:
             evaluate_step(run_dir, step, cfg, verbose=args.verbose, merged=merged)
             break
@@ -1725,14 +1712,12 @@ def run(args: argparse.Namespace) -> int:
             # The newest step asked for without --step went while it was read, beside a running run
             # with a fast checkpoint.keep_last: the error named a step the user never gave (trial RV66d
             # F6). The newest one now is what was asked for; a step given with --step fails as it fails.
-            went = went_while_read(run_dir, step, from_checkpoint, merged) if args.step is None else None
-            if went is None or not tries_left or not (now := available_steps(run_dir, merged)):
+            went = args.step is None and step_went(run_dir, step, merged)
+            if not went or not tries_left or not (now := available_steps(run_dir, merged)):
                 raise
-            how = f"evaluating step {now[-1]}, the newest now"
-            if went == "exported":
-                how = f"scored from {export_dir(run_dir, step, merged)}"
-            print(f"step {step}: its checkpoint went while it was read; {how}", file=sys.stderr)
-            step = step if went == "exported" else now[-1]
+            newest = f"evaluating step {now[-1]}, the newest now"
+            print(f"step {step}: its checkpoint went while it was read; {newest}", file=sys.stderr)
+            step = now[-1]
     print_table(run_dir, [step], merged=merged)
     try:  # another step's results.json damaged: the table was not rebuilt (the warning above says so)
         for which in (False, True):

@@ -1024,18 +1024,18 @@ def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export
 ):
     """Two watches beside a run with keep_last = 1: the checkpoint of step 11 went while this watch read
     it, and the other watch had exported it meanwhile; the step counted as available, so the error was
-    raised and the watch died, exit 2 (trial RV66d F3). It is scored from that export."""
+    raised and the watch died, exit 2 (trial RV66d F3). It is scored from that export. An export this
+    eval wrote itself, then a failure of its own while retention deleted the checkpoint, is that failure,
+    said once: it was called "went while it was read" and scored again (review RV67d 2)."""
     import validation.eval as eval_module
     from pipelines.cli import main
     from training.checkpoint.hf_export import ExportError
     from training.contract.run_layout import checkpoint_dir
-    from validation.eval_data import EvalError
 
     run = tmp_path / "run"
     _make_run(run, built_dataset, [5])
     fake_checkpoint(run, 11)  # a complete checkpoint when the look lists the steps
-    real = eval_module.evaluate_step
-    tries = []
+    real, tries = eval_module.export_checkpoint, []
 
     def deleted_while_read(run_dir, step, *args, **kwargs):
         tries.append(step)
@@ -1050,24 +1050,35 @@ def test_a_step_whose_checkpoint_went_while_it_was_read_is_scored_from_an_export
             )
         return real(run_dir, step, *args, **kwargs)
 
-    monkeypatch.setattr(eval_module, "evaluate_step", deleted_while_read)
+    monkeypatch.setattr(eval_module, "export_checkpoint", deleted_while_read)
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
     assert main(watch) == 0
     err = capsys.readouterr().err
     assert f"step 11: its checkpoint went while it was read; scored from {export_dir(run, 11)}" in err, err
     assert (eval_dir(run, 11) / "results.json").is_file() and tries.count(11) == 2
-    # a step read from its export all along fails as it fails: once, in its own words (review RV66g 3)
-    shutil.rmtree(eval_dir(run, 5))
+    # its own export written, then its own failure while retention deleted the checkpoint
+    fake_checkpoint(run, 12)
 
-    def fails(run_dir, step, *args, **kwargs):
+    def own_export_then_retention(run_dir, step, *args, **kwargs):
+        if step != 12:
+            return real(run_dir, step, *args, **kwargs)
         tries.append(step)
-        raise EvalError(f"step {step} cannot be scored")
+        model = _tiny_model(built_dataset, seed=12)
+        made = export_hf(
+            model.state_dict(), model.cfg, built_dataset, export_dir(run_dir, 12), meta={"step": 12}
+        )
+        shutil.rmtree(checkpoint_dir(run_dir, 12))
+        return made
 
-    monkeypatch.setattr(eval_module, "evaluate_step", fails)
+    def refused(export, *args, **kwargs):  # its own failure, once its export is written
+        raise ExportError(f"{export} is refused by this transformers")
+
+    monkeypatch.setattr(eval_module, "export_checkpoint", own_export_then_retention)
+    monkeypatch.setattr(eval_module, "check_export_tokenizer", refused)
     assert main(watch) == 2
     err = capsys.readouterr().err
-    assert "error: step 5 cannot be scored" in err and "went while it was read" not in err, err
-    assert tries.count(5) == 2  # the first watch's, and this one's
+    assert "went while it was read" not in err and tries.count(12) == 1, err
+    assert err.splitlines()[-1] == f"error: {export_dir(run, 12)} is refused by this transformers", err
 
 
 def test_eval_without_step_scores_the_newest_step_when_its_checkpoint_went_while_it_was_read(
