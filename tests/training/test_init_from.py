@@ -1355,26 +1355,67 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     del files["tokenizer.json"]
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "no-tokenizer", base=files)
     assert not (out / "chat_template.jinja").exists() and not (out / "additional_chat_templates").exists()
-    # a run started before gristmill kept the template (its RUN/base and base.json without it) exported
-    # none, unsaid (trial RV66f F3): said at `gristmill export` and at its resumes
+    # a run started before gristmill kept the templates (its RUN/base and base.json without them)
+    # exported none, unsaid (trial RV66f F3): said at `gristmill export` and at its resumes; its
+    # templates alone, not a kept file every export writes itself (review RV67d 3)
     assert unkept_base_note(run) is None
     record = json.loads((run / "base" / "base.json").read_text())
-    for name in ("chat_template.jinja", "additional_chat_templates/tool_use.jinja"):
+    for name in ("chat_template.jinja", "additional_chat_templates/tool_use.jinja", "generation_config.json"):
         record["files"].remove(name)
         (run / "base" / name).unlink()
     (run / "base" / "base.json").write_text(json.dumps(record))
     note = unkept_base_note(run)
     assert note == (
-        f"note: {base.resolve()} holds chat_template.jinja, additional_chat_templates/tool_use.jinja, "
-        f"which {run / 'base'} does not keep (added since the run started, or the run started before "
-        "gristmill kept those files): the run's exports do not ship those files; copy what is still the "
-        "base's into an export by hand (its checksums do not list it)"
+        f"note: {base.resolve()} holds chat_template.jinja, additional_chat_templates/tool_use.jinja, which "
+        f"{run / 'base'} does not keep (added since the run started, or the run started before gristmill "
+        "kept them): the run's exports ship none; copy what is still the base's into an export by hand "
+        "(its checksums do not list it)"
     ), note
+    # a template that is not UTF-8 text (a macOS ._NAME beside it) is refused where the run would keep
+    # it, naming it (it was shipped, and every export's AutoTokenizer failed: review RV67d 4), and a
+    # name only the glob took (no stem) is no template of the base (RV67d 1)
+    (base / "additional_chat_templates" / ".jinja").write_text("{{ x }}")
+    odd = base / "additional_chat_templates" / "._tool_use.jinja"
+    odd.write_bytes(b"\x00\x05\x16\x07\xff\xfe")
+    with pytest.raises(GristmillError, match=r"\._tool_use\.jinja is not UTF-8 text \(invalid start byte"):
+        record_base(tmp_path / "other-run", base, str(base.resolve()), base_sha256(base))
+    assert unkept_base_note(run) is None  # nothing an export needs: no traceback (RV67d 7)
+    odd.unlink()
+    assert unkept_base_note(run) == note  # not additional_chat_templates/.jinja
+    record_base(tmp_path / "other-run", base, str(base.resolve()), base_sha256(base))
+    kept = json.loads((tmp_path / "other-run" / "base" / "base.json").read_text())["files"]
+    assert [n for n in kept if n.endswith(".jinja")] == [
+        "chat_template.jinja",
+        "additional_chat_templates/tool_use.jinja",
+    ], kept
     # not shipped by a base without its own tokenizer.json (above)
     record["files"].remove("tokenizer.json")
     (run / "base" / "base.json").write_text(json.dumps(record))
     (base / "tokenizer.json").unlink()
     assert unkept_base_note(run) is None
+
+
+def test_gristmill_export_and_a_resume_say_a_chat_template_the_run_does_not_keep(
+    tmp_path, built_dataset, capsys
+):
+    """The note of a base's chat template RUN/base does not keep (trial RV66f F3), where a user sees it:
+    `gristmill export` and the run's resume (nothing tested that they print it: review RV67d 8)."""
+    from pipelines.cli import main as gristmill
+
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"], bos_token_id=1, eos_token_id=0)
+    shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")  # its own: it ships templates
+    run = tmp_path / "run"
+    sets = overrides(built_dataset, run, _init(base), "schedule.steps=4", "checkpoint.interval=2")
+    train(load_train_config(TINY, [*sets, "run.max_steps=2"]))
+    (base / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    capsys.readouterr()
+    assert gristmill(["export", str(run), "--step", "2"]) == 0
+    note = f"note: {base.resolve()} holds chat_template.jinja, which {run / 'base'} does not keep"
+    assert note in capsys.readouterr().out
+    assert not (export_dir(run, 2) / "chat_template.jinja").exists()
+    train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
+    assert note in capsys.readouterr().out
 
 
 def test_export_dtype_and_out(tmp_path, straight, capsys):
@@ -2370,16 +2411,32 @@ def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_
     incomplete by snapshot_download (review RV66g 1): read, with a note that the exports ship none."""
     from huggingface_hub import snapshot_download
 
+    from training.checkpoint.hf_export import unkept_base_note
+
     make_base(tmp_path / "base")
     files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
     files["chat_template.jinja"] = b"{% for m in messages %}{{ m.content }}{% endfor %}"
     files["additional_chat_templates/rag.jinja"] = b"{% for m in messages %}[rag] {{ m.content }}{% endfor %}"
+    files["tokenizer.json"] = b"{}"  # its own: its exports ship its templates
     with HubServer() as hub:
         commit = hub.add_repo(REPO, files, repo_type="model")
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
         fetched = locate_base(REPO).directory
         for template in ("chat_template.jinja", "additional_chat_templates/rag.jinja"):  # (RV66f F4)
             assert (fetched / template).read_bytes() == files[template], template
+        # a run of it started before gristmill kept them: said, from the cached listing (review RV67d 5)
+        run = tmp_path / "run"
+        record_base(run, fetched, f"{REPO}@{commit}", "its config's sha256")
+        record = json.loads((run / "base" / "base.json").read_text())
+        record["files"] = [n for n in record["files"] if not n.endswith(".jinja")]
+        (run / "base" / "base.json").write_text(json.dumps(record))
+        assert unkept_base_note(run) == (
+            f"note: the hub repository {REPO}@{commit} holds additional_chat_templates/rag.jinja, "
+            f"chat_template.jinja, which {run / 'base'} does not keep (the run started before gristmill "
+            f"kept them): the run's exports ship none; `hf download {REPO} "
+            f"additional_chat_templates/rag.jinja chat_template.jinja --revision {commit}` fetches them; "
+            "copy what is still the base's into an export by hand (its checksums do not list it)"
+        )
         point_hub_at(hub, monkeypatch, tmp_path / "older-home")
         snapshot_download(REPO, allow_patterns=HUB_FILES)  # what a gristmill before the template cached
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)

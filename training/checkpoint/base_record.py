@@ -36,6 +36,7 @@ from training.checkpoint.base_source import (
     TOKENIZER_FILES,
     TOKENIZER_JSON,
     BaseModelError,
+    check_templates,
     hub_id,
     kept_name,
     named_templates,
@@ -167,6 +168,7 @@ def kept_base_files(directory: str | Path) -> dict[str, Path]:
     present there, and its named chat templates): what its exports read."""
     directory = Path(directory)
     names = [name for name in KEPT_FILES if (directory / name).is_file()] + named_templates(directory)
+    check_templates(directory, names)
     return {name: directory / name for name in names}
 
 

@@ -52,7 +52,7 @@ from training.checkpoint.base_record import (
     read_base_record,
     weights_sha256,
 )
-from training.checkpoint.base_source import chat_templates, hub_id, locate_base
+from training.checkpoint.base_source import chat_templates, hub_id, listed_templates, locate_base
 from training.checkpoint.export_advice import export_again, export_command, export_fix, export_step_of
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
@@ -974,24 +974,36 @@ def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
 
 
 def unkept_base_note(run_dir: str | Path) -> str | None:
-    """A note where the directory of the run's base now holds files its exports would ship that RUN/base/
-    does not keep: a run started before gristmill kept one (chat_template.jinja before 2026-12-06)
-    exported an instruct base's weights without its chat template, unsaid (trial RV66f F3). A hub
-    base's cache is not looked at (it may need the network)."""
+    """A note where the run's base holds chat templates its exports would ship that RUN/base/ does not
+    keep: a run started before gristmill kept them (chat_template.jinja before 2026-12-06, named ones
+    before 2026-12-07) exported an instruct base's weights without them, unsaid (trial RV66f F3). Its
+    templates alone: the other kept files every export writes itself (review RV67d 3). A directory
+    base's files; a hub base's as the hub cache's listing of its commit names them (no request). None
+    where that cannot be read: nothing an export needs (review RV67d 7)."""
     record = read_base_record(run_dir)
-    if record is None or hub_id(str(record["init_from"])) is not None:
+    if record is None:
         return None
-    base = Path(str(record["init_from"])).expanduser()
+    identity = str(record["init_from"])
     kept = {name: Path(run_dir) / BASE_DIR / name for name in record["files"]}
-    unkept = [name for name in own_tokenizer_files(kept_base_files(base) | kept) if name not in kept]
+    try:
+        if (hub := hub_id(identity)) is not None and hub[1]:
+            held, where, since = dict.fromkeys(listed_templates(*hub)), f"the hub repository {identity}", ""
+            fetch = f"`hf download {hub[0]} {{names}} --revision {hub[1]}` fetches {{them}}; copy"
+        else:
+            held, where = kept_base_files(Path(identity).expanduser()), identity
+            since, fetch = "added since the run started, or ", "copy"
+    except (OSError, GristmillError):
+        return None
+    # as an export ships them: only with the base's own tokenizer.json (own_tokenizer_files)
+    unkept = [n for n in chat_templates(own_tokenizer_files(held | kept)) if n not in kept]
     if not unkept:
         return None
-    those = "that file" if len(unkept) == 1 else "those files"
+    names, them = " ".join(unkept), "it" if len(unkept) == 1 else "them"
     return (
-        f"note: {base} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep (added "
-        f"since the run started, or the run started before gristmill kept {those}): the run's exports do "
-        f"not ship {those}; copy what is still the base's into an export by hand (its checksums do not list "
-        "it)"
+        f"note: {where} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep "
+        f"({since}the run started before gristmill kept {them}): the run's exports ship none; "
+        f"{fetch.format(names=names, them=them)} what is still the base's into an export by hand (its "
+        "checksums do not list it)"
     )
 
 
