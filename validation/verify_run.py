@@ -70,7 +70,8 @@ COLUMNS = ["kind", "step", "status", "files", "size", "detail"]
 
 def _size(path: Path) -> tuple[int, str]:
     try:
-        return sum(p.is_file() for p in path.iterdir()), fmt_bytes(dir_size(path))
+        # files in subfolders too (an export's additional_chat_templates/: review RV67d 10)
+        return sum(p.is_file() for p in path.rglob("*")), fmt_bytes(dir_size(path))
     except FileNotFoundError:  # deleted while it was read: _row says so
         return 0, fmt_bytes(0)
 

@@ -1405,6 +1405,8 @@ def test_gristmill_export_and_a_resume_say_a_chat_template_the_run_does_not_keep
     base = tmp_path / "base"
     make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"], bos_token_id=1, eos_token_id=0)
     shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")  # its own: it ships templates
+    (base / "additional_chat_templates").mkdir()
+    (base / "additional_chat_templates" / "tool.jinja").write_text("{{ messages }}")  # kept from the start
     run = tmp_path / "run"
     sets = overrides(built_dataset, run, _init(base), "schedule.steps=4", "checkpoint.interval=2")
     train(load_train_config(TINY, [*sets, "run.max_steps=2"]))
@@ -1414,6 +1416,11 @@ def test_gristmill_export_and_a_resume_say_a_chat_template_the_run_does_not_keep
     note = f"note: {base.resolve()} holds chat_template.jinja, which {run / 'base'} does not keep"
     assert note in capsys.readouterr().out
     assert not (export_dir(run, 2) / "chat_template.jinja").exists()
+    # verify's files column counts the export's subfolder's too (review RV67d 10)
+    shipped = sum(p.is_file() for p in export_dir(run, 2).rglob("*"))
+    assert (export_dir(run, 2) / "additional_chat_templates" / "tool.jinja").is_file()
+    assert gristmill(["verify", str(run)]) == 0
+    assert re.search(rf"^\s*export\s+2\s+ok\s+{shipped}\s", capsys.readouterr().out, re.M)
     train(load_train_config(TINY, [*sets, "checkpoint.resume='auto'"]))
     assert note in capsys.readouterr().out
 
