@@ -39,11 +39,13 @@ from training.contract.dataset_format import (
     DECONTAM_DIR,
     EXCLUDED_DIR,
     EXCLUDED_SCHEMA,
+    FORMAT,
     INDEX_DIR,
     INDEX_WRITES,
     LOGS_DIR,
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
+    NO_FILES_ENTRY,
     RECORDED_FILES,
     SHARDS_DIR,
     TOKENIZER_JSON,
@@ -311,7 +313,7 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
             )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.
-        info = dataset_json(p)
+        info = _dataset_record(p)
         listed = info.get("documents")
         if isinstance(listed, int) and not isinstance(listed, bool) and listed and not manifest_files(p):
             raise DatasetError(
@@ -339,6 +341,25 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
     return out
 
 
+def _dataset_record(root: Path) -> dict:
+    """dataset.json as the views' checks read it ({} where there is none: a training run, a build not
+    finished): one that cannot be read or parsed is refused, naming it. Taken for none, the checks of
+    the tables against it were skipped, and the audit answered from an edited manifest, exit 0 (trial
+    RV67a F7)."""
+    path = root / DATASET_JSON
+    if not path.exists():
+        return {}
+    try:
+        info = json.loads(path.read_bytes())
+    except OSError as e:
+        raise DamagedFile(_unreadable(root, DATASET_JSON, e)) from None
+    except (ValueError, RecursionError) as e:  # (a UnicodeDecodeError is a ValueError)
+        raise DamagedFile(Damaged(root, path, f"{path} is unreadable ({type(e).__name__}: {e})")) from None
+    if not isinstance(info, dict):
+        raise DamagedFile(Damaged(root, path, f"{path} is unreadable (not a JSON object)"))
+    return info
+
+
 def dataset_json(root: Path) -> dict:
     """dataset.json, or {} when absent or unreadable (find_damaged names that)."""
     try:
@@ -358,6 +379,8 @@ def _check_tables(root: Path, info: dict) -> list[str]:
     dataset.json's; the views count the files). Returns the recorded stats files of a stage before the
     build's pass that are gone (_gone_stats: a note, not a refusal)."""
     files = info.get("files")
+    if files is None and info.get("format") == FORMAT:  # every dataset of the format records them
+        raise DatasetError(f"{root / DATASET_JSON} {NO_FILES_ENTRY}")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
         return []  # no record of them (a dataset from before dataset.json recorded its files)
     # What the views read, listed as they list it (view_files: glob.glob, which follows a linked

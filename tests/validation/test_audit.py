@@ -617,6 +617,10 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
         "validation.json": f"rerun `gristmill data validate {root}`, which writes it again",
     }[damage]
     assert fix in lines[0], lines[0]
+    if damage == "dataset.json":  # every report, not only those that read it: the checks of the tables
+        # against it were skipped, and --sql answered from an edited manifest, exit 0 (trial RV67a F7)
+        assert main(["data", "audit", str(root), "--sql", "SELECT sum(n_tokens) FROM docs"]) == 2
+        assert f"{target} is unreadable" in capsys.readouterr().err
 
 
 def test_a_damaged_manifest_page_is_named_with_its_task_s_fix(built_dataset, tmp_path, capsys):

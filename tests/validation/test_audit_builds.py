@@ -169,12 +169,18 @@ def test_docs_name_their_input_file_and_row_and_exact_copies_are_reported(build_
     for path in (out / "manifest").glob("*.parquet"):  # as a dataset built before the columns
         t = pq.read_table(path)
         pq.write_table(t.drop_columns(["source_file", "source_row", "text_hash"]), path)
-    info = json.loads((out / "dataset.json").read_text())  # (and before it recorded its files)
-    (out / "dataset.json").write_text(json.dumps({k: v for k, v in info.items() if k != "files"}))
+    info = json.loads((out / "dataset.json").read_text())  # (and before it recorded its files: a /2's)
+    older = {k: v for k, v in info.items() if k != "files"} | {"format": "gristmill-shards/2"}
+    (out / "dataset.json").write_text(json.dumps(older))
     rc, got, _ = audit(capsys, out, "--report", "duplicates", "--format", "json")
     assert rc == 0 and json.loads(got) == [], got
     rc, got, _ = audit(capsys, out, "--sql", "SELECT count(source_file) AS n FROM docs", "--format", "json")
     assert rc == 0 and json.loads(got) == [{"n": 0}], got
+    # a current-layout dataset.json without its record of the files is edited, not older: refused,
+    # where the audit answered from whatever manifests lay there (trial RV67a F7)
+    (out / "dataset.json").write_text(json.dumps(older | {"format": info["format"]}))
+    rc, _, err = audit(capsys, out, "--sql", "SELECT count(*) FROM docs")
+    assert rc == 2 and f'{out / "dataset.json"} has no "files" entry' in err[0], err
 
 
 def test_a_file_this_user_may_not_read_is_told_so_not_given_a_rebuild(built_dataset, capsys):
