@@ -35,7 +35,7 @@ from training.checkpoint.hf_export import (
     run_config,
     verify_export,
 )
-from training.checkpoint.io import missing_step_reason, verify_checkpoint
+from training.checkpoint.io import checkpoints_out_of_reach, missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError, newest_base_record
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DatasetError
@@ -106,7 +106,10 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     # Every export of a step ships RUN/base/'s files, so `--step N` shows the base too; step 0 is the
     # base itself, rebuilt from its own files (what export checks), so its row there is only a fault's
     base = [r for r in _base_row(run_dir) if only is None or only > 0 or r[2] != "ok"]
-    return rows + base + ([] if only is not None else _record_row(run_dir))
+    # checkpoints out of reach (a link to storage not mounted): "0 damaged", exit 0 (trial RV67a F1, F2)
+    away = checkpoints_out_of_reach(run_dir)
+    lost = [] if away is None else [("checkpoints", 0, "DAMAGED", 0, fmt_bytes(0), away)]
+    return rows + base + lost + ([] if only is not None else _record_row(run_dir))
 
 
 def _row(path: Path, row: tuple) -> tuple:

@@ -1483,3 +1483,53 @@ def test_an_append_cut_short_is_finished_or_raises_the_disk_s_own_error(tmp_path
     )
     assert proc.stdout.strip() == str(errno.EFBIG), proc.stdout + proc.stderr[-2000:]
     assert path.stat().st_size == 1024  # the part that fit: a torn line the resume cuts off
+
+
+def _files(run: Path) -> dict[Path, int]:
+    """Each file and folder of `run` (but its lock, taken by each attempt) by its modification time."""
+    return {p: p.stat().st_mtime_ns for p in run.rglob("*") if not p.is_symlink() and p.name != LOCK_FILE}
+
+
+def test_checkpoints_out_of_reach_are_refused_not_taken_for_a_new_run(dataset, tmp_path, capsys):
+    """Trial RV67a F1, F2: RUN/checkpoints a link to scratch storage not mounted (or an empty mount
+    point), and `--resume auto` took the run for a new one: it set the run's record and exports aside as
+    an earlier run's and trained from step 0, to die at its first save, and verify said "0 damaged"; a
+    step-N link to nowhere was passed over, its export set aside, its steps trained again. Each is
+    refused before anything is touched, and verify says so."""
+    from training.checkpoint.record import CheckpointError
+
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=2", "run.max_steps=2")
+    train(load_train_config(TINY, sets))
+    resume = [a for a in sets if a != "run.max_steps=2"] + ["checkpoint.resume='auto'"]
+    scratch, gone = tmp_path / "scratch", tmp_path / "not-mounted"
+    (run / "checkpoints").rename(scratch)
+    (run / "checkpoints").symlink_to(gone)
+    before = _files(run)
+
+    def refused(why: str) -> None:
+        with pytest.raises(CheckpointError, match=f"^--resume auto: {re.escape(why)}"):
+            train(load_train_config(TINY, resume))
+        assert _files(run) == before
+        capsys.readouterr()
+        assert gristmill(["verify", str(run)]) == 1
+        assert re.search(
+            rf"^\s*checkpoints\s+0\s+DAMAGED\b.*{re.escape(why[:40])}", capsys.readouterr().out, re.M
+        )
+
+    refused(f"{run / 'checkpoints'} is a link to {gone}, which does not exist: mount or restore it")
+    (run / "checkpoints").unlink()
+    (run / "checkpoints").mkdir()  # an empty mount point
+    before = _files(run)
+    saves = f"{run / 'checkpoints.jsonl'} records complete saves of this run (steps 2), and "
+    refused(saves + f"{run / 'checkpoints'} holds none")
+    (run / "checkpoints").rmdir()
+    scratch.rename(run / "checkpoints")
+    checkpoint_dir(run, 2).rename(tmp_path / "step-2")
+    checkpoint_dir(run, 2).symlink_to(gone)
+    before = _files(run)
+    refused(f"{checkpoint_dir(run, 2)} is a link to {gone}, which does not exist")
+    checkpoint_dir(run, 2).unlink()
+    (tmp_path / "step-2").rename(checkpoint_dir(run, 2))  # back: the run goes on
+    train(load_train_config(TINY, resume))
+    assert complete_steps(run) == [2, 4]

@@ -71,6 +71,7 @@ from training.checkpoint.io import (
     _single_process_quiet,
     checkpoint_error_cause,
     checkpoint_keys,
+    checkpoints_out_of_reach,
     load_or_raise,
     newest_verified,
     nonfinite_tensor,
@@ -221,6 +222,8 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"
             ) from None
         return path, [f"resuming from {path} (given by --resume)", *([note] if note else [])]
+    if (away := checkpoints_out_of_reach(run_dir)) is not None:
+        raise CheckpointError(f"--resume auto: {away}")
     path, note, passed_over = newest_verified(run_dir)
     notes = [f"  skipped {p.name}: {reason}" for p, reason in passed_over]
     if path is not None:

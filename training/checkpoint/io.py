@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import pickle
 import shlex
 import warnings
@@ -48,6 +49,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     list_steps,
     named_step,
+    names_a_step,
     step_name,
 )
 
@@ -213,6 +215,34 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
         return (
             f"{path.name} is a save of step {step} that a later one replaced ({record_file}: a resume "
             f"from an earlier step or a rewind left its timeline): move it aside as abandoned-{path.name}"
+        )
+    return None
+
+
+def checkpoints_out_of_reach(run_dir: str | Path) -> str | None:
+    """Why the run's checkpoints are not at hand, though it has some, or None: RUN/checkpoints, or a
+    step-N in it, a link to a place that does not exist (scratch storage not mounted), or
+    checkpoints.jsonl recording saves of which RUN/checkpoints holds none, not even set aside. A
+    --resume auto took the run for a new one: it set the run's record and exports aside as an earlier
+    run's and trained from step 0, or retrained past a step it did not see, and died at the save
+    (trial RV67a F1, F2)."""
+    run_dir = Path(run_dir)
+    root = run_dir / CHECKPOINTS_DIR
+    way = "mount or restore it, or remove the link"
+    if root.is_symlink() and not root.exists():
+        return f"{root} is a link to {os.readlink(root)}, which does not exist: {way}"
+    with contextlib.suppress(OSError):
+        for p in sorted(root.iterdir()) if root.is_dir() else ():
+            if names_a_step(p.name) and p.is_symlink() and not p.exists():
+                return f"{p} is a link to {os.readlink(p)}, which does not exist: {way}"
+    saved = sorted({step for step, _ in read_ledger(run_dir).saves})
+    held = root.is_dir() and any(names_a_step(p.name) for p in root.iterdir())
+    if saved and not held:
+        steps = ", ".join(map(str, saved[-3:])) + (f" and {len(saved) - 3} more" if len(saved) > 3 else "")
+        return (
+            f"{run_dir / CHECKPOINTS_JSONL} records complete saves of this run (steps {steps}), and {root} "
+            f"holds none of them: restore them (a volume not mounted?); to start the run over from step 0, "
+            f"move {root} and {CHECKPOINTS_JSONL} aside"
         )
     return None
 
