@@ -8,6 +8,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import shutil
 
 import huggingface_hub.constants
 import numpy as np
@@ -379,3 +381,29 @@ def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_lin
     (dest / RECORD).write_text("[]")
     with pytest.raises(DownloadError, match=rf"^{dest / RECORD} is damaged \(not a download record\)"):
         download(str(moved), "sample/10BT", dest, progress=False)
+
+
+def test_a_file_of_the_user_s_at_a_listed_path_is_refused_not_overwritten(remote, tmp_path):
+    """A file no download put in the folder (its record names none there), at a path the listing names,
+    was overwritten without a word, a link there replaced (trial RV67b F1), where docs/data-build.md
+    promises the files it did not download stay. Refused before any transfer, naming it."""
+    dest = tmp_path / "dest"
+    mine = dest / "sample" / "10BT" / "001_00000.parquet"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("my own notes")
+    with pytest.raises(DownloadError, match=f"^{re.escape(str(mine))} is not a file this download fetched"):
+        download(str(remote), "sample/10BT", dest, progress=False)
+    assert mine.read_text() == "my own notes" and not (mine.parent / "000_00000.parquet").exists()
+    mine.unlink()
+    mine.symlink_to(tmp_path / "notes.txt")
+    with pytest.raises(DownloadError, match="is not a file this download fetched"):
+        download(str(remote), "sample/10BT", dest, progress=False)
+    assert mine.is_symlink()
+    mine.unlink()
+    shutil.copyfile(remote / "sample" / "10BT" / "001_00000.parquet", mine)  # the source's bytes: no loss
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert (
+        rep.files == 3
+        and not rep.failed
+        and mine.read_bytes() == (remote / mine.relative_to(dest)).read_bytes()
+    )
