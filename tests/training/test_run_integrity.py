@@ -1533,3 +1533,34 @@ def test_checkpoints_out_of_reach_are_refused_not_taken_for_a_new_run(dataset, t
     (tmp_path / "step-2").rename(checkpoint_dir(run, 2))  # back: the run goes on
     train(load_train_config(TINY, resume))
     assert complete_steps(run) == [2, 4]
+
+
+def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dataset, capsys):
+    """Trial RV67a F16: a file of the newest checkpoint the resuming user may not read was taken for
+    damage: `--resume auto` passed over the intact checkpoint, set it and its export aside and trained
+    its steps again. Refused with the fix, access. As root (which reads any file) the resume's choice
+    runs as nobody, in a fresh interpreter."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
+    try:
+        run = work / "run"
+        train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=2")))
+        for p in [work, *run.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        hidden = sorted(checkpoint_dir(run, 4).glob("*.distcp"))[0]
+        hidden.chmod(0)
+        code = "import sys\nfrom training.checkpoint.checkpointer import find_resume\n"
+        code += "find_resume(sys.argv[1], 'auto')"
+        as_nobody = (
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        )
+        done = subprocess.run(
+            [*as_nobody, sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=work,
+            env={**ENV, "HOME": str(work)},
+        )  # fmt: skip
+        assert done.returncode == 1 and "CheckpointDenied" in done.stderr, done.stderr[-3000:]
+        assert f"{hidden} cannot be read by this user (permission denied): give it read access" in done.stderr
+        assert "step-000004 is not damaged by that" in done.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

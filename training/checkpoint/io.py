@@ -31,7 +31,13 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.record import RUN_RECORD, CheckpointError, is_resume_only, read_complete_record
+from training.checkpoint.record import (
+    RUN_RECORD,
+    CheckpointDenied,
+    CheckpointError,
+    is_resume_only,
+    read_complete_record,
+)
 from training.contract.errors import GristmillError
 from training.contract.integrity import Ledger, checkpoint_identity, damaged_files, read_ledger
 from training.contract.run_layout import (
@@ -155,6 +161,12 @@ def verify_checkpoint(path: str | Path) -> str | None:
     # its files first: another step's COMPLETE alone copied in (its files not the record's) is damage,
     # whose advice was to rename the step's own files away or delete them (trial RV60c 10)
     files = record.get("files")
+    for name in files or ():  # this user's access, not the bytes: refused as such, never passed over
+        if (path / name).is_file() and not os.access(path / name, os.R_OK):
+            raise CheckpointDenied(
+                f"{path / name} cannot be read by this user (permission denied): give it read access "
+                f"(`chmod u+r`, or run as its owner); {path.name} is not damaged by that"
+            )
     problems = damaged_files(path, files) if files else []
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
@@ -266,6 +278,8 @@ def newest_verified(
         if reason is None:
             try:
                 return path, verify_checkpoint(path), passed_over
+            except CheckpointDenied:
+                raise
             except CheckpointError as e:
                 reason = str(e)
         passed_over.append((path, reason))

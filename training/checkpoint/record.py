@@ -20,6 +20,11 @@ class CheckpointError(GristmillError):
     """A checkpoint that cannot be written or read; names the path and the last complete one."""
 
 
+class CheckpointDenied(CheckpointError):
+    """A checkpoint's file this user may not read: not damage (a resume passed over it, set the step
+    aside and trained it again: trial RV67a F16), refused with the fix, access."""
+
+
 RECORD_SHA256 = "record_sha256"
 """COMPLETE's key for the sha256 of the rest of the record (`sealed`): the files' checksums it holds
 cover the checkpoint's files, this covers the record, whose model fields an export writes into its
