@@ -23,6 +23,8 @@ resumed run trained the batches an uninterrupted one would have (docs/loader-and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from training.checkpoint.hf_export import (
     verify_export,
 )
 from training.checkpoint.io import checkpoints_out_of_reach, missing_step_reason, verify_checkpoint
-from training.checkpoint.record import CheckpointError, newest_base_record
+from training.checkpoint.record import RUN_RECORD, CheckpointError, newest_base_record, read_complete_record
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DatasetError
 from training.contract.disk_space import fmt_bytes
@@ -123,20 +125,43 @@ def _record_row(run_dir: Path) -> list[tuple]:
     """RUN/checkpoints.jsonl whose first line cannot be read: the record's beginning and run id unread,
     another run's checkpoint passed every check, without a word (trial RV60g F2)."""
     path = run_dir / CHECKPOINTS_JSONL
-    if not read_ledger(run_dir).first_unreadable:
+    ledger = read_ledger(run_dir)
+    unread = "its first line (where the record begins, and the run's id) is unreadable"
+    if not ledger.first_unreadable:
+        # deleted, emptied, unreadable or cut at its head while the run's saves carry its id: every check
+        # by it was off, another run's checkpoint and export passed, exit 0 (trial RV67a F3)
+        unread = _record_lost(run_dir, path) if ledger.run is None else None
+    if unread is None:
         return []
+    size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
     return [
         (
             "record",
             0,
             "DAMAGED",
             1,
-            fmt_bytes(path.stat().st_size),
-            f"{path}: its first line (where the record begins, and the run's id) is unreadable, so another "
-            "run's checkpoint cannot be told from the run's; restore it from a copy of the run, or move it "
-            "aside (the next resume begins a new record at its step)",
+            size,
+            f"{path}: {unread}, so another run's checkpoint cannot be told from the run's; restore it from "
+            "a copy of the run, or move it aside (the next resume begins a new record at its step; the "
+            "steps before it stay unchecked)",
         )
     ]
+
+
+def _record_lost(run_dir: Path, path: Path) -> str | None:
+    """What became of RUN/checkpoints.jsonl whose run id is unread, where one of the run's complete
+    checkpoints carries a run id (saved under a record), else None (a run from before the record)."""
+    carried = False
+    for step in complete_steps(run_dir):
+        with contextlib.suppress(CheckpointError):
+            carried = carried or RUN_RECORD in read_complete_record(checkpoint_dir(run_dir, step))
+    if not carried:
+        return None
+    if not path.exists():
+        return "missing, while the run's checkpoints carry the run id its first line records"
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this user"
+    return "holds no line where the record begins (the run's id), while the run's checkpoints carry one"
 
 
 def _base_row(run_dir: Path) -> list[tuple]:

@@ -1564,3 +1564,33 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
         assert "step-000004 is not damaged by that" in done.stderr
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_verify_says_a_record_lost_while_the_run_s_saves_carry_its_id(whole, tmp_path, capsys):
+    """Trial RV67a F3: RUN/checkpoints.jsonl deleted, emptied, or cut at its head (its first line gone,
+    or one without its beginning) switched every check by it off without a word: another run's
+    checkpoint and export put in the run's place passed verify, exit 0. Where the run's checkpoints
+    carry a run id, its record had one: verify says it is lost."""
+    run = tmp_path / "run"
+    shutil.copytree(whole, run)
+    record = run / "checkpoints.jsonl"
+    lines = record.read_text().splitlines(keepends=True)
+    assert gristmill(["verify", str(run)]) == 0
+    for text, said in (
+        (None, "missing, while the run's checkpoints carry the run id"),
+        ("", "holds no line where the record begins"),
+        ("".join(lines[1:]), "holds no line where the record begins"),
+        (
+            lines[0].replace('"began"', '"bagan"') + "".join(lines[1:]),
+            "holds no line where the record begins",
+        ),
+    ):
+        record.unlink(missing_ok=True)
+        if text is not None:
+            record.write_text(text)
+        capsys.readouterr()
+        assert gristmill(["verify", str(run)]) == 1
+        out = capsys.readouterr().out
+        assert re.search(rf"^\s*record\s+0\s+DAMAGED\b.*{re.escape(said)}", out, re.M), out
+    record.write_text("".join(lines))
+    assert gristmill(["verify", str(run)]) == 0
