@@ -1594,3 +1594,23 @@ def test_verify_says_a_record_lost_while_the_run_s_saves_carry_its_id(whole, tmp
         assert re.search(rf"^\s*record\s+0\s+DAMAGED\b.*{re.escape(said)}", out, re.M), out
     record.write_text("".join(lines))
     assert gristmill(["verify", str(run)]) == 0
+
+
+def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_damaged(whole, tmp_path):
+    """Trial RV67a F5: checkpoints 4 and 8 swapped; `gristmill export RUN --step 4`, as verify advised,
+    set the intact export of step 4 aside as another checkpoint's, then failed on the checkpoint: the
+    run's export gone. The checkpoint is checked first; the export stays."""
+    run = tmp_path / "run"
+    shutil.copytree(whole, run)
+    for step in (4, 8):
+        export_checkpoint(run, step)
+    kept = {p.name: p.read_bytes() for p in export_dir(run, 4).iterdir()}
+    checkpoint_dir(run, 4).rename(tmp_path / "four")
+    checkpoint_dir(run, 8).rename(checkpoint_dir(run, 4))
+    (tmp_path / "four").rename(checkpoint_dir(run, 8))
+    with pytest.raises(
+        ExportError, match=r"step-000004 holds step 8 .*; .*step-000004, of another checkpoint, is left"
+    ):
+        export_checkpoint(run, 4)
+    assert {p.name: p.read_bytes() for p in export_dir(run, 4).iterdir()} == kept
+    assert not list((run / "exports").glob("abandoned-*"))

@@ -1535,7 +1535,13 @@ def export_checkpoint(
         if _run_s_identity(ckpt) is None:  # nothing to export the run's from: said, left as it is
             raise ExportError(f"{run_export} was {not_the_run_s(run_dir, step, merged)}")
         # Exported from a step N a resume or a rewind set aside while the export ran (review R15c F2):
-        # another timeline's weights, set aside as that timeline's are; exported again below.
+        # another timeline's weights, set aside as that timeline's are; exported again below, from a
+        # checkpoint checked first (a damaged or misnamed one left the run's export aside, and none made:
+        # trial RV67a F5)
+        try:
+            verify_checkpoint(ckpt)
+        except CheckpointError as e:
+            raise ExportError(f"{e}; {run_export}, of another checkpoint, is left as it is") from None
         aside = abandoned_name(run_export)
         run_export.rename(aside)
         if log is not None:
