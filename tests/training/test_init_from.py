@@ -1343,6 +1343,12 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     assert templates == {"default": template, "tool_use": tool_use}, templates
     assert (out / "chat_template.jinja").read_text() == template
     assert verify_export(out) is None  # its checksums name the named template's file too
+    # a file added since (transformers reads it as the export's: an added_tokens.json gave AutoTokenizer a
+    # token past the vocabulary, and verify said ok: trial RV67a F8)
+    (out / "added_tokens.json").write_text('{"hello world": 8192}')
+    with pytest.raises(ExportError, match="holds added_tokens.json, which its gristmill_checksums.json"):
+        verify_export(out)
+    (out / "added_tokens.json").unlink()
     (out / "additional_chat_templates" / "tool_use.jinja").write_text("edited")
     with pytest.raises(ExportError, match="additional_chat_templates/tool_use.jinja"):
         verify_export(out)
@@ -1368,8 +1374,8 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     assert note == (
         f"note: {base.resolve()} holds chat_template.jinja, additional_chat_templates/tool_use.jinja, which "
         f"{run / 'base'} does not keep (added since the run started, or the run started before gristmill "
-        "kept them): the run's exports ship none; copy what is still the base's into an export by hand "
-        "(its checksums do not list it)"
+        "kept them): the run's exports ship none; put what is still the base's in a copy of an export "
+        "(`gristmill export RUN --step N --out DIR`: an export of the run holds only what it lists)"
     ), note
     # a template that is not UTF-8 text (a macOS ._NAME beside it) is refused where the run would keep
     # it, naming it (it was shipped, and every export's AutoTokenizer failed: review RV67d 4), and a
@@ -2442,7 +2448,8 @@ def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_
             f"chat_template.jinja, which {run / 'base'} does not keep (the run started before gristmill "
             f"kept them): the run's exports ship none; `hf download {REPO} "
             f"additional_chat_templates/rag.jinja chat_template.jinja --revision {commit}` fetches them; "
-            "copy what is still the base's into an export by hand (its checksums do not list it)"
+            "put what is still the base's in a copy of an export (`gristmill export RUN --step N --out "
+            "DIR`: an export of the run holds only what it lists)"
         )
         point_hub_at(hub, monkeypatch, tmp_path / "older-home")
         snapshot_download(REPO, allow_patterns=HUB_FILES)  # what a gristmill before the template cached

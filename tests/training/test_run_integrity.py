@@ -1507,22 +1507,23 @@ def test_checkpoints_out_of_reach_are_refused_not_taken_for_a_new_run(dataset, t
     (run / "checkpoints").symlink_to(gone)
     before = _files(run)
 
-    def refused(why: str) -> None:
+    def refused(why: str, verified: int = 1) -> None:
         with pytest.raises(CheckpointError, match=f"^--resume auto: {re.escape(why)}"):
             train(load_train_config(TINY, resume))
         assert _files(run) == before
         capsys.readouterr()
-        assert gristmill(["verify", str(run)]) == 1
-        assert re.search(
+        assert gristmill(["verify", str(run)]) == verified  # a link to nowhere is; no checkpoint is not
+        said = re.search(
             rf"^\s*checkpoints\s+0\s+DAMAGED\b.*{re.escape(why[:40])}", capsys.readouterr().out, re.M
         )
+        assert bool(said) == bool(verified)
 
     refused(f"{run / 'checkpoints'} is a link to {gone}, which does not exist: mount or restore it")
     (run / "checkpoints").unlink()
     (run / "checkpoints").mkdir()  # an empty mount point
     before = _files(run)
     saves = f"{run / 'checkpoints.jsonl'} records complete saves of this run (steps 2), and "
-    refused(saves + f"{run / 'checkpoints'} holds none")
+    refused(saves + f"{run / 'checkpoints'} holds none", verified=0)
     (run / "checkpoints").rmdir()
     scratch.rename(run / "checkpoints")
     checkpoint_dir(run, 2).rename(tmp_path / "step-2")

@@ -988,10 +988,10 @@ def unkept_base_note(run_dir: str | Path) -> str | None:
     try:
         if (hub := hub_id(identity)) is not None and hub[1]:
             held, where, since = dict.fromkeys(listed_templates(*hub)), f"the hub repository {identity}", ""
-            fetch = f"`hf download {hub[0]} {{names}} --revision {hub[1]}` fetches {{them}}; copy"
+            fetch = f"`hf download {hub[0]} {{names}} --revision {hub[1]}` fetches {{them}}; put"
         else:
             held, where = kept_base_files(Path(identity).expanduser()), identity
-            since, fetch = "added since the run started, or ", "copy"
+            since, fetch = "added since the run started, or ", "put"
     except (OSError, GristmillError):
         return None
     # as an export ships them: only with the base's own tokenizer.json (own_tokenizer_files)
@@ -1002,8 +1002,8 @@ def unkept_base_note(run_dir: str | Path) -> str | None:
     return (
         f"note: {where} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep "
         f"({since}the run started before gristmill kept {them}): the run's exports ship none; "
-        f"{fetch.format(names=names, them=them)} what is still the base's into an export by hand (its "
-        "checksums do not list it)"
+        f"{fetch.format(names=names, them=them)} what is still the base's in a copy of an export "
+        "(`gristmill export RUN --step N --out DIR`: an export of the run holds only what it lists)"
     )
 
 
@@ -1184,6 +1184,16 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     problems = damaged_files(path, files)
     if problems:
         raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {export_fix(path, 'the file')}")
+    # a file added since it was written, which transformers reads as the export's (an added_tokens.json
+    # gave AutoTokenizer a token past the vocabulary, and verify said ok: trial RV67a F8)
+    held = {str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir()}
+    if added := sorted(held - set(files) - {EXPORT_CHECKSUMS}):
+        raise ExportError(
+            f"export {path} holds {', '.join(added[:3])}{' …' if len(added) > 3 else ''}, which its "
+            f"{EXPORT_CHECKSUMS} does not list (added since it was written; transformers reads what an "
+            "export holds): remove it; files of your own go in a copy (`gristmill export RUN --step N --out "
+            "DIR`)"
+        )
     return None
 
 

@@ -231,10 +231,11 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
     return None
 
 
-def checkpoints_out_of_reach(run_dir: str | Path) -> str | None:
+def checkpoints_out_of_reach(run_dir: str | Path, recorded: bool = True) -> str | None:
     """Why the run's checkpoints are not at hand, though it has some, or None: RUN/checkpoints, or a
-    step-N in it, a link to a place that does not exist (scratch storage not mounted), or
-    checkpoints.jsonl recording saves of which RUN/checkpoints holds none, not even set aside. A
+    step-N in it, a link to a place that does not exist (scratch storage not mounted), or (`recorded`)
+    checkpoints.jsonl recording saves of which RUN/checkpoints holds none, not even set aside (an
+    empty mount point, or deleted once the run's exports were made: no damage, but no resume). A
     --resume auto took the run for a new one: it set the run's record and exports aside as an earlier
     run's and trained from step 0, or retrained past a step it did not see, and died at the save
     (trial RV67a F1, F2)."""
@@ -247,7 +248,7 @@ def checkpoints_out_of_reach(run_dir: str | Path) -> str | None:
         for p in sorted(root.iterdir()) if root.is_dir() else ():
             if names_a_step(p.name) and p.is_symlink() and not p.exists():
                 return f"{p} is a link to {os.readlink(p)}, which does not exist: {way}"
-    saved = sorted({step for step, _ in read_ledger(run_dir).saves})
+    saved = sorted({step for step, _ in read_ledger(run_dir).saves}) if recorded else []
     held = root.is_dir() and any(names_a_step(p.name) for p in root.iterdir())
     if saved and not held:
         steps = ", ".join(map(str, saved[-3:])) + (f" and {len(saved) - 3} more" if len(saved) > 3 else "")
