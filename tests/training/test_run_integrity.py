@@ -1615,3 +1615,46 @@ def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_
         export_checkpoint(run, 4)
     assert {p.name: p.read_bytes() for p in export_dir(run, 4).iterdir()} == kept
     assert not list((run / "exports").glob("abandoned-*"))
+
+
+def test_an_index_file_this_user_may_not_read_is_one_line(dataset):
+    """Trial RV67a F11: an index file the training user may not read was numpy's PermissionError
+    traceback at the start of a run. One line naming it and the fix, access. As root (which reads any
+    file) the index is opened as nobody, in a fresh interpreter."""
+    import tempfile
+
+    from training.contract.dataset_format import INDEX_DIR
+    from training.contract.dataset_index import DOC_OFFSETS
+
+    work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
+    try:
+        root = work / "ds"
+        shutil.copytree(dataset, root)
+        for p in [work, root, *root.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (root / INDEX_DIR / DOC_OFFSETS).chmod(0)
+        code = (
+            "import sys\nfrom training.contract.dataset_format import read_dataset_info\n"
+            "from training.contract.dataset_index import DocIndex\n"
+            "DocIndex(sys.argv[1], read_dataset_info(sys.argv[1]))"
+        )
+        as_nobody = (
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(work)}
+        done = subprocess.run(
+            [*as_nobody, sys.executable, "-c", code, str(root)],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=env,
+        )
+        said = (
+            f"{root / INDEX_DIR / DOC_OFFSETS} cannot be read (PermissionError: Permission denied): give this"
+        )
+        assert done.returncode == 1 and said in done.stderr and "DatasetError" in done.stderr, done.stderr[
+            -2000:
+        ]
+        assert "numpy" not in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

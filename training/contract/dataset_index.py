@@ -714,7 +714,17 @@ class DocIndex:
 
 
 def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
-    return np.memmap(path, dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+    """Index file `path` mapped; one that cannot be read is one line naming it and the fix (a training
+    run's traceback: trial RV67a F11)."""
+    try:
+        return np.memmap(path, dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+    except OSError as e:
+        fix = (
+            "give this user read access to it"
+            if isinstance(e, PermissionError)
+            else f"`gristmill data index {path.parent.parent}` writes it again"
+        )
+        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e.strerror or e}): {fix}") from None
 
 
 # --------------------------------------------------------------------------------------------
