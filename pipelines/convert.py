@@ -590,8 +590,18 @@ def _check_documents(
     sep, vocab = info["separator"], int(info["vocab_size"])
     lengths = np.array([len(d) for d in docs], np.int64)
     ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)
-    bad, _, _ = documents_breaking(ids, int(sep["id"]), sep["position"], lengths)  # validate's rule
+    bad, counts, _ = documents_breaking(ids, int(sep["id"]), sep["position"], lengths)  # validate's rule
     why = None
+    if bad.size and lengths[bad[0]] == 1 and counts[bad[0]] == 1:
+        # no edit: a build before 2026-11-29 wrote one for a text that encodes to no token, and the
+        # refusal called it a missing separator and OLD edited (trial RV67b F4)
+        raise DatasetError(
+            f"{_where(old, root, f'{SHARDS_DIR}/{shard}')}: document {members[int(bad[0])]['key']} is the "
+            f"separator alone (1 token), two separators side by side in the stream (a doubled separator), "
+            "which builds before 2026-11-29 wrote for a text that encodes to no token; a conversion keeps "
+            f"every document, so rebuild {old} from its source with this version (which excludes such a "
+            "text); nothing was converted"
+        )
     if bad.size:
         key, where = members[int(bad[0])]["key"], "its last" if sep["position"] == "after" else "its first"
         why = f"document {key} does not hold the separator (id {sep['id']}) once, as {where} token"

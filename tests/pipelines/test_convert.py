@@ -804,3 +804,21 @@ def test_a_legacy_dataset_with_a_nan_score_converts(tmp_path):
         convert_dataset(str(src), str(new), log=lambda *a: None)
         scores = pq.read_table(new / "manifest" / "00000.parquet").column("score").to_pylist()
         assert math.isnan(scores[7]) and scores[:7] == [0.5] * 7
+
+
+def test_a_document_of_the_separator_alone_is_said_as_such_not_an_edit(tmp_path):
+    """A build before 2026-11-29 wrote a document of the separator alone for a text that encodes to no
+    token: convert refused it as one that "does not hold the separator once" and OLD as edited, where it
+    holds it once, as its last token (trial RV67b F4). Said as what it is, with the way on."""
+    from training.contract.dataset_format import DatasetError
+
+    def docs():
+        for i, ids in enumerate(affine_documents(40)):
+            yield np.array([ids[-1]]) if i == 7 else ids  # the separator alone
+
+    old = tmp_path / "old"
+    write_legacy_dataset(old, docs(), vocab_size=256, target_bytes=16 << 10)
+    with pytest.raises(DatasetError, match=r"is the separator alone \(1 token\), two separators side") as e:
+        convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+    assert "edited" not in str(e.value) and f"rebuild {old} from its source with this version" in str(e.value)
+    assert not (tmp_path / "new").exists()
