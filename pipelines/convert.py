@@ -77,7 +77,7 @@ from training.contract.dataset_index import (
 )
 from training.contract.disk_space import check_free
 from training.contract.errors import GristmillError, Terminated, refuse_empty, sigterm_raises
-from training.contract.object_store import ObjectStore, ObjectStoreError, ObjectURL, is_url
+from training.contract.object_store import ObjectStore, ObjectStoreError, ObjectURL, is_url, refuse_other_urls
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
@@ -707,6 +707,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_empty({"OLD": args.old, "NEW": args.new}, required=True)  # "" was `error:  names no …` (RV54a 11)
+    refuse_other_urls({"OLD": args.old, "NEW": args.new}, buckets=True)
     with sigterm_raises():  # a scheduler's SIGTERM ends it as a Ctrl-C does: one line, the upload's work kept
         convert_dataset(args.old, args.new)
     return 0

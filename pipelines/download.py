@@ -43,6 +43,7 @@ from tqdm import tqdm
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import check_free, fmt_bytes
 from training.contract.errors import GristmillError, refuse_empty
+from training.contract.object_store import refuse_other_urls
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
 RECORD = ".gristmill-download.json"
@@ -101,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     refuse_empty({"--from": args.source})
     refuse_empty({"--to": args.to}, required=True)
+    refuse_other_urls({"--to": args.to})
     if args.workers < 1:  # taken as one without a word (review R22a A9)
         raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
     root = args.source or f"hf://datasets/{args.repo}"

@@ -35,6 +35,7 @@ from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, t
 from training.contract.config_loader import add_config_arguments, load_config
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, file_sha256
 from training.contract.errors import refuse_empty
+from training.contract.object_store import refuse_other_urls
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_empty({"--out": args.out})
+    refuse_other_urls({"--out": args.out})
     cfg = load_config(DataConfig, args.config, args.overrides)
     check_training_values(cfg, args.out)
     out = written_path(cfg, args.out)  # a folder's tokenizer.json: an empty folder is no file to overwrite

@@ -28,6 +28,7 @@ from pipelines.download import (
     list_remote,
 )
 from tests.helpers.hub_server import point_hub_at
+from tests.helpers.train_runs import ROOT
 
 
 @pytest.fixture
@@ -407,3 +408,21 @@ def test_a_file_of_the_user_s_at_a_listed_path_is_refused_not_overwritten(remote
         and not rep.failed
         and mine.read_bytes() == (remote / mine.relative_to(dest)).read_bytes()
     )
+
+
+def test_a_file_url_where_a_path_goes_is_one_line(remote, tmp_path, monkeypatch, capsys):
+    """`--to file:///x` (and tokenizer train's --out, convert's NEW) made a folder named "file:" in the
+    working directory and said done, exit 0 (trial RV67b F2): one line, naming the path it means."""
+    monkeypatch.chdir(tmp_path)
+    url = f"file://{tmp_path / 'dest'}"
+    for argv in (
+        ["data", "download", "--from", str(remote), "--subset", "sample/10BT", "--to", url],
+        ["tokenizer", "train", "--config", str(ROOT / "configs" / "data" / "demo.toml"), "--out", url],
+        ["data", "convert", str(remote), url],
+    ):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and f"{url}: a URL, where a path on this machine" in err[0], err
+        assert err[0].endswith(f"give the path it names, {tmp_path / 'dest'}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]

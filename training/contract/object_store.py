@@ -236,6 +236,25 @@ def refuse_url(key: str, value: str) -> None:
         )
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def refuse_other_urls(options: dict[str, str | None], buckets: bool = False) -> None:
+    """Options that take a path on this machine (`buckets`: or an s3:// URL) given another URL, a
+    file://PATH: made a folder named "file:" in the working directory, and said done (trial RV67b F2).
+    One line, with the path where it is a file:// URL."""
+    for flag, value in options.items():
+        if value is None or not _SCHEME.match(str(value)) or (buckets and is_url(value)):
+            continue
+        local = str(value)[len("file://") :] if str(value).lower().startswith("file://") else None
+        raise ObjectStoreError(
+            f"{flag} {value}: a URL, where a path on this machine"
+            + (" or s3://BUCKET/PREFIX" if buckets else "")
+            + " goes"
+            + (f"; give the path it names, {local}" if local else "")
+        )
+
+
 @dataclass(frozen=True)
 class ObjectURL:
     """`s3://bucket/prefix`: a dataset's objects are `prefix/<path inside the dataset directory>`."""
