@@ -58,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_VOCAB = 1 << 24
+"""The largest vocab_size trained: the tokenizers library sizes its tables by it (2³¹ asked it for 141 GB
+and aborted the process)."""
+
+
 def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
     """What no training can use, in one line: an empty tokenizer.path (Path("") is ".", which
     "already exists"), counts below their least, and [filters] lengths the build refuses."""
@@ -136,9 +141,17 @@ def train_tokenizer(
             f"tokenizer.train.special_tokens {tc.special_tokens} lacks the separator "
             f"{cfg.tokenizer.separator!r}; add it so the trained tokenizer can frame documents"
         )
-    if tc.vocab_size <= 256 + len(tc.special_tokens):
+    least = 256 + len(tc.special_tokens) + 1  # the bytes, the special tokens and one merge
+    if tc.vocab_size < least:  # (it said "use at least 512", and took 258: trial RV67b F5)
         raise TokenizerError(
-            f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges; use at least 512"
+            f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges (the 256 bytes and "
+            f"{len(tc.special_tokens)} special tokens take {least - 1}); use at least {least} (512 or "
+            "more is usual)"
+        )
+    if tc.vocab_size > MAX_VOCAB:  # the library allocated 141 GB and aborted (trial RV67b F5)
+        raise TokenizerError(
+            f"tokenizer.train.vocab_size {tc.vocab_size:,} is past {MAX_VOCAB:,}, more than any corpus "
+            "gives merges for (Llama 3's is 128,256); use a smaller one"
         )
     ensure_demo_corpus(cfg.source)
     source = source or list_source_files(cfg.source, own_output=output_dir(cfg))  # as the build lists it

@@ -301,6 +301,13 @@ def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
     assert one_error(capsys, [*argv, "--out", ""]) == 'error: --out "": name a path, or leave the option out'
     msg = one_error(capsys, argv + ["--force", "--set", 'tokenizer.train.special_tokens=["<pad>"]'])
     assert "lacks the separator '<|endoftext|>'" in msg
+    # the least said is the least taken, and a size past any corpus's merges is refused, not the library's
+    # 141 GB allocation that aborted the process (trial RV67b F5)
+    specials = 'tokenizer.train.special_tokens=["<|endoftext|>"]'
+    msg = one_error(capsys, argv + ["--force", "--set", specials, "tokenizer.train.vocab_size=257"])
+    assert "take 257); use at least 258" in msg, msg
+    msg = one_error(capsys, argv + ["--force", "--set", specials, "tokenizer.train.vocab_size=2147483647"])
+    assert "vocab_size 2,147,483,647 is past 16,777,216" in msg, msg
 
 
 def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, capsys):
