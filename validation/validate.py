@@ -998,8 +998,11 @@ def _shard_stats(root: Path) -> dict[str, os.stat_result]:
     stats = {}
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for p in (root / SHARDS_DIR).iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                stats[p.name] = p.stat()
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile
+                try:
+                    stats[p.name] = p.stat()
+                except OSError:  # a link to nowhere, or to itself (ELOOP: a traceback, trial RV67a F12)
+                    stats[p.name] = p.lstat()  # the link itself: listed, so named as a stray or damaged
     return stats
 
 

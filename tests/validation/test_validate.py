@@ -513,6 +513,16 @@ def test_stray_shard_and_tmp_file(ds):
     assert any(p.startswith("shards/00000_00099.tar.tmp: stray temporary file") for p in found)
 
 
+def test_a_link_to_itself_or_to_nowhere_in_shards_is_a_stray_not_a_traceback(ds):
+    """A link to itself in shards/ was an OSError (ELOOP) traceback, exit 1 as FAILED is; a link to
+    nowhere went unsaid (trial RV67a F12). Each is a stray shard, named."""
+    (ds / "shards" / "loop.tar").symlink_to("loop.tar")
+    (ds / "shards" / "extra.tar").symlink_to(ds / "nowhere")
+    found = problems(ds)
+    for name in ("loop.tar", "extra.tar"):
+        assert f"shards/{name}: stray shard: on disk but not listed in dataset.json" in found, found
+
+
 def test_non_tar_file_in_shards_is_flagged(ds):
     (ds / "shards" / "notes.txt").write_text("dropped here by hand")
     (ds / "shards" / "sub").mkdir()
