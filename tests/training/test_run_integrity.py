@@ -1658,3 +1658,20 @@ def test_an_index_file_this_user_may_not_read_is_one_line(dataset):
         assert "numpy" not in done.stderr.splitlines()[-1], done.stderr[-2000:]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_run_without_its_config_toml_is_told_where_to_restore_it_from(whole, tmp_path, capsys):
+    """Trial RV67a F14: a run's config.toml deleted, verify said the directory was no training run, though
+    it holds the run's checkpoints and configs/from-step-N.toml: it names the file to restore it from."""
+    run = tmp_path / "run"
+    shutil.copytree(whole, run)
+    kept = (run / CONFIG_TOML).read_bytes()
+    (run / CONFIG_TOML).unlink()
+    newest = sorted((run / "configs").glob("from-step-*.toml"))[-1]
+    assert gristmill(["verify", str(run)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    said = "has no config.toml, which every run keeps, though it holds a run's configs/: restore it from"
+    assert f"{said} the newest, {newest}" in line, line
+    shutil.copyfile(newest, run / CONFIG_TOML)
+    assert (run / CONFIG_TOML).read_bytes() == kept  # the newest of them is the run's config
+    assert gristmill(["verify", str(run)]) == 0

@@ -140,6 +140,12 @@ def unlike_a_run(path: str | Path) -> str:
         return f"{path} is a file"
     if (path / DATASET_JSON).is_file():
         return f"{path} holds {DATASET_JSON}: a dataset"
+    if history := config_history(path):  # a run's, its config.toml deleted (trial RV67a F14)
+        newest = history[max(history)]
+        return (
+            f"{path} has no {CONFIG_TOML}, which every run keeps, though it holds a run's configs/: restore "
+            f"it from the newest, {newest} (`cp {newest} {path / CONFIG_TOML}`)"
+        )
     return unfinished_build(path) or f"{path} has no {CONFIG_TOML}"
 
 
