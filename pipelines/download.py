@@ -79,7 +79,9 @@ class DownloadReport:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--subset", default="sample/10BT", help="folder in the dataset, e.g. sample/10BT")
+    parser.add_argument(
+        "--subset", default="sample/10BT", help="folder in the dataset, e.g. sample/10BT (/: all of it)"
+    )
     parser.add_argument("--to", required=True, help="destination directory (subset paths are kept under it)")
     parser.add_argument(
         "--repo", default=DEFAULT_REPO, help=f"hub dataset repository (default {DEFAULT_REPO})"
@@ -103,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_empty({"--from": args.source})
     refuse_empty({"--to": args.to}, required=True)
     refuse_other_urls({"--to": args.to})
+    if not args.subset.strip():  # an unset variable: the whole repository, all of FineWeb-Edu (RV67b F8)
+        raise GristmillError('--subset "": name a folder of the dataset (e.g. sample/10BT), or / for all')
     if args.workers < 1:  # taken as one without a word (review R22a A9)
         raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
     root = args.source or f"hf://datasets/{args.repo}"

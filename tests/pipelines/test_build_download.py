@@ -426,3 +426,7 @@ def test_a_file_url_where_a_path_goes_is_one_line(remote, tmp_path, monkeypatch,
         assert len(err) == 1 and f"{url}: a URL, where a path on this machine" in err[0], err
         assert err[0].endswith(f"give the path it names, {tmp_path / 'dest'}"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+    # --subset "" (an unset variable) downloaded the whole repository (trial RV67b F8)
+    argv = ["data", "download", "--from", str(remote), "--subset", "", "--to", str(tmp_path / "d")]
+    assert main(argv) == 2 and '--subset "": name a folder' in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
