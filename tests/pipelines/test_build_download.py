@@ -291,7 +291,7 @@ def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_l
          f"--to {tmp_path / 'afile'} is a file: give a directory to download into"),
         (["--from", str(tmp_path / "nosuch"), "--to", dest],
          f"{tmp_path / 'nosuch'}/sample/10BT does not exist; check --repo/--from and --subset"),
-        (["--from", str(one), "--subset", "", "--to", dest],  # DEST/<its path>/<its path>, failed 3 times
+        (["--from", str(one), "--subset", "/", "--to", dest],  # DEST/<its path>/<its path>, failed 3 times
          f"--from {one} is a file: give the dataset's folder, e.g. --from {one.parent} (--subset and "
          "--pattern choose its files)"),
         # inside --from: each run copied its copies again, a level deeper, exit 0 (trial RV62h 5)
