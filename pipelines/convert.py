@@ -563,8 +563,15 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     expected = [(f"{old}'s documents as they were read", derived)]
     if "index" in info:
         expected.append((f"the one {old}'s {DATASET_JSON} records", index_hashes(info["index"])))
-    for what, hashes in expected:
+    for k, (what, hashes) in enumerate(expected):
         if differ := [n for n in (DOC_TOKENS, DOC_HASHES) if n in hashes and hashes[n] != after[n]]:
+            if k:  # NEW holds OLD's documents as read, which are not what OLD records: OLD's fault, not
+                # the conversion's, which blamed itself (trial RV67b F3)
+                raise DatasetError(
+                    f"{old}'s documents as read are not what its {DATASET_JSON} records ({', '.join(differ)} "
+                    f"of its index): a document of {old} was damaged; `gristmill data validate {old}` names "
+                    "it, and its repair; nothing was converted"
+                )
             raise DatasetError(
                 f"{target}: its index ({', '.join(differ)}) differs from {what}: the conversion did not "
                 "keep OLD's documents in order; nothing was converted (please report it)"

@@ -822,3 +822,30 @@ def test_a_document_of_the_separator_alone_is_said_as_such_not_an_edit(tmp_path)
         convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
     assert "edited" not in str(e.value) and f"rebuild {old} from its source with this version" in str(e.value)
     assert not (tmp_path / "new").exists()
+
+
+def test_an_old_document_damaged_before_its_shard_was_recorded_blames_old(v2, tmp_path):
+    """A /2 OLD whose shard holds a damaged document while dataset.json records the shard as it now is
+    (disk rot before the finalize): convert said "the conversion did not keep OLD's documents in order
+    (please report it)" (trial RV67b F3). OLD's documents as read are not its record: OLD is named."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    from training.contract.dataset_format import DatasetError, fingerprint
+
+    old = tmp_path / "old"
+    shutil.copytree(v2, old)
+    row = pq.read_table(old / "manifest" / "00000.parquet").to_pylist()[3]
+    shard = old / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] + 2] ^= 1
+    shard.write_bytes(bytes(data))
+    info = json.loads((old / "dataset.json").read_text())
+    info["shard_files"][row["shard"]].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    info["fingerprint"] = fingerprint(info)
+    (old / "dataset.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=f"^{old}'s documents as read are not what its dataset.json") as e:
+        convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+    assert "please report" not in str(e.value) and f"`gristmill data validate {old}` names it" in str(e.value)
+    assert not (tmp_path / "new").exists()
