@@ -251,12 +251,30 @@ def _held_already(old: str, new: str, new_json: bytes | None, place: str) -> str
             done = isinstance(was, list) and info["fingerprint"] in was
         except (GristmillError, OSError, ValueError, KeyError, TypeError):
             pass
+    # its shards there at their sizes (a local NEW: cheap), or the rerun said "nothing to redo" of a NEW
+    # that lost one since (trial RV67b F6)
+    lost = [] if not done or is_url(new) else _shards_not_there(Path(new), json.loads(new_json))
+    if lost:
+        return (
+            f"{old}'s conversion, finished, but {new} lacks {', '.join(lost[:3])} (or holds it at another "
+            f"size) since: delete {new} and convert again (`gristmill data validate {new}` says what else)"
+        )
     if done:
         return (
             f"{old}'s conversion, finished (its converted_from records {old}'s fingerprint): nothing to "
             f"redo, train from {new}"
         )
     return f"convert into a new {place} (OLD is never changed)"
+
+
+def _shards_not_there(new: Path, info: dict[str, Any]) -> list[str]:
+    """The shards dataset.json `info` of NEW lists that are not in NEW at their recorded sizes."""
+    lost = []
+    for name, spec in sorted((info.get("shard_files") or {}).items()):
+        path = new / SHARDS_DIR / name
+        if not path.is_file() or path.stat().st_size != spec.get("bytes"):
+            lost.append(f"{SHARDS_DIR}/{name}")
+    return lost
 
 
 def _check_new(old: str, new: str) -> None:

@@ -134,6 +134,13 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path, capsys):
     assert str(e.value).endswith(f"'s fingerprint): nothing to redo, train from {converted}"), (
         e.value
     )  # RV60g F3
+    # one that lost a shard since is not "nothing to redo" (trial RV67b F6)
+    copy = tmp_path / "copy"
+    shutil.copytree(converted, copy)
+    gone = sorted((copy / "shards").iterdir())[1]
+    gone.unlink()
+    with pytest.raises(DatasetError, match=f"finished, but {copy} lacks shards/{gone.name} .*delete {copy}"):
+        convert_dataset(str(legacy), str(copy), log=lambda *a: None)
     # a file, a link or a folder inside OLD as NEW: one line before any work (a traceback, a traceback
     # after the whole conversion, and NEW written into OLD: review R17b M2)
     (tmp_path / "a-file").write_text("")
