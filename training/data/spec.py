@@ -276,11 +276,17 @@ def batch_shapes(cfg: TrainConfig, spec: RunSpec, world_size: int) -> tuple[Batc
         if ph.micro_batch < 1:
             raise ConfigError(f"{what} = {ph.micro_batch} must be ≥ 1 (sequences per micro-batch)", what)
         if g % (dp * ph.micro_batch):
+            # a resume keeps the run's batches: its global batch is no way out (trial RV67c F4b)
+            keys = (
+                f"{what} or the number of ranks"
+                if cfg.checkpoint.resume
+                else f"{what}, {batch_at} or the number of ranks"
+            )
             raise ConfigError(
                 f"the global batch of {g} sequences ({batch_at} {ph.global_batch_tokens} / "
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
                 f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
-                f"{what}, {batch_at} or the number of ranks"
+                f"{keys}"
                 # a resume may not change a finished phase's batch: the ranks must divide it (R18b 2)
                 + (" (every phase's batch must split, a finished one's too)" if len(spec.phases) > 1 else "")
             )

@@ -90,6 +90,10 @@ def test_a_phase_batch_sets_its_steps_shapes_and_refusals(sources, tmp_path):
         "not divisible by 2 data-parallel rank(s) × data.micro_batch 4 = 8" in odd
     )
     assert "change data.micro_batch, phase[1].global_batch_tokens or the number of ranks" in odd
+    # a resume keeps the run's batches: its global batch is no way out (trial RV67c F4b)
+    path = write(sources, tmp_path / "bad.toml", tmp_path / "run", SCHEDULE.replace("= 1024", "= 96", 1))
+    with pytest.raises(ConfigError, match=r"; change data.micro_batch or the number of ranks \("):
+        check_config(load_config(TrainConfig, path, ['checkpoint.resume="auto"']), 2)
     # an elastic resume is refused for a finished phase's batch too: said (review R18b 2)
     assert odd.endswith(" (every phase's batch must split, a finished one's too)"), odd
     assert "phase[1].global_batch_tokens = -1024 must be a whole number of tokens ≥ 1" in refused(
