@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import re
 import signal
 import sys
 from collections.abc import Callable
@@ -69,9 +68,9 @@ from training.contract.errors import (
     GristmillError,
     exit_on_signal_with,
     hold_closed_streams,
+    peer_gone,
     print_error,
     unwritable,
-    wrapped,
 )
 from training.contract.lifetime import torchrun_worker
 from training.contract.object_store import FETCH_STOPPED
@@ -784,21 +783,6 @@ def main(
             return 1
         raise
     return 0
-
-
-_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")  # not "Broken pipe": a closed stdout
-
-
-def peer_gone(error: BaseException) -> str | None:
-    """The first line of `error`, or of one it wraps, when it is a collective's transport failing
-    because the other end is gone (gloo's "Connection reset by peer", "Connection closed by peer"),
-    else None."""
-    for inner in wrapped(error):
-        first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
-        if any(p in str(inner) for p in _PEER_GONE):
-            # gloo's "[…/pair.cc:553] Connection closed by peer [127.0.0.1]:37287. This is typically …"
-            return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:200]
-    return None
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ from training.config import CheckpointSection
 from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
-from training.contract.errors import GristmillError, NonFiniteError
+from training.contract.errors import GristmillError, NonFiniteError, peer_gone
 from training.contract.integrity import (
     EXPORT_META,
     checkpoint_identity,
@@ -1094,6 +1094,10 @@ class Checkpointer:
 
     def _failed(self, step: int, exc: BaseException):
         if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise exc
+        if self.world_size > 1 and peer_gone(exc) is not None:
+            # another rank died mid-save: its collective failed of that, no fault of the storage (it said
+            # "could not be written … Fix the cause": trial RV67c F3); train.main says it as it says any
             raise exc
         path = checkpoint_dir(self.run_dir, step)
         cause = _no_space(exc, self.root) or _too_large(exc) or checkpoint_error_cause(exc)

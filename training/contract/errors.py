@@ -4,6 +4,7 @@ the standard streams they go to, held open at each entry point (`hold_closed_str
 import atexit
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -135,6 +136,21 @@ def wrapped(error: BaseException | None) -> Iterator[BaseException]:
         seen.append(error)
         yield error
         error = error.__cause__ or error.__context__
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")  # not "Broken pipe": a closed stdout
+
+
+def peer_gone(error: BaseException) -> str | None:
+    """The first line of `error`, or of one it wraps, when it is a collective's transport failing
+    because the other end is gone (gloo's "Connection reset by peer", "Connection closed by peer"),
+    else None."""
+    for inner in wrapped(error):
+        first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+        if any(p in str(inner) for p in _PEER_GONE):
+            # gloo's "[…/pair.cc:553] Connection closed by peer [127.0.0.1]:37287. This is typically …"
+            return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:200]
+    return None
 
 
 def exit_on_signal_with(code: int, what: str | None) -> None:

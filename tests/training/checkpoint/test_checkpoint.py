@@ -675,3 +675,25 @@ def test_checkpoint_config_keys():
         check_config(
             load_config(TrainConfig, None, ["checkpoint.interval=5", "checkpoint.export_interval=7"]), 1
         )
+
+
+def test_a_save_failed_by_a_rank_gone_is_not_a_storage_fault(tmp_path):
+    """Trial RV67c F3: a rank killed mid-save failed the others' collective, and the survivor said
+    "checkpoint of step 20 could not be written to …: RuntimeError: [...pair.cc:553] Connection closed
+    by peer … Fix the cause", a storage fault. On a job of several ranks the transport's own error goes
+    on, which train.main says as any rank gone; one process's write failures stay the checkpoint's."""
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.state import ModelState
+    from training.config import CheckpointSection
+
+    gone = RuntimeError(
+        "[/__w/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:58073. This"
+    )
+    cfg = CheckpointSection(interval=1, keep_last=0)
+    for world, raised in ((2, RuntimeError), (1, CheckpointError)):
+        ckpt = Checkpointer(cfg, tmp_path / str(world), {"model": ModelState(torch.nn.Linear(2, 2))}, rank=0,
+                            world_size=world, last_step=4, config_sha256="t", estimate_bytes=0)  # fmt: skip
+        with pytest.raises(raised) as e:
+            ckpt._failed(3, gone)
+        assert ("could not be written" in str(e.value)) is (world == 1), e.value
+        ckpt.close()
