@@ -1519,12 +1519,17 @@ def test_checkpoints_out_of_reach_are_refused_not_taken_for_a_new_run(dataset, t
         assert bool(said) == bool(verified)
 
     refused(f"{run / 'checkpoints'} is a link to {gone}, which does not exist: mount or restore it")
+    fresh = [a for a in resume if not a.startswith("checkpoint.resume")]  # a run started anew there
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(run / 'checkpoints'))} is a link to {gone}"):
+        train(load_train_config(TINY, fresh))  # took for a fresh run's: its record set aside (RV67e 3)
+    assert _files(run) == before
     (run / "checkpoints").unlink()
-    (run / "checkpoints").mkdir()  # an empty mount point
+    (run / "checkpoints").mkdir()  # an empty mount point, or checkpoints deleted once exported
+    (run / "checkpoints" / "abandoned-step-000002").mkdir()  # a set-aside copy is no save (RV67e 2)
     before = _files(run)
     saves = f"{run / 'checkpoints.jsonl'} records complete saves of this run (steps 2), and "
     refused(saves + f"{run / 'checkpoints'} holds none", verified=0)
-    (run / "checkpoints").rmdir()
+    shutil.rmtree(run / "checkpoints")
     scratch.rename(run / "checkpoints")
     checkpoint_dir(run, 2).rename(tmp_path / "step-2")
     checkpoint_dir(run, 2).symlink_to(gone)
@@ -1549,20 +1554,23 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
         train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=2")))
         for p in [work, *run.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
-        hidden = sorted(checkpoint_dir(run, 4).glob("*.distcp"))[0]
-        hidden.chmod(0)
+        step = checkpoint_dir(run, 4)
         code = "import sys\nfrom training.checkpoint.checkpointer import find_resume\n"
         code += "find_resume(sys.argv[1], 'auto')"
         as_nobody = (
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
         )
-        done = subprocess.run(
-            [*as_nobody, sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=work,
-            env={**ENV, "HOME": str(work)},
-        )  # fmt: skip
-        assert done.returncode == 1 and "CheckpointDenied" in done.stderr, done.stderr[-3000:]
-        assert f"{hidden} cannot be read by this user (permission denied): give it read access" in done.stderr
-        assert "step-000004 is not damaged by that" in done.stderr
+        # a file of its record, its COMPLETE, and the folder itself (review RV67e 1: those were passed over)
+        for hidden, mode in ((sorted(step.glob("*.distcp"))[0], 0), (step / COMPLETE_FILE, 0), (step, 0o644)):
+            hidden.chmod(mode)
+            done = subprocess.run(
+                [*as_nobody, sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=work,
+                env={**ENV, "HOME": str(work)},
+            )  # fmt: skip
+            assert done.returncode == 1 and "CheckpointDenied" in done.stderr, done.stderr[-3000:]
+            said = f"{hidden} cannot be read by this user (permission denied): give it read access"
+            assert said in done.stderr and "step-000004 is not damaged" in done.stderr, done.stderr[-3000:]
+            hidden.chmod(0o755 if hidden.is_dir() else 0o644)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

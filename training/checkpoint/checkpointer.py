@@ -162,6 +162,8 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
     another run directory's checkpoint, into a directory that already holds complete checkpoints is
     refused (retention, export and --resume auto would mix the two runs' steps)."""
     root = Path(run_dir) / CHECKPOINTS_DIR
+    if not spec and (away := checkpoints_out_of_reach(run_dir, recorded=False)) is not None:
+        raise CheckpointError(away)  # taken for a fresh run's, the run's record was set aside (RV67e 3)
     if not spec:
         held = _earlier_run(run_dir)
         if held is not None:
@@ -233,7 +235,8 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
     if damaged:  # starting over here would train a new run beside (and prune against) the damaged one
         raise CheckpointError(
             f"--resume auto: no complete checkpoint in {root} verifies ({'; '.join(damaged)}); repair or "
-            f"restore the damaged files from a copy, or move {root} aside to start over from step 0"
+            f"restore the damaged files from a copy, or move {root} and {CHECKPOINTS_JSONL} aside to start "
+            "over from step 0"
         )
     return None, [f"--resume auto: no complete checkpoint in {root}; starting from step 0", *notes]
 

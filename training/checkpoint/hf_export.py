@@ -975,8 +975,8 @@ def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
 
 def unkept_base_note(run_dir: str | Path) -> str | None:
     """A note where the run's base holds chat templates its exports would ship that RUN/base/ does not
-    keep: a run started before gristmill kept them (chat_template.jinja before 2026-12-06, named ones
-    before 2026-12-07) exported an instruct base's weights without them, unsaid (trial RV66f F3). Its
+    keep: a run started before gristmill kept them (chat_template.jinja and the named ones, before
+    2026-12-06) exported an instruct base's weights without them, unsaid (trial RV66f F3). Its
     templates alone: the other kept files every export writes itself (review RV67d 3). A directory
     base's files; a hub base's as the hub cache's listing of its commit names them (no request). None
     where that cannot be read: nothing an export needs (review RV67d 7)."""

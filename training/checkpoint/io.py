@@ -43,6 +43,7 @@ from training.contract.integrity import Ledger, checkpoint_identity, damaged_fil
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     CHECKPOINTS_JSONL,
+    COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
     EVAL_DIR,
@@ -157,16 +158,12 @@ def verify_checkpoint(path: str | Path) -> str | None:
     Raises CheckpointError naming each damaged file; returns a note when the record holds no
     checksums (written before gristmill recorded them), else None."""
     path = Path(path)
+    denied(path)
     record = read_complete_record(path)
     # its files first: another step's COMPLETE alone copied in (its files not the record's) is damage,
     # whose advice was to rename the step's own files away or delete them (trial RV60c 10)
     files = record.get("files")
-    for name in files or ():  # this user's access, not the bytes: refused as such, never passed over
-        if (path / name).is_file() and not os.access(path / name, os.R_OK):
-            raise CheckpointDenied(
-                f"{path / name} cannot be read by this user (permission denied): give it read access "
-                f"(`chmod u+r`, or run as its owner); {path.name} is not damaged by that"
-            )
+    denied(path, files or ())
     problems = damaged_files(path, files) if files else []
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
@@ -231,6 +228,23 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
     return None
 
 
+def denied(path: Path, files: Iterable[str] = ()) -> None:
+    """Raise CheckpointDenied where this user may not enter checkpoint `path` or read its COMPLETE, or
+    one of `files` in it: access, not the bytes, refused as such, never passed over as damage (a resume
+    set the intact newest checkpoint and its export aside and trained its steps again: trial RV67a F16,
+    review RV67e 1)."""
+    if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
+        where = path
+    else:
+        hidden = [path / n for n in (COMPLETE_FILE, *files) if (path / n).is_file()]
+        where = next((p for p in hidden if not os.access(p, os.R_OK)), None)
+    if where is not None:
+        raise CheckpointDenied(
+            f"{where} cannot be read by this user (permission denied): give it read access (`chmod u+rX`, "
+            f"or run as its owner); {path.name} is not damaged by that"
+        )
+
+
 def checkpoints_out_of_reach(run_dir: str | Path, recorded: bool = True) -> str | None:
     """Why the run's checkpoints are not at hand, though it has some, or None: RUN/checkpoints, or a
     step-N in it, a link to a place that does not exist (scratch storage not mounted), or (`recorded`)
@@ -249,7 +263,10 @@ def checkpoints_out_of_reach(run_dir: str | Path, recorded: bool = True) -> str 
             if names_a_step(p.name) and p.is_symlink() and not p.exists():
                 return f"{p} is a link to {os.readlink(p)}, which does not exist: {way}"
     saved = sorted({step for step, _ in read_ledger(run_dir).saves}) if recorded else []
-    held = root.is_dir() and any(names_a_step(p.name) for p in root.iterdir())
+    try:  # the run's own step-N (a set-aside abandoned- copy is no save the record speaks of: RV67e 2)
+        held = bool(list_steps(root))
+    except OSError:  # a folder this user may not list: newest_verified and the save say so
+        held = True
     if saved and not held:
         steps = ", ".join(map(str, saved[-3:])) + (f" and {len(saved) - 3} more" if len(saved) > 3 else "")
         return (
@@ -273,6 +290,7 @@ def newest_verified(
         if within is not None and not within[0] <= step <= within[1]:
             continue
         path = checkpoint_dir(run_dir, step)
+        denied(path)
         reason = incomplete_reason(path)
         if rewind and reason is None and is_resume_only(path):
             continue  # a stop's save: a run that was never stopped has none to go back to
