@@ -51,7 +51,7 @@ def test_resume_auto_refuses_when_every_complete_checkpoint_is_damaged(dataset, 
     line = one_error_line(capsys.readouterr().err)
     assert f"no complete checkpoint in {r / 'checkpoints'} verifies (step-000008 is damaged: " in line
     assert "__0_0.distcp: crc32" in line
-    assert f"move {r / 'checkpoints'} aside to start over from step 0" in line
+    assert f"move {r / 'checkpoints'} and checkpoints.jsonl aside to start over from step 0" in line
     assert files(r) == before and complete_steps(r) == [8]
 
     # export of the damaged step, and a partial export directory: each says what to do
