@@ -309,7 +309,7 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: 
             )
         # a file no download put there (no record names it), at a path the listing names: the user's,
         # overwritten without a word (trial RV67b F1), where the docs promise it is never touched
-        if not rec and (final.is_symlink() or (final.exists() and not _same_as_source(final, f, local))):
+        if not rec and (final.is_symlink() or (final.exists() and _same_as_source(final, f, local) is False)):
             raise DownloadError(
                 f"{final} is not a file this download fetched (its record names none there), and "
                 f"{source_of(root)} has a file of that path: move it out of {dest}, or download into "
@@ -317,12 +317,15 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: 
             )
 
 
-def _same_as_source(final: Path, f: RemoteFile, local: Path | None) -> bool:
+def _same_as_source(final: Path, f: RemoteFile, local: Path | None) -> bool | None:
     """Whether FINAL, which no record names, holds the source's bytes of `f` (by the sha256 the
-    listing gives, or the source's file hashed where it is on this machine); False where that cannot
-    be told."""
+    listing gives, or the source's file hashed where it is on this machine); None where that cannot be
+    told (a hub file without an LFS sha256: fetched again, as a kill between its rename and its record,
+    or a record deleted as advised, leaves it: review RV67e 6)."""
     want = f.sha256 or (_sha256(local / f.path) if local is not None else None)
-    return want is not None and final.is_file() and final.stat().st_size == f.size and _sha256(final) == want
+    if want is None:
+        return None
+    return final.is_file() and final.stat().st_size == f.size and _sha256(final) == want
 
 
 def source_of(root: str) -> str:

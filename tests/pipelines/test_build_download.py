@@ -430,3 +430,16 @@ def test_a_file_url_where_a_path_goes_is_one_line(remote, tmp_path, monkeypatch,
     argv = ["data", "download", "--from", str(remote), "--subset", "", "--to", str(tmp_path / "d")]
     assert main(argv) == 2 and '--subset "": name a folder' in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+
+
+def test_a_file_whose_source_bytes_cannot_be_told_is_fetched_again_not_refused(tmp_path):
+    """Review RV67e 6: a hub file without an LFS sha256, left by a kill between its rename and its
+    record (or a record deleted as its own refusal advises), was refused as the user's. Where the
+    source's bytes cannot be told, the file is fetched again, as before; told, a user's file is kept."""
+    from pipelines.download import _same_as_source
+
+    final = tmp_path / "a.json"
+    final.write_text("{}")
+    assert _same_as_source(final, RemoteFile("a.json", 2), None) is None  # no sha256, no local source
+    assert _same_as_source(final, RemoteFile("a.json", 2, hashlib.sha256(b"{}").hexdigest()), None) is True
+    assert _same_as_source(final, RemoteFile("a.json", 2, "0" * 64), None) is False

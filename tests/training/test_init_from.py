@@ -1349,6 +1349,11 @@ def test_an_instruct_base_s_chat_template_and_generation_eos_list_reach_its_expo
     with pytest.raises(ExportError, match="holds added_tokens.json, which its gristmill_checksums.json"):
         verify_export(out)
     (out / "added_tokens.json").unlink()
+    # a model card, and what hf upload-large-folder leaves, transformers never reads (review RV67e 4)
+    (out / "README.md").write_text("# a model card")
+    (out / ".cache" / "huggingface").mkdir(parents=True)
+    (out / ".cache" / "huggingface" / "upload.metadata.json").write_text("{}")
+    assert verify_export(out) is None
     (out / "additional_chat_templates" / "tool_use.jinja").write_text("edited")
     with pytest.raises(ExportError, match="additional_chat_templates/tool_use.jinja"):
         verify_export(out)

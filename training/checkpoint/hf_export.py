@@ -1148,6 +1148,11 @@ def export_separator_id(export: str | Path) -> int | None:
         return None
 
 
+TRANSFORMERS_READS = (".json", ".jinja", ".safetensors", ".bin", ".model", ".txt", ".py", ".tiktoken", ".pth")
+"""What of a model folder transformers' loaders read (configs, tokenizers, templates, weights, remote
+code): an export holding one its checksums do not list is refused."""
+
+
 def verify_export(path: str | Path, step: int | None = None, merged: bool = False) -> str | None:
     """Check an export's files against gristmill_checksums.json before its weights are trusted, and,
     given the `step` (and `merged`) a run's export directory is named for, that its
@@ -1184,9 +1189,16 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     problems = damaged_files(path, files)
     if problems:
         raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {export_fix(path, 'the file')}")
-    # a file added since it was written, which transformers reads as the export's (an added_tokens.json
-    # gave AutoTokenizer a token past the vocabulary, and verify said ok: trial RV67a F8)
-    held = {str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir()}
+    # a file added since it was written, of a kind transformers reads as the export's (an
+    # added_tokens.json gave AutoTokenizer a token past the vocabulary, and verify said ok: trial RV67a
+    # F8); not a model card, nor what tools leave in hidden folders (hf upload-large-folder's .cache/:
+    # review RV67e 4)
+    rels = [p.relative_to(path) for p in path.rglob("*") if not p.is_dir()]
+    held = {
+        str(rel)
+        for rel in rels
+        if not any(part.startswith(".") for part in rel.parts) and rel.name.endswith(TRANSFORMERS_READS)
+    }
     if added := sorted(held - set(files) - {EXPORT_CHECKSUMS}):
         raise ExportError(
             f"export {path} holds {', '.join(added[:3])}{' …' if len(added) > 3 else ''}, which its "
