@@ -38,7 +38,13 @@ from training.checkpoint.hf_export import (
     verify_export,
 )
 from training.checkpoint.io import checkpoints_out_of_reach, missing_step_reason, verify_checkpoint
-from training.checkpoint.record import RUN_RECORD, CheckpointError, newest_base_record, read_complete_record
+from training.checkpoint.record import (
+    RUN_RECORD,
+    CheckpointDenied,
+    CheckpointError,
+    newest_base_record,
+    read_complete_record,
+)
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DatasetError
 from training.contract.disk_space import fmt_bytes
@@ -83,7 +89,8 @@ GONE = "deleted while it was read (retention of a run training now)"
 
 def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     """Rows (kind, step, status, files, size, detail); status is ok, unchecked (no checksums
-    recorded), incomplete or DAMAGED. `only`: that step's checkpoint and export alone."""
+    recorded), incomplete, UNREADABLE (by this user) or DAMAGED. `only`: that step's checkpoint and
+    export alone."""
     run_dir = Path(run_dir)
     rows = []
     kinds = (("checkpoint", CHECKPOINTS_DIR, False), ("export", EXPORTS_DIR, False),
@@ -102,6 +109,8 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
                     status, detail = "DAMAGED", not_the_run_s(run_dir, step, merged)
+            except CheckpointDenied as e:  # access, not the bytes (review RV67e 9)
+                status, detail = "UNREADABLE", str(e)
             except (CheckpointError, ExportError, FileNotFoundError) as e:
                 status, detail = "DAMAGED", str(e)
             rows.append(_row(path, (kind, step, status, *_size(path), detail)))
@@ -134,18 +143,18 @@ def _record_row(run_dir: Path) -> list[tuple]:
     if unread is None:
         return []
     size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
-    return [
-        (
-            "record",
-            0,
-            "DAMAGED",
-            1,
-            size,
-            f"{path}: {unread}, so another run's checkpoint cannot be told from the run's; restore it from "
-            "a copy of the run, or move it aside (the next resume begins a new record at its step; the "
-            "steps before it stay unchecked)",
+    # the fix by the case (review RV67e 8): access for one this user may not read; for one missing,
+    # nothing to move aside
+    if unread.startswith("cannot be read"):
+        fix = "give this user read access to it (or verify as its owner)"
+    else:
+        aside = "" if not path.exists() else ", or move it aside"
+        fix = (
+            f"restore it from a copy of the run{aside} (the next resume begins a new record at its step; "
+            "the steps before it stay unchecked)"
         )
-    ]
+    detail = f"{path}: {unread}, so another run's checkpoint cannot be told from the run's; {fix}"
+    return [("record", 0, "DAMAGED", 1, size, detail)]
 
 
 def _record_lost(run_dir: Path, path: Path) -> str | None:
@@ -348,9 +357,14 @@ def run(args: argparse.Namespace) -> int:
             raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
         alone = f"{run_dir} has no checkpoint or export of step {args.step} ({why}); its recorded batch:"
     damaged = [r for r in rows if r[2] == "DAMAGED"]
+    unreadable = [r for r in rows if r[2] == "UNREADABLE"]
     if rows:
         print(format_table(Result("verify", COLUMNS, rows), max_rows=None, max_width=200))
-        print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
+        denied = f", {len(unreadable)} unreadable by this user" if unreadable else ""
+        print(
+            f"{len(rows)} checked: {len(damaged)} damaged{denied}"
+            + (" (see detail)" if damaged or denied else "")
+        )
     elif alone is not None:  # it was refused whole, the batch a tampered record named never checked (RV53a 1)
         print(alone)
         # its record was compared (BatchCheck.compared): a row's digest without an entry is a problem
@@ -360,4 +374,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"{run_dir} has no checkpoints or exports yet")
     for line in batches.notes + ([batches.problem] if batches.problem else []):
         print(line)
-    return 1 if damaged or batches.problem else 0
+    return 1 if damaged or unreadable or batches.problem else 0

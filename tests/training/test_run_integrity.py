@@ -1550,9 +1550,10 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
 
     work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
     try:
-        run = work / "run"
-        train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=4", "checkpoint.interval=2")))
-        for p in [work, *run.rglob("*")]:
+        run, data = work / "run", work / "data"  # the dataset too, for verify's check of the batches
+        shutil.copytree(dataset, data)
+        train(load_train_config(TINY, overrides(data, run, "schedule.steps=4", "checkpoint.interval=2")))
+        for p in [work, *run.rglob("*"), *data.rglob("*")]:
             p.chmod(0o755 if p.is_dir() else 0o644)
         step = checkpoint_dir(run, 4)
         code = "import sys\nfrom training.checkpoint.checkpointer import find_resume\n"
@@ -1570,6 +1571,14 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
             assert done.returncode == 1 and "CheckpointDenied" in done.stderr, done.stderr[-3000:]
             said = f"{hidden} cannot be read by this user (permission denied): give it read access"
             assert said in done.stderr and "step-000004 is not damaged" in done.stderr, done.stderr[-3000:]
+            if hidden.suffix == ".distcp":  # verify says it as access, not damage (review RV67e 9)
+                verify = [*as_nobody, sys.executable, "-m", "pipelines.cli", "verify", str(run)]
+                shown = subprocess.run(
+                    verify, capture_output=True, text=True, cwd=work, env={**ENV, "HOME": str(work)}
+                )
+                assert shown.returncode == 1, shown.stdout[-3000:] + shown.stderr[-3000:]
+                assert re.search(r"^\s*checkpoint\s+4\s+UNREADABLE\b", shown.stdout, re.M), shown.stdout
+                assert "0 damaged, 1 unreadable by this user" in shown.stdout, shown.stdout
             hidden.chmod(0o755 if hidden.is_dir() else 0o644)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -1601,6 +1610,8 @@ def test_verify_says_a_record_lost_while_the_run_s_saves_carry_its_id(whole, tmp
         assert gristmill(["verify", str(run)]) == 1
         out = capsys.readouterr().out
         assert re.search(rf"^\s*record\s+0\s+DAMAGED\b.*{re.escape(said)}", out, re.M), out
+        # nothing to move aside where it is missing (review RV67e 8)
+        assert ("move it aside" in " ".join(out.split())) is (text is not None), out
     record.write_text("".join(lines))
     assert gristmill(["verify", str(run)]) == 0
 
