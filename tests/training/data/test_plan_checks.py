@@ -278,6 +278,7 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
     assert f"--resume auto: no complete checkpoint in {run / 'checkpoints'} verifies" in err, (out, err)
     assert "are the same dataset" not in err and "warning: " not in out + err
     (run / "checkpoints").rename(tmp_path / "set-aside")  # stopped before its first save: from step 0
+    (run / "checkpoints.jsonl").rename(tmp_path / "set-aside.jsonl")  # (which recorded no save)
     for argv in (["--plan"], ["--resume", "auto"]):
         assert gristmill(["train", "--config", str(config), *argv, "--set", *sets]) == 2
         out, err = capsys.readouterr()
