@@ -1564,6 +1564,7 @@ def export_checkpoint(
             verify_checkpoint(ckpt)
         except CheckpointError as e:
             raise ExportError(f"{e}; {run_export}, of another checkpoint, is left as it is") from None
+        verified = True  # hashed once (review RV67e nit)
         aside = abandoned_name(run_export)
         run_export.rename(aside)
         if log is not None:

@@ -549,7 +549,8 @@ class DocIndex:
                 self._check_file(name, present=True, offsets=offsets),
             )
         self._map()
-        self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
+        # small: one per shard
+        self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS], self.fix), np.int64)
         n = int(info["documents"])
         self.n_rows = n
         if (
@@ -673,7 +674,7 @@ class DocIndex:
             return None
         if self._doc_hashes is None:
             self._check_file(DOC_HASHES, present=True)
-            self._doc_hashes = _mapped(self.root / INDEX_DIR / DOC_HASHES, np.dtype(np.uint8))
+            self._doc_hashes = _mapped(self.root / INDEX_DIR / DOC_HASHES, np.dtype(np.uint8), self.fix)
         return bytes(self._doc_hashes[row * HASH_BYTES : (row + 1) * HASH_BYTES])
 
     def sample_of(self, rows: np.ndarray) -> np.ndarray:
@@ -685,11 +686,11 @@ class DocIndex:
         return self.offsets[np.asarray(rows, np.int64)].astype(np.int64)
 
     def _map(self) -> None:
-        files = self._files
-        self.tokens = _mapped(*files[DOC_TOKENS]) if DOC_TOKENS in files else None
-        self.offsets = _mapped(*files[DOC_OFFSETS]) if DOC_OFFSETS in files else None
-        self.sample_tokens = _mapped(*files[SAMPLE_TOKENS])
-        self.sample_digest = _mapped(*files[SAMPLE_DIGEST]) if SAMPLE_DIGEST in files else None
+        files, fix = self._files, self.fix
+        self.tokens = _mapped(*files[DOC_TOKENS], fix) if DOC_TOKENS in files else None
+        self.offsets = _mapped(*files[DOC_OFFSETS], fix) if DOC_OFFSETS in files else None
+        self.sample_tokens = _mapped(*files[SAMPLE_TOKENS], fix)
+        self.sample_digest = _mapped(*files[SAMPLE_DIGEST], fix) if SAMPLE_DIGEST in files else None
         self._doc_hashes: np.ndarray | None = None  # doc_sha256.bin, mapped at its first use (doc_sha256)
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
@@ -713,18 +714,16 @@ class DocIndex:
         self.sample_first = sample_starts(self.shard_rows)
 
 
-def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
+def _mapped(path: Path, dtype: np.dtype, fix: str | None = None) -> np.ndarray:
     """Index file `path` mapped; one that cannot be read is one line naming it and the fix (a training
-    run's traceback: trial RV67a F11)."""
+    run's traceback: trial RV67a F11): access, or `fix` (DocIndex.fix: a bucket's copy is repaired in
+    the bucket, review RV67e 10)."""
     try:
         return np.memmap(path, dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
     except OSError as e:
-        fix = (
-            "give this user read access to it"
-            if isinstance(e, PermissionError)
-            else f"`gristmill data index {path.parent.parent}` writes it again"
-        )
-        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e.strerror or e}): {fix}") from None
+        why = "give this user read access to it" if isinstance(e, PermissionError) else fix
+        why = why or f"rerun `gristmill data index {path.parent.parent}`"
+        raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e.strerror or e}): {why}") from None
 
 
 # --------------------------------------------------------------------------------------------
