@@ -64,8 +64,9 @@ from training.checkpoint.io import (
     nonfinite_tensor,
     untrained_reason,
     untrained_steps,
+    verify_checkpoint,
 )
-from training.checkpoint.record import CheckpointError
+from training.checkpoint.record import CheckpointDenied, CheckpointError
 from training.config import task_names
 from training.config_checks import missing_eval_module
 from training.contract.config_loader import load_config, save_config
@@ -224,6 +225,20 @@ def step_went(run_dir: Path, step: int, merged: bool = False) -> bool:
     went while it was read (a running run's checkpoint.keep_last, or a rewind), no export of it left.
     Not a failure of the step's own (one exported meanwhile is scored: evaluate_step)."""
     return step not in available_steps(run_dir, merged)
+
+
+def _damaged_checkpoint(run_dir: Path, step: int, merged: bool) -> str | None:
+    """Why checkpoint `step`, which the step's evaluation would be exported from (no export of it), does
+    not verify, or None (it does, or an export stands for it)."""
+    if export_dir(run_dir, step, merged).is_dir() or not checkpoint_dir(run_dir, step).is_dir():
+        return None
+    try:
+        verify_checkpoint(checkpoint_dir(run_dir, step))
+    except CheckpointDenied:  # access, not damage: said as it is
+        return None
+    except CheckpointError as e:
+        return str(e)
+    return None
 
 
 def _holds_merged(run_dir: Path, step: int) -> bool:
@@ -1712,12 +1727,21 @@ def run(args: argparse.Namespace) -> int:
             # The newest step asked for without --step went while it was read, beside a running run
             # with a fast checkpoint.keep_last: the error named a step the user never gave (trial RV66d
             # F6). The newest one now is what was asked for; a step given with --step fails as it fails.
+            # One whose checkpoint is damaged (no export of it) is passed over, with its reason, as
+            # `gristmill export` without --step passes over it: the refusal's advice said so, which eval
+            # did not do (trial RV67a F15).
             went = args.step is None and step_went(run_dir, step, merged)
-            if not went or not tries_left or not (now := available_steps(run_dir, merged)):
+            damaged = args.step is None and not went and _damaged_checkpoint(run_dir, step, merged)
+            now = available_steps(run_dir, merged)
+            older = [s for s in now if s < step]
+            if not tries_left or not (went and now or damaged and older):
                 raise
-            newest = f"evaluating step {now[-1]}, the newest now"
-            print(f"step {step}: its checkpoint went while it was read; {newest}", file=sys.stderr)
-            step = now[-1]
+            if went:
+                newest = f"evaluating step {now[-1]}, the newest now"
+                print(f"step {step}: its checkpoint went while it was read; {newest}", file=sys.stderr)
+            else:
+                print(f"skipped step {step}: {damaged}; evaluating step {older[-1]}", file=sys.stderr)
+            step = now[-1] if went else older[-1]
     print_table(run_dir, [step], merged=merged)
     try:  # another step's results.json damaged: the table was not rebuilt (the warning above says so)
         for which in (False, True):

@@ -1118,6 +1118,19 @@ def test_eval_without_step_scores_the_newest_step_when_its_checkpoint_went_while
     fake_checkpoint(run, 11)
     assert main(["eval", str(run), "--step", "11", *QUICK]) == 2
     assert "has no complete checkpoint of step 11 any more" in one_error_line(capsys.readouterr().err)
+    # a newest checkpoint that does not verify (no export of it) is passed over, as export passes over
+    # it, which the refusal's advice said and eval did not do (trial RV67a F15); --step N fails as it fails
+    monkeypatch.setattr(eval_module, "evaluate_step", real)
+    shutil.rmtree(checkpoint_dir(run, 11), ignore_errors=True)  # (the fake deleted it again)
+    fake_checkpoint(run, 13)
+    (checkpoint_dir(run, 13) / "__0_0.distcp").write_bytes(b"y" * 10)  # its size kept, its crc32 not
+    shutil.rmtree(eval_dir(run, 12))
+    assert main(["eval", str(run), *QUICK]) == 0
+    err = capsys.readouterr().err
+    assert "skipped step 13: step-000013 is damaged: " in err and "; evaluating step 12" in err, err
+    assert (eval_dir(run, 12) / "results.json").is_file()
+    assert main(["eval", str(run), "--step", "13", *QUICK]) == 2
+    capsys.readouterr()
 
 
 def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
