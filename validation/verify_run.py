@@ -49,7 +49,7 @@ from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DatasetError
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
-from training.contract.integrity import read_ledger
+from training.contract.integrity import Ledger, read_ledger
 from training.contract.run_layout import (
     BASE_DIR,
     BATCHES_BIN,
@@ -140,9 +140,12 @@ def _record_row(run_dir: Path) -> list[tuple]:
         # deleted, emptied, unreadable or cut at its head while the run's saves carry its id: every check
         # by it was off, another run's checkpoint and export passed, exit 0 (trial RV67a F3)
         unread = _record_lost(run_dir, path) if ledger.run is None else None
+    size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
+    if unread is None and (other := _record_of_another_run(run_dir, ledger)):
+        # every checkpoint blamed as another run's, the record the odd one out (trial RV67a F6)
+        return [("record", 0, "DAMAGED", 1, size, f"{path}: {other}")]
     if unread is None:
         return []
-    size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
     # the fix by the case (review RV67e 8): access for one this user may not read; for one missing,
     # nothing to move aside
     if unread.startswith("cannot be read"):
@@ -155,6 +158,23 @@ def _record_row(run_dir: Path) -> list[tuple]:
         )
     detail = f"{path}: {unread}, so another run's checkpoint cannot be told from the run's; {fix}"
     return [("record", 0, "DAMAGED", 1, size, detail)]
+
+
+def _record_of_another_run(run_dir: Path, ledger: Ledger) -> str | None:
+    """Why RUN/checkpoints.jsonl reads as another run's record, where two or more of the run's complete
+    checkpoints all carry one run id that none of its lines holds: they are the run's, it is not."""
+    carried = []
+    for step in complete_steps(run_dir):
+        with contextlib.suppress(CheckpointError):
+            carried.append(read_complete_record(checkpoint_dir(run_dir, step)).get(RUN_RECORD))
+    ids = set(carried)
+    if len(carried) < 2 or len(ids) != 1 or None in ids or not ledger.runs or ids & ledger.runs:
+        return None
+    return (
+        f"it records run {', '.join(sorted(ledger.runs))}, while all {len(carried)} checkpoints carry run "
+        f"{ids.pop()}: another run's record in this run's place? The checkpoints' and exports' rows follow "
+        "from it: restore the run's own record from a copy of the run before moving anything"
+    )
 
 
 def _record_lost(run_dir: Path, path: Path) -> str | None:

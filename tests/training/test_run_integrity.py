@@ -1694,3 +1694,16 @@ def test_a_run_without_its_config_toml_is_told_where_to_restore_it_from(whole, t
     shutil.copyfile(newest, run / CONFIG_TOML)
     assert (run / CONFIG_TOML).read_bytes() == kept  # the newest of them is the run's config
     assert gristmill(["verify", str(run)]) == 0
+
+
+def test_verify_names_another_run_s_record_put_in_the_run_s_place(whole, dataset, tmp_path, capsys):
+    """Trial RV67a F6: another run's checkpoints.jsonl put in the run's place made every genuine
+    checkpoint "another run's … move it out", every export "move it aside": the record, the odd one
+    out, went unnamed. Its row says so, and to restore it before moving anything."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    shutil.copytree(whole, run)
+    train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=4", "checkpoint.interval=4")))
+    shutil.copyfile(other / "checkpoints.jsonl", run / "checkpoints.jsonl")
+    assert gristmill(["verify", str(run)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "another run's record in this run's place? The checkpoints' and exports' rows follow" in text, text
