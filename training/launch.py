@@ -447,7 +447,7 @@ def agent_main(argv: list[str]) -> int:
         held.finish(show=True)
         return 128 + signal.SIGINT
     except Exception as e:
-        if (said := rendezvous_failed(e)) is None:
+        if (said := rendezvous_failed(e) or rendezvous_lost(e)) is None:
             held.finish(show=True)
             raise
         held.finish(show=False)  # its 40-75 lines of traceback, the port named nowhere (trial RV55b 3)
@@ -471,6 +471,21 @@ def rendezvous_failed(error: BaseException) -> str | None:
             return (
                 "torchrun's rendezvous port is in use by another program (another job on this node?): "
                 "give --master_port (MASTER_PORT) or --rdzv_endpoint a free port; nothing was started"
+            )
+    return None
+
+
+def rendezvous_lost(error: BaseException) -> str | None:
+    """What went wrong, in one line with its way on, when this node's agent lost the job's rendezvous
+    store mid-run (the node that hosts it, at --rdzv_endpoint, died or was stopped: Slurm's first node),
+    else None: its workers had stopped with their own line, and ~90 lines of torch's traceback followed
+    (trial RV67c F2). Told by the class's name: this module imports no torch at its top."""
+    for inner in wrapped(error):
+        if type(inner).__name__ == "RendezvousConnectionError":
+            return (
+                "this node lost the job's rendezvous store (on the node of --rdzv_endpoint, MASTER_ADDR): "
+                "that node died or was stopped, and this node's workers stopped with it; start the job "
+                "again with --resume auto"
             )
     return None
 

@@ -245,3 +245,27 @@ def test_the_agent_s_rendezvous_event_names_are_torch_s_own(monkeypatch):
     assert Handler().next_rendezvous(cheap) == Handler().next_rendezvous(own) == "next_rendezvous"
     for depth in (0, 1, 2, 3, 10_000):
         assert cheap(depth) == own(depth), depth
+
+
+def test_a_rendezvous_store_lost_mid_run_is_one_line():
+    """Trial RV67c F2: the node hosting the job's rendezvous store killed, the other node's agent ended
+    in ~90 lines of torch's C++ frames and a Python traceback through agent_main, its workers' own line
+    above them. torch's RendezvousConnectionError, as the agent's watch raises it (wrapped or not), is
+    one line with the way on; other errors are not taken for it."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from training.launch import rendezvous_lost
+
+    lost = RendezvousConnectionError("The connection to the C10d store has failed. See inner exception.")
+    try:
+        try:
+            raise lost
+        except RendezvousConnectionError as inner:
+            raise RuntimeError("agent failed") from inner
+    except RuntimeError as outer:
+        wrapping = outer
+    for error in (lost, wrapping):
+        said = rendezvous_lost(error)
+        assert said is not None and said.startswith("this node lost the job's rendezvous store"), said
+        assert said.endswith("start the job again with --resume auto"), said
+    assert rendezvous_lost(RuntimeError("Connection closed by peer")) is None
