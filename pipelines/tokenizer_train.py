@@ -88,7 +88,8 @@ def written_path(cfg: DataConfig, out: str | Path | None) -> Path:
             "training writes a local file: pass --out DIR (or set tokenizer.path to a local path) for it"
         )
     path = Path(out or cfg.tokenizer.path).expanduser()
-    path = path if path.suffix == ".json" else path / "tokenizer.json"
+    # a .JSON too (a folder named tok.JSON was made, the file written inside it: trial RV67b F11)
+    path = path if path.suffix.lower() == ".json" else path / "tokenizer.json"
     # A model's folder (a base's config.json, or its SentencePiece tokenizer.model, which the build
     # refuses to read in place of a tokenizer.json): one trained there passed for the base's own with
     # every later build and run (trial RV60b 5)

@@ -32,7 +32,9 @@ def names_local_file(spec: str | Path) -> bool:
     name, a path spelled from `.`, `/` or `~`, or anything that exists here. Everything else is read
     as a Hugging Face hub repo id."""
     spec = str(spec)
-    return spec.endswith(".json") or spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+    return (
+        spec.lower().endswith(".json") or spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+    )
 
 
 def hub_name_shadowed(spec: str | Path) -> bool:

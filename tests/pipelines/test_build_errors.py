@@ -308,6 +308,10 @@ def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
     assert "take 257); use at least 258" in msg, msg
     msg = one_error(capsys, argv + ["--force", "--set", specials, "tokenizer.train.vocab_size=2147483647"])
     assert "vocab_size 2,147,483,647 is past 16,777,216" in msg, msg
+    # a .JSON name is the file, not a folder holding tokenizer.json (trial RV67b F11)
+    upper = tmp_path / "tok.JSON"
+    assert main([*argv[:-2], "--set", f"tokenizer.path={upper}"]) == 0
+    assert upper.is_file() and json.loads(upper.read_text())["model"]["type"] == "BPE"
 
 
 def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, capsys):
