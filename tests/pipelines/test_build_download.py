@@ -426,6 +426,9 @@ def test_a_file_url_where_a_path_goes_is_one_line(remote, tmp_path, monkeypatch,
         assert len(err) == 1 and f"{url}: a URL, where a path on this machine" in err[0], err
         assert err[0].endswith(f"give the path it names, {tmp_path / 'dest'}"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["remote"]
+    # file://localhost/PATH names PATH too (review RV67e nit: it said "localhost/PATH")
+    argv = ["data", "download", "--from", str(remote), "--to", f"file://localhost{tmp_path / 'dest'}"]
+    assert main(argv) == 2 and capsys.readouterr().err.rstrip().endswith(f"names, {tmp_path / 'dest'}")
     # --subset "" (an unset variable) downloaded the whole repository (trial RV67b F8)
     argv = ["data", "download", "--from", str(remote), "--subset", "", "--to", str(tmp_path / "d")]
     assert main(argv) == 2 and '--subset "": name a folder' in capsys.readouterr().err

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from training.contract.errors import GristmillError
 
@@ -246,7 +247,8 @@ def refuse_other_urls(options: dict[str, str | None], buckets: bool = False) -> 
     for flag, value in options.items():
         if value is None or not _SCHEME.match(str(value)) or (buckets and is_url(value)):
             continue
-        local = str(value)[len("file://") :] if str(value).lower().startswith("file://") else None
+        url = urlsplit(str(value))  # file:///x and file://localhost/x name /x (review RV67e nit)
+        local = url.path if url.scheme.lower() == "file" and url.netloc in ("", "localhost") else None
         raise ObjectStoreError(
             f"{flag} {value}: a URL, where a path on this machine"
             + (" or s3://BUCKET/PREFIX" if buckets else "")
