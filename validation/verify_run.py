@@ -132,18 +132,20 @@ def _row(path: Path, row: tuple) -> tuple:
 
 def _record_row(run_dir: Path) -> list[tuple]:
     """RUN/checkpoints.jsonl whose first line cannot be read: the record's beginning and run id unread,
-    another run's checkpoint passed every check, without a word (trial RV60g F2)."""
+    another run's checkpoint passed every check, without a word (trial RV60g F2); one lost (below); one
+    of another run (below)."""
     path = run_dir / CHECKPOINTS_JSONL
     ledger = read_ledger(run_dir)
-    unread = "its first line (where the record begins, and the run's id) is unreadable"
-    if not ledger.first_unreadable:
+    size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
+    if ledger.first_unreadable:
+        unread = "its first line (where the record begins, and the run's id) is unreadable"
+    elif ledger.run is None:
         # deleted, emptied, unreadable or cut at its head while the run's saves carry its id: every check
         # by it was off, another run's checkpoint and export passed, exit 0 (trial RV67a F3)
-        unread = _record_lost(run_dir, path) if ledger.run is None else None
-    size = fmt_bytes(path.stat().st_size) if path.is_file() else fmt_bytes(0)
-    if unread is None and (other := _record_of_another_run(run_dir, ledger)):
-        # every checkpoint blamed as another run's, the record the odd one out (trial RV67a F6)
-        return [("record", 0, "DAMAGED", 1, size, f"{path}: {other}")]
+        unread = _record_lost(path, _carried_run_ids(run_dir))
+    else:  # every checkpoint blamed as another run's, the record the odd one out (trial RV67a F6)
+        other = _record_of_another_run(ledger, _carried_run_ids(run_dir))
+        return [] if other is None else [("record", 0, "DAMAGED", 1, size, f"{path}: {other}")]
     if unread is None:
         return []
     # the fix by the case (review RV67e 8): access for one this user may not read; for one missing,
@@ -160,13 +162,19 @@ def _record_row(run_dir: Path) -> list[tuple]:
     return [("record", 0, "DAMAGED", 1, size, detail)]
 
 
-def _record_of_another_run(run_dir: Path, ledger: Ledger) -> str | None:
-    """Why RUN/checkpoints.jsonl reads as another run's record, where two or more of the run's complete
-    checkpoints all carry one run id that none of its lines holds: they are the run's, it is not."""
+def _carried_run_ids(run_dir: Path) -> list[str | None]:
+    """The run id each complete checkpoint of the run records (None: saved before the record)."""
     carried = []
     for step in complete_steps(run_dir):
         with contextlib.suppress(CheckpointError):
             carried.append(read_complete_record(checkpoint_dir(run_dir, step)).get(RUN_RECORD))
+    return carried
+
+
+def _record_of_another_run(ledger: Ledger, carried: list[str | None]) -> str | None:
+    """Why RUN/checkpoints.jsonl reads as another run's record, where two or more of the run's complete
+    checkpoints all carry one run id (`carried`) that none of its lines holds: they are the run's, it
+    is not."""
     ids = set(carried)
     if len(carried) < 2 or len(ids) != 1 or None in ids or not ledger.runs or ids & ledger.runs:
         return None
@@ -177,14 +185,10 @@ def _record_of_another_run(run_dir: Path, ledger: Ledger) -> str | None:
     )
 
 
-def _record_lost(run_dir: Path, path: Path) -> str | None:
-    """What became of RUN/checkpoints.jsonl whose run id is unread, where one of the run's complete
-    checkpoints carries a run id (saved under a record), else None (a run from before the record)."""
-    carried = False
-    for step in complete_steps(run_dir):
-        with contextlib.suppress(CheckpointError):
-            carried = carried or RUN_RECORD in read_complete_record(checkpoint_dir(run_dir, step))
-    if not carried:
+def _record_lost(path: Path, carried: list[str | None]) -> str | None:
+    """What became of RUN/checkpoints.jsonl (`path`) whose run id is unread, where one of the run's
+    complete checkpoints carries a run id (saved under a record), else None (a run from before it)."""
+    if not any(run is not None for run in carried):
         return None
     if not path.exists():
         return "missing, while the run's checkpoints carry the run id its first line records"

@@ -985,24 +985,25 @@ def unkept_base_note(run_dir: str | Path) -> str | None:
         return None
     identity = str(record["init_from"])
     kept = {name: Path(run_dir) / BASE_DIR / name for name in record["files"]}
+    hub = hub_id(identity)
+    hub = hub if hub is not None and hub[1] else None  # pinned to its commit
     try:
-        if (hub := hub_id(identity)) is not None and hub[1]:
-            held, where, since = dict.fromkeys(listed_templates(*hub)), f"the hub repository {identity}", ""
-            fetch = f"`hf download {hub[0]} {{names}} --revision {hub[1]}` fetches {{them}}; put"
-        else:
-            held, where = kept_base_files(Path(identity).expanduser()), identity
-            since, fetch = "added since the run started, or ", "put"
+        held = dict.fromkeys(listed_templates(*hub)) if hub else kept_base_files(Path(identity).expanduser())
     except (OSError, GristmillError):
         return None
     # as an export ships them: only with the base's own tokenizer.json (own_tokenizer_files)
     unkept = [n for n in chat_templates(own_tokenizer_files(held | kept)) if n not in kept]
     if not unkept:
         return None
-    names, them = " ".join(unkept), "it" if len(unkept) == 1 else "them"
+    them = "it" if len(unkept) == 1 else "them"
+    where, since, fetch = identity, "added since the run started, or ", ""
+    if hub:
+        where, since = f"the hub repository {identity}", ""
+        fetch = f"`hf download {hub[0]} {' '.join(unkept)} --revision {hub[1]}` fetches {them}; "
     return (
         f"note: {where} holds {', '.join(unkept)}, which {Path(run_dir) / BASE_DIR} does not keep "
         f"({since}the run started before gristmill kept {them}): the run's exports ship none; "
-        f"{fetch.format(names=names, them=them)} what is still the base's in a copy of an export "
+        f"{fetch}put what is still the base's in a copy of an export "
         "(`gristmill export RUN --step N --out DIR`: an export of the run holds only what it lists)"
     )
 

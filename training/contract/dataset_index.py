@@ -714,7 +714,7 @@ class DocIndex:
         self.sample_first = sample_starts(self.shard_rows)
 
 
-def _mapped(path: Path, dtype: np.dtype, fix: str | None = None) -> np.ndarray:
+def _mapped(path: Path, dtype: np.dtype, fix: str) -> np.ndarray:
     """Index file `path` mapped; one that cannot be read is one line naming it and the fix (a training
     run's traceback: trial RV67a F11): access, or `fix` (DocIndex.fix: a bucket's copy is repaired in
     the bucket, review RV67e 10)."""
@@ -722,7 +722,6 @@ def _mapped(path: Path, dtype: np.dtype, fix: str | None = None) -> np.ndarray:
         return np.memmap(path, dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
     except OSError as e:
         why = "give this user read access to it" if isinstance(e, PermissionError) else fix
-        why = why or f"rerun `gristmill data index {path.parent.parent}`"
         raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e.strerror or e}): {why}") from None
 
 

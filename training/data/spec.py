@@ -286,7 +286,7 @@ def batch_shapes(cfg: TrainConfig, spec: RunSpec, world_size: int) -> tuple[Batc
                 f"the global batch of {g} sequences ({batch_at} {ph.global_batch_tokens} / "
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
                 f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
-                f"{keys}"
+                + keys
                 # a resume may not change a finished phase's batch: the ranks must divide it (R18b 2)
                 + (" (every phase's batch must split, a finished one's too)" if len(spec.phases) > 1 else "")
             )
