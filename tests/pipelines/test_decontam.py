@@ -655,7 +655,7 @@ def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_
     text = config.read_text()
     cfg = load_config(DataConfig, config, ["decontaminate.tasks=[]", 'decontaminate.index=""'])
     with pytest.raises(
-        BuildError, match=r'^decontaminate.index="": decontaminate.tasks and decontaminate.index'
+        BuildError, match=r'^--set decontaminate.index="": decontaminate.tasks and decontaminate.index'
     ):
         prepare(cfg, **QUIET)
     without_tasks = tmp_path / "no-tasks.toml"

@@ -86,7 +86,7 @@ def config_from(
         culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
         raise ConfigError(f"{body} ({f'{flag} {culprit}' if culprit else source})", e.key) from None
     # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
-    cfg.__dict__[_OVERRIDES] = {key: item for item, key in parsed}
+    cfg.__dict__[_OVERRIDES] = {key: f"{flag} {item}" for item, key in parsed}
     return cfg
 
 
@@ -94,8 +94,19 @@ _OVERRIDES = "_gristmill_overrides"
 
 
 def override_of(cfg: Any, key: str) -> str | None:
-    """The `--set` item (as the user typed it) that gave dotted `key` to load_config's `cfg`, if any."""
+    """The override that gave dotted `key` to load_config's `cfg`, if any: where it was given and the
+    item as the user typed it (`--set data.dataset=x`, a search's `proxy.set data.dataset=x`)."""
     return getattr(cfg, _OVERRIDES, {}).get(key)
+
+
+def naming_override(error: ConfigError, cfg: Any) -> ConfigError:
+    """`error`, from a check of `cfg`, with the override that wrote its key named after it, as a value
+    the loader refuses is: a search's check named `optim.weight_decay`, a key of no file of the
+    search's, for its proxy.set item (trial RV66f F8)."""
+    said = next((item for key, item in getattr(cfg, _OVERRIDES, {}).items() if _covers(key, error.key)), None)
+    if said is not None and said not in str(error):
+        error.args = (f"{error} ({said})", *error.args[1:])
+    return error
 
 
 def _covers(override_key: str, bad_key: str | None) -> bool:

@@ -34,7 +34,7 @@ from training.config_checks import (
     check_parallel_section,
     check_training,
 )
-from training.contract.config_loader import ConfigError, override_of, to_dict
+from training.contract.config_loader import ConfigError, naming_override, override_of, to_dict
 from training.contract.object_store import refuse_url
 from training.data.remote import CacheSettings
 
@@ -106,7 +106,7 @@ def _sources(cfg: TrainConfig) -> list[SourceSection]:
     given = override_of(cfg, "data.dataset")
     if d.dataset != DataSection.dataset or given:
         raise ConfigError(
-            f"{f'--set {given}' if given else f'data.dataset = {d.dataset!r}'} and [[data.sources]] are "
+            f"{given or f'data.dataset = {d.dataset!r}'} and [[data.sources]] are "
             "both set; with sources, name each dataset in a [[data.sources]] table and leave "
             "data.dataset out",
             "data.dataset",
@@ -298,7 +298,15 @@ def batch_shapes(cfg: TrainConfig, spec: RunSpec, world_size: int) -> tuple[Batc
 
 def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     """Everything about the recipe that can be checked before any work, for `world_size` ranks
-    (each phase's batch shape too, `batch_shapes`); returns the resolved recipe."""
+    (each phase's batch shape too, `batch_shapes`); returns the resolved recipe. A refusal names the
+    override that set its key."""
+    try:
+        return _checked_config(cfg, world_size)
+    except ConfigError as e:
+        raise naming_override(e, cfg) from None
+
+
+def _checked_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     d, r = cfg.data, cfg.run
     refuse_url("run.output_dir", r.output_dir)  # runs are local; their datasets may be in a bucket
     check_model_section(cfg.model)

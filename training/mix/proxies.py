@@ -45,6 +45,7 @@ from training.contract.config_loader import (
     config_changes,
     config_from,
     json_sha256,
+    naming_override,
     to_dict,
     tokens_shown,
 )
@@ -271,6 +272,7 @@ def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
     """Each source's training split, opened once for the whole search as the trainer opens it (one
     tokenizer across them, no dataset twice): its tokens and fingerprint, and every proxy's plan."""
     n = len(cfg.data.sources)
+    probe = None
     try:
         probe = train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0))
         spec = check_config(probe, 1)
@@ -281,7 +283,7 @@ def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
         # commands.sh of runs its base refuses, trial RV66a F3)
         model_for_data(probe, spec, tables[0].info, None)
     except ConfigError as e:
-        raise ConfigError(in_search_keys(str(e), cfg), key=e.key) from None
+        raise ConfigError(in_search_keys(str(naming_override(e, probe)), cfg), key=e.key) from None
     return tables
 
 

@@ -295,6 +295,17 @@ def test_set_data_dataset_beside_sources_is_refused_even_at_its_default(sources,
         assert "--set data.dataset=runs/data/demo" in err and "[[data.sources]]" in err, err
 
 
+def test_a_value_a_check_refuses_names_the_set_that_gave_it(sources, tmp_path, capsys):
+    """Trial RV66f F8: a value refused by a check past the loader (a weight decay below 0, a sequence
+    length of 0) was named by its key alone, though the loader names the --set of a value it refuses;
+    a search's proxy.set then named a key of no file of the search's. The --set is named now."""
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)
+    for item in ("optim.weight_decay=-1", "data.seq_len=0"):
+        for err in both(config, [f'run.output_dir="{run}"', item], capsys):
+            assert err.rstrip().endswith(f"(--set {item})") and err.count(item) == 1, err
+
+
 def test_a_phase_longer_than_the_model_is_refused_by_plan_and_train_naming_its_key(sources, tmp_path, capsys):
     run = tmp_path / "run"
     config = write_recipe(tmp_path / "r.toml", sources, run)
@@ -390,13 +401,14 @@ def test_a_one_dataset_run_past_the_bound_and_a_step_larger_than_an_epoch_are_on
     [
         # the later of two sources of one name is the one to rename, and it is not the character rule
         (['data.sources[1].name="web"'], "data.sources[1].name = 'web' is also data.sources[0].name: every "
-         "source needs its own name"),
+         'source needs its own name (--set data.sources[1].name="web")'),
         # one key at fault is named, not the unused default data.seq_len beside it
-        (["data.micro_batch=-4"], "data.micro_batch = -4 must be ≥ 1"),
-        (["phase[0].micro_batch=0"], "phase[0].micro_batch = 0 must be ≥ 1 (sequences per micro-batch)"),
+        (["data.micro_batch=-4"], "data.micro_batch = -4 must be ≥ 1 (--set data.micro_batch=-4)"),
+        (["phase[0].micro_batch=0"], "phase[0].micro_batch = 0 must be ≥ 1 (sequences per micro-batch) "
+         "(--set phase[0].micro_batch=0)"),
         # "the sources are data": the name data.dataset's one source has inside, never written
         (["data.sources=[]"], "phase[0].mix names source 'web', but data.sources lists none: add a "
-         "[[data.sources]] table for it (name = 'web', dataset = …)"),
+         "[[data.sources]] table for it (name = 'web', dataset = …) (--set data.sources=[])"),
     ],
 )  # fmt: skip
 def test_a_source_or_batch_setting_is_refused_naming_the_one_key_at_fault(

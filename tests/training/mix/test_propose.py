@@ -621,6 +621,12 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['data.micro_batch=2']"], "set proxy.micro_batch instead"),
         (["proxy.set=['run.threads=2']"], "set proxy.threads instead"),
         (["proxy.set=['run.val_batches=2']"], "proxy.set 'run.val_batches=2': [proxy] sets run.val_batches"),
+        # a check past the loader named the trainer's key alone, of no file of the search's (RV66f F8)
+        (
+            ["proxy.set=['optim.weight_decay=-1']"],
+            "optim.weight_decay = -1.0 is not allowed: it must be a finite number ≥ 0 (0: no weight decay) "
+            "(proxy.set optim.weight_decay=-1)",
+        ),
         # bounds that fit one mixture, or a handful: the swarm drew forever, silently
         (
             ["proxy.global_batch_tokens=64", "proxy.micro_batch=1"],
