@@ -347,7 +347,7 @@ def test_missing_tracker_package_fails_before_any_work(dataset, tmp_path, capsys
     assert run_training(dataset, tmp_path / "run", ["trackio"]) == 2
     err = capsys.readouterr().err
     assert err == "error: metrics.trackers includes \"trackio\" but trackio is not installed: " \
-                  "pip install 'gristmill[trackio]'\n"  # fmt: skip
+                  "pip install 'gristmill[trackio]' (--set metrics.trackers=[\"trackio\"])\n"  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 

@@ -2422,7 +2422,8 @@ def test_eval_source_must_name_a_source_with_held_out_documents(capsys):
     assert main(["train", "--config", tiny, "--plan", "--set", "eval.source=nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "error: eval.source = 'nope': not a source with held-out documents; the sources with some are data"
+        "error: eval.source = 'nope': not a source with held-out documents; the sources with some are data "
+        "(--set eval.source=nope)"
     ), err
 
 
