@@ -498,6 +498,42 @@ def test_every_text_a_task_scores_is_indexed_whatever_its_shape(tmp_path, capsys
     )
 
 
+def test_a_template_s_own_words_never_count_a_short_document_as_checked(tmp_path, capsys):
+    """Trial RV68c F1: arc's "Question: {{question}}\nAnswer:" made an 11-word question 13 words, so it
+    was counted as checked at n = 13 and the eval called the task decontaminated, while a page quoting the
+    question plainly trained. A document is checked when its own text, without a template's words, has an
+    n-gram; the framed n-grams are indexed as before (the index's files are the same)."""
+    short = "Which gas do green plants take from the air to make food?"  # 12 words
+    long = "Which layer of the atmosphere holds most of the ozone that absorbs light from the sun?"  # 16
+    rows = "".join(
+        json.dumps({"question": q, "choices": ["yes", "no"], "label": 0}) + "\n" for q in (short, long)
+    )
+    common = "dataset_path: json\ntest_split: test\noutput_type: multiple_choice\nmetadata:\n  version: 1.0\n"
+    frame = '"Question: {{question}}\\nAnswer:"'
+    for name, keys in (  # the query of should_decontaminate, and the prompt of a task without it
+        (
+            "gm_arc",
+            f"doc_to_text: {frame}\nshould_decontaminate: true\ndoc_to_decontamination_query: {frame}\n",
+        ),
+        ("gm_prompt", f"doc_to_text: {frame}\n"),
+    ):
+        (tmp_path / f"{name}.jsonl").write_text(rows)
+        (tmp_path / f"{name}.yaml").write_text(
+            f"task: {name}\n{common}dataset_kwargs:\n  data_files:\n    test: {tmp_path / f'{name}.jsonl'}\n"
+            f'{keys}doc_to_choice: "{{{{choices}}}}"\ndoc_to_target: "{{{{label}}}}"\n'
+        )
+    out = tmp_path / "i"
+    assert main(["data", "decontam-index", "--tasks", "gm_arc,gm_prompt", "--include-path", str(tmp_path),
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert [t["documents_without_ngrams"] for t in read_manifest(out)["tasks"]] == [1, 1], printed
+    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words without its " in printed
+    index = NgramIndex(out)
+    assert index.first_match(f"Intro. Question: {short}\nAnswer: carbon dioxide. Outro.") is not None
+    assert index.first_match(f"Intro. {long} Outro.") is not None
+    assert index.first_match(f"Intro. {short} Carbon dioxide. Outro.") is None  # as counted: unchecked
+
+
 def test_an_index_written_into_a_task_s_data_folder_is_refused(tmp_path, capsys):
     """A task read from a folder without data_files reads every file datasets finds there: an index
     written into it (its manifest.json, …) was that task's rows at the next read, as the eval's run
@@ -1077,7 +1113,7 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     assert build(cfg, log=lambda *a: lines.append(" ".join(map(str, a)))).ok
     printed = "\n".join(lines)
     assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
-    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words," in printed, printed
+    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words without " in printed
     # "with no", which reads right for every n ("without a 8-gram" did not), and the key to change (R27d m5)
     assert re.search(r"^  task +split +documents +13-grams +documents with no 13-gram$", printed, re.M), (
         printed
