@@ -283,7 +283,7 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
                 cut = "…" if n < 64 else ""
                 what = f"differs from the plan: recorded {e.sha256[:n]}{cut}, planned {planned[:n]}{cut}"
                 problems.append((e.step, what))
-    problems += _timeline_problems(entries, plan, skips, trained, saved)
+    problems += _timeline_problems(entries, plan, skips, trained, saved, only)
     if only is not None:
         problems = [(step, what) for step, what in problems if step == only]
     first = min((e.step for e in entries), default=None)
@@ -309,7 +309,12 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
 
 
 def _timeline_problems(
-    entries: list[BatchEntry], plan: Plan, skips: tuple[Skip, ...], rows: dict[int, dict], saved: list[int]
+    entries: list[BatchEntry],
+    plan: Plan,
+    skips: tuple[Skip, ...],
+    rows: dict[int, dict],
+    saved: list[int],
+    only: int | None = None,
 ) -> list[tuple[int, str]]:
     """(step, what is wrong) of the record against the run's timeline: steps in order, within the plan,
     none a rewind skipped, each of the attempt that trained it in the final timeline (1 + the rewinds
@@ -342,10 +347,23 @@ def _timeline_problems(
         recorded[e.step] = e.sha256
         previous = e.step
     last = max(recorded, default=0)
-    for step in saved if recorded else []:  # none: a run from before the record, resumed (a note says so)
-        if step > last:
-            problems.append((step, f"has a checkpoint but is not recorded (the record ends at step {last})"))
+    # a record cut short (a copy stopped, a full disk): its first missing step, and `only` among them,
+    # not the first later step with a row or a checkpoint (step 145 of a record cut at 140, "1 more
+    # step(s) disagree" of 10 missing: trial RV68c F2)
+    through = max([*(saved if recorded else []), *rows], default=0)
+    if last < through and (steps := [s for s in range(last + 1, through + 1) if skip_of(skips, s) is None]):
+        ends = f"the record ends at step {last}" if recorded else "the record holds no step"
+        said = (
+            f"is not recorded, nor are the {len(steps) - 1} steps after it to step {through}"
+            if len(steps) > 1
+            else "is not recorded"
+        )
+        problems.append((steps[0], f"{said} ({ends}; the run trained through {through})"))
+        if only is not None and only in steps[1:]:
+            problems.append((only, f"is not recorded ({ends}; the run trained through {through})"))
     for step, row in rows.items():
+        if step > last:
+            continue  # said above
         if step not in recorded:
             problems.append(
                 (step, f"has a metrics row (batch_sha256 {row['batch_sha256'][:16]}…) but no record")
@@ -377,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     alone = None  # --step N of a trained step without a checkpoint or export: its recorded batch alone
     if not rows and args.step is not None:
         why = missing_step_reason(run_dir, args.step)
-        if not batches.compared:
+        if not batches.compared and batches.problem is None:  # a step the record lacks: its problem
             raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
         alone = f"{run_dir} has no checkpoint or export of step {args.step} ({why}); its recorded batch:"
     damaged = [r for r in rows if r[2] == "DAMAGED"]
