@@ -79,6 +79,11 @@ def _inspect(args: argparse.Namespace) -> int:
         raise LoaderConfigError(f"--world-size must be at least 1, got {world}")
     if args.max_rows < 0:  # was taken as 0, every row, without a word (review R21b)
         raise LoaderConfigError(f"--max-rows {args.max_rows}: give the rows to print, ≥ 1 (0: all)")
+    if args.end is not None and not args.hash:  # step --step alone was shown, without a word (RV68c F4)
+        raise LoaderConfigError(
+            f"--end {args.end} is --hash's (hash steps --step to --end); add --hash, or drop --end to see "
+            "the documents of step --step"
+        )
     root = Path(args.dataset)
     if not is_url(args.dataset):  # a dataset in a bucket; a run directory is always local
         if not root.is_dir():

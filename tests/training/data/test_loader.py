@@ -684,6 +684,11 @@ def test_inspect_prints_the_batch(text_dataset, capsys):
     half = make_loader(text_dataset, rank=1, world_size=2)  # its header's digest is the rank's rows' (R24e 3)
     half.seek(3)
     assert f"; sha256 {batch_sha256(take(half, 1)[0])} rank 1/2's rows\n" in out, out
+    # --end is --hash's: without it, step 4 alone was shown, without a word (trial RV68c F4)
+    assert cli(["data", "inspect", *map(str, common), "--step", "4", "--end", "6"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --end 6 is --hash's (hash steps --step to --end); add --hash, or " \
+        "drop --end to see the documents of step --step\n", err  # fmt: skip
 
 
 def test_inspect_without_the_tokenizers_package_prints_ids(text_dataset, capsys, monkeypatch):
