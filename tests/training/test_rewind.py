@@ -602,6 +602,25 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
     assert not (run / "exports" / "step--00001").exists()
 
 
+def test_a_step_whose_save_never_completed_is_said_to_be_trained(reference, tmp_path, capsys):
+    """A run killed in the save of its newest step: `export --step N` said "step N is not trained yet:
+    the run has reached step N-1" (its last metrics row) though the step was trained and recorded, or,
+    past a row, blamed retention, which never deletes the newest complete checkpoint (trial RV68b F5).
+    The reference run's last save, removed as a kill in it leaves none."""
+    src, _ = reference
+    run = tmp_path / "run"
+    shutil.copytree(src, run, symlinks=True)
+    shutil.rmtree(run / "checkpoints" / "step-000030")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] < 30))
+    assert gristmill(["export", str(run), "--step", "30"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        "step 30 was trained, but its save never completed (the run stopped during it); the newest "
+        "complete checkpoint is step 25, from which `gristmill train --resume auto` trains it again; " in line
+    ), line
+
+
 def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_this_config(
     reference, tmp_path, capsys
 ):

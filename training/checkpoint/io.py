@@ -38,9 +38,11 @@ from training.checkpoint.record import (
     is_resume_only,
     read_complete_record,
 )
+from training.contract.batch_record import read_batches
 from training.contract.errors import GristmillError
 from training.contract.integrity import Ledger, checkpoint_identity, damaged_files, read_ledger
 from training.contract.run_layout import (
+    BATCHES_BIN,
     CHECKPOINTS_DIR,
     CHECKPOINTS_JSONL,
     COMPLETE_FILE,
@@ -582,7 +584,13 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
         return f"step {step}'s checkpoint is incomplete: {reason}"
     metrics = run_dir / METRICS_JSONL
     trained = [r["step"] for r in kept_rows(read_metrics(metrics)[0])] if metrics.is_file() else []
-    reached = max([*trained, *complete_steps(run_dir)], default=0)
+    try:  # every trained step's batch: rows are every run.log_every steps ("step 8 is not trained yet:
+        # the run has reached step 7" of a step killed in its save, trial RV68b F5)
+        recorded = [e.step for e in read_batches(run_dir / BATCHES_BIN)[0]]
+    except (OSError, ValueError):
+        recorded = []
+    newest = max(complete_steps(run_dir), default=0)
+    reached = max([*trained, *recorded, newest], default=0)
     if step > reached:
         return f"step {step} is not trained yet: the run has reached step {reached}"
     # Step 1 always has a row: a record that begins later is a run started from another run's
@@ -606,6 +614,12 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
             f"step {step} has no checkpoint: checkpoint.interval = {c.interval} saves every {c.interval} "
             f"steps and the last ({last}), and a save made where the run stopped (SIGTERM, Ctrl-C, "
             "run.max_steps) is deleted by retention once a resume has saved newer ones"
+        )
+    if step > newest:  # retention never deletes the newest complete checkpoint
+        return (
+            f"step {step} was trained, but its save never completed (the run stopped during it); the newest "
+            f"complete checkpoint is {f'step {newest}' if newest else 'none'}, from which `gristmill train "
+            "--resume auto` trains it again"
         )
     if not c.keep_last:  # deletes none now; an earlier invocation's keep_last may have (review R24b 4)
         return (
