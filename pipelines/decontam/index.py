@@ -409,10 +409,20 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
     if cfg.index:
         folder = Path(cfg.index).expanduser().resolve()
         if not folder.exists() and kept is not None and (kept / MANIFEST_JSON).is_file():
+            # the way on where the copy is damaged too: the same tasks give the same bytes again, which
+            # no message said (trial RV68c F3)
+            was = _earlier_index(kept) or {}
+            names = was.get("requested") or [
+                t.get("name") for t in was.get("tasks") or [] if isinstance(t, dict)
+            ]
+            again = (
+                f"--tasks {','.join(map(str, names))} --ngram {was.get('ngram')}" if names else "--tasks …"
+            )
             raise BuildError(
                 f"decontaminate.index {folder} does not exist; the output keeps a copy of the index it was "
-                f"built with, {kept}: to go on with that one, set decontaminate.index = {str(kept)!r}; else "
-                "build the index you mean (`gristmill data decontam-index --tasks … --out DIR`)"
+                f"built with, {kept}: to go on with that one, set decontaminate.index = {str(kept)!r}; or "
+                f"write it again (`gristmill data decontam-index {again} --out {folder}`, with the same "
+                "--include-path: the same task documents give the same index); else build the index you mean"
             )
         manifest = read_manifest(folder, verify=True)
         if manifest["ngram"] != cfg.ngram:

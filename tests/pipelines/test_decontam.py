@@ -731,6 +731,18 @@ def test_a_finished_dataset_whose_prebuilt_index_is_gone_names_the_copy_it_keeps
     result = build(load_config(DataConfig, config, advised), **QUIET)
     assert result.ok, result.report
     assert {p: p.read_bytes() for p in files} == files
+    # the other way on, where the copy is damaged too: the index written again as the line says, the
+    # same bytes, so the rerun of the recipe as it was goes on (no line said so: trial RV68c F3)
+    again = re.search(r"`gristmill data decontam-index (.+) --out (.+?)`", str(e.value))
+    assert again and again[1] == "--tasks gm_cloze,gm_qa --ngram 13" and again[2] == str(index), e.value
+    _, _, tasks, _, _ = decontam
+    assert (
+        main(["data", "decontam-index", *again[1].split(), "--include-path", str(tasks), "--out", again[2]])
+        == 0
+    )
+    result = build(load_config(DataConfig, config, sets), **QUIET)
+    assert result.ok, result.report
+    assert {p: p.read_bytes() for p in files} == files
 
 
 def test_an_edited_decontam_manifest_is_copied_again_by_the_rerun(decontam, tmp_path):
