@@ -38,7 +38,7 @@ from typing import Any
 
 from training.config import MetricsSection
 from training.config_checks import trackers_of
-from training.console import say
+from training.console import ReaderSafeOut, say
 from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
 from training.data.remote import dataset_info
@@ -636,18 +636,24 @@ class Wandb:
         # quiet: wandb's start line with the run's place (URL or offline directory) stays, its
         # end-of-run sparkline panel goes; WANDB_QUIET / WANDB_SILENT, when set, decide instead.
         quiet = not {"WANDB_QUIET", "WANDB_SILENT"} & os.environ.keys()
+        files = Path(os.environ.get("WANDB_DIR") or run_dir)
         try:
-            self.run = wandb.init(
-                project=project,
-                name=name,
-                tags=tags or None,
-                config=config,
-                dir=os.environ.get("WANDB_DIR") or str(run_dir),
-                id=resume_id,
-                resume="allow" if resume_id else None,
-                settings=wandb.Settings(quiet=True) if quiet else None,
-                mode="offline" if keep else None,
-            )
+            # wandb prints to sys.stderr itself, not through the console: a reader gone meanwhile (`… 2>&1
+            # | head -1`) raised BrokenPipeError out of wandb.init, the run stopped before step 1 (trial
+            # RV68a F1); its lines now stop there as the console's do
+            safe = _ReaderSafeStream(sys.stderr) if sys.stderr else None  # None: no stderr (a daemon)
+            with contextlib.redirect_stderr(safe) if safe else contextlib.nullcontext():
+                self.run = wandb.init(
+                    project=project,
+                    name=name,
+                    tags=tags or None,
+                    config=config,
+                    dir=str(files),
+                    id=resume_id,
+                    resume="allow" if resume_id else None,
+                    settings=wandb.Settings(quiet=True) if quiet else None,
+                    mode="offline" if keep else None,
+                )
         except Exception as e:  # no API key, no network, a refused id: one line, before any step
             raise _init_failed("wandb", e, "log in (wandb login) or set WANDB_MODE=offline") from None
         self.id, self.name = self.run.id, self.run.name
@@ -670,6 +676,14 @@ class Wandb:
 
     def abandon(self) -> None:
         _wandb_teardown(wait=2)  # its exit hook would wait for the same service: unregistered first
+
+
+class _ReaderSafeStream(ReaderSafeOut):
+    """sys.stderr while wandb starts: what its reader, gone, cannot take is dropped (training/console.py);
+    anything else (isatty, fileno, encoding, which wandb and click ask) is the stream's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def _wandb_teardown(wait: float = 10) -> None:

@@ -966,3 +966,26 @@ def test_the_end_waits_for_a_hung_call_only_what_is_left_of_its_bound(env, tmp_p
         took = time.monotonic() - started
     assert "has not returned from its log of step 2" in capsys.readouterr().out
     assert took < 5, took  # ~1 s left of its bound, then the 2 s teardown; a fresh bound: 6 + 2
+
+
+def test_a_reader_gone_while_wandb_starts_costs_no_run(env, dataset, tmp_path):
+    """`gristmill train … 2>&1 | head -1` with wandb: wandb prints its start lines to stderr itself, not
+    through the console, and the closed pipe raised BrokenPipeError out of wandb.init: "wandb could not
+    start a run: [Errno 32] Broken pipe; log in …", exit 2, nothing trained (trial RV68a F1). The run
+    trains, and wandb gets every row."""
+    import os
+
+    run = tmp_path / "run"
+    sets = recipe(dataset, run, "schedule.steps=8", "schedule.warmup_steps=2", "run.val_every=0")
+    sets += ["metrics.plot=false", 'metrics.trackers=["wandb"]', 'metrics.project="gm-test"']
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    # wandb's start lines printed (the fixture's WANDB_SILENT kept them back); its own service, not this
+    # process's (WANDB_SERVICE). A plain process: forked.popen sends stderr to a file, never a pipe
+    shell = {k: v for k, v in os.environ.items() if k not in ("WANDB_SILENT", "WANDB_SERVICE")}
+    shell |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=shell, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.stdout.close()  # the reader gone before anything was printed
+    assert proc.wait(timeout=240) == 0, sorted(p.name for p in run.iterdir()) if run.exists() else None
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
+    (w,) = wandb_runs(run)
+    assert sorted(w["history"]) == list(range(1, 9))
