@@ -24,6 +24,7 @@ applied to trackio (a note says so).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -654,8 +655,8 @@ class Wandb:
                     settings=wandb.Settings(quiet=True) if quiet else None,
                     mode="offline" if keep else None,
                 )
-        except Exception as e:  # no API key, no network, a refused id: one line, before any step
-            raise _init_failed("wandb", e, "log in (wandb login) or set WANDB_MODE=offline") from None
+        except Exception as e:  # no API key or network, a refused id, RUN/wandb a file: one line, no step
+            raise _init_failed("wandb", e, _wandb_fix(e, files / "wandb")) from None
         self.id, self.name = self.run.id, self.run.name
         self.mode = "offline" if self.run.offline else "online"
         self.where = (
@@ -684,6 +685,21 @@ class _ReaderSafeStream(ReaderSafeOut):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
+
+
+def _wandb_fix(e: Exception, files: Path) -> str:
+    """The fix for what wandb.init raised: logging in or going offline only where the failure is about
+    those (a broken pipe or RUN/wandb a file was told to log in: trial RV68a F7)."""
+    import wandb
+
+    login = isinstance(e, wandb.errors.AuthenticationError | wandb.errors.CommError)
+    if login or re.search(r"api.?key|log ?in\b", str(e), re.I):
+        return "log in (wandb login) or set WANDB_MODE=offline"
+    if isinstance(e, OSError) and e.errno in (errno.EPIPE, errno.EIO):
+        return "the terminal or pipe it printed to closed: run it again with its output kept open"
+    if isinstance(e, OSError):
+        return f"make {files} a writable directory (WANDB_DIR moves it)"
+    return "fix what it names (metrics.project, a WANDB_* variable)"
 
 
 def _wandb_teardown(wait: float = 10) -> None:

@@ -467,6 +467,7 @@ def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(e
     fresh = tmp_path / "fresh"  # online with no key: wandb cannot start
     failed = cli(fresh, ["tensorboard", "wandb"], "run.max_steps=2")
     assert failed.returncode == 2 and "wandb could not start a run" in one_error_line(failed.stderr)
+    assert "log in (wandb login) or set WANDB_MODE=offline" in failed.stderr  # a login failure's advice
     assert not list(fresh.rglob("events.out.tfevents*"))
 
 
@@ -989,3 +990,18 @@ def test_a_reader_gone_while_wandb_starts_costs_no_run(env, dataset, tmp_path):
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
     (w,) = wandb_runs(run)
     assert sorted(w["history"]) == list(range(1, 9))
+
+
+def test_a_wandb_that_cannot_write_its_files_is_told_so_not_to_log_in(env, dataset, tmp_path, capsys):
+    """RUN/wandb a file: "wandb could not start a run: [Errno 20] Not a directory: …; log in (wandb
+    login) or set WANDB_MODE=offline" (trial RV68a F7). The login advice is for a login or network
+    failure; this one names the directory to fix."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "wandb").write_text("x")
+    assert run_training(dataset, run, ["wandb"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: wandb could not start a run: [Errno 20] Not a directory"), line
+    fix = f"make {run / 'wandb'} a writable directory (WANDB_DIR moves it), or drop wandb from "
+    fix += "metrics.trackers"
+    assert line.endswith(fix) and "login" not in line, line
