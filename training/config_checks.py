@@ -434,3 +434,33 @@ def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:
                 "metrics.trackers",
             )
     return names, project, notes
+
+
+def tracker_timeout() -> float:
+    """How long one tracker call (a row's log, the finish at the end, all trackers' together) may take
+    before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (GRISTMILL_WANDB_FINISH_TIMEOUT, its
+    older name from when only wandb's finish was bounded, counts too), 30 by default. GristmillError
+    for a value that is no finite number above 0: "abc" was 30 s unsaid, and 0 gave up every tracker
+    at the end, its record claiming rows its run never got (trial RV68a F8)."""
+    for var in ("GRISTMILL_TRACKER_TIMEOUT", "GRISTMILL_WANDB_FINISH_TIMEOUT"):
+        if raw := os.environ.get(var):
+            break
+    else:
+        return 30.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return seconds
+    raise GristmillError(
+        f"{var}={raw} is not a finite number of seconds above 0 (how long a tracker's call may take before "
+        "it is given up); set it to one, e.g. 30 (the default), or unset it"
+    )
+
+
+def check_tracker_timeout(m: MetricsSection) -> None:
+    """The trackers' time bound, checked where a run starts (the launcher, the trainer), before any
+    work; not with the config, which a read of a run (inspect, verify) checks too."""
+    if trackers_of(m)[0]:
+        tracker_timeout()

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import load_train_config
-from training.config_checks import check_threads
+from training.config_checks import check_threads, check_tracker_timeout
 from training.console import ReaderSafeOut
 from training.contract.config_loader import (
     add_config_arguments,
@@ -205,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         return show_plan(cfg, args.nproc_per_node, args.plot)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
     check_threads(cfg.run.threads)  # the workers' threads, on this machine
+    check_tracker_timeout(cfg.metrics)
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:
         from training.train import train

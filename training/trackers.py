@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import MetricsSection
-from training.config_checks import trackers_of
+from training.config_checks import tracker_timeout, trackers_of
 from training.console import ReaderSafeOut, say
 from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
@@ -300,17 +300,6 @@ class Trackers:
 def _raised(e: BaseException) -> str:
     """`SystemExit: 7`, or `SystemExit` alone where it says nothing (not "SystemExit: ")."""
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
-def tracker_timeout() -> float:
-    """How long one tracker call (a row's log, the finish at the end, all trackers' together) may take
-    before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (GRISTMILL_WANDB_FINISH_TIMEOUT, its
-    older name from when only wandb's finish was bounded, counts too), 30 by default."""
-    raw = os.environ.get("GRISTMILL_TRACKER_TIMEOUT") or os.environ.get("GRISTMILL_WANDB_FINISH_TIMEOUT")
-    try:
-        return float(raw or 30)
-    except ValueError:  # a mistyped value must not leave a tracker unbounded
-        return 30.0
 
 
 class _Finish:

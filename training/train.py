@@ -55,7 +55,7 @@ import torch.nn as nn
 
 from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
-from training.config_checks import check_threads
+from training.config_checks import check_threads, check_tracker_timeout
 from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
@@ -209,6 +209,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
                 say(line)
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
             checked = preflight(cfg, env)
+            check_tracker_timeout(cfg.metrics)  # after them: their refusals name the --set that gave them
             # --- checks done; from here on the run does work ---
             with own_run_dir(Path(cfg.run.output_dir), env):
                 run = setup(cfg, checked, env, evaluator)

@@ -1005,3 +1005,24 @@ def test_a_wandb_that_cannot_write_its_files_is_told_so_not_to_log_in(env, datas
     fix = f"make {run / 'wandb'} a writable directory (WANDB_DIR moves it), or drop wandb from "
     fix += "metrics.trackers"
     assert line.endswith(fix) and "login" not in line, line
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [("GRISTMILL_TRACKER_TIMEOUT", "abc"), ("GRISTMILL_TRACKER_TIMEOUT", "0"),
+     ("GRISTMILL_TRACKER_TIMEOUT", "-1"), ("GRISTMILL_WANDB_FINISH_TIMEOUT", "inf")],
+)  # fmt: skip
+def test_a_tracker_timeout_that_is_no_number_above_0_is_refused_before_any_work(
+    dataset, tmp_path, capsys, monkeypatch, var, value
+):
+    """GRISTMILL_TRACKER_TIMEOUT=abc was 30 s unsaid; =0 gave every tracker up at the end, wandb's file
+    with no row while trackers.json said "sent_through": 12 (trial RV68a F8). Refused in one line
+    naming the variable, before the run directory is made."""
+    monkeypatch.delenv("GRISTMILL_TRACKER_TIMEOUT", raising=False)
+    monkeypatch.setenv(var, value)
+    run = tmp_path / "run"
+    assert run_training(dataset, run, ["tensorboard"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {var}={value} is not a finite number of seconds above 0"), line
+    assert line.endswith("set it to one, e.g. 30 (the default), or unset it"), line
+    assert not run.exists()
