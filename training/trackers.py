@@ -97,6 +97,15 @@ class Trackers:
         resume_step: int | None,
     ) -> None:
         names, project, notes = trackers_of(m)
+        record = self.run_dir / TRACKERS_JSON
+        # written below whatever the trackers (a fresh run's empties it): a directory there was an
+        # IsADirectoryError traceback (trial RV68a F11), refused now before any tracker starts
+        if record.exists() and not record.is_file():
+            kind = "a directory" if record.is_dir() else "not a regular file"
+            raise GristmillError(
+                f"{record} is {kind}; it must be the JSON file of the wandb/trackio runs a resume continues: "
+                "move it out of the run directory and run again"
+            )
         for note in notes:
             say(note)
         info = provenance(datasets) if names else {}

@@ -1026,3 +1026,22 @@ def test_a_tracker_timeout_that_is_no_number_above_0_is_refused_before_any_work(
     assert line.startswith(f"error: {var}={value} is not a finite number of seconds above 0"), line
     assert line.endswith("set it to one, e.g. 30 (the default), or unset it"), line
     assert not run.exists()
+
+
+def test_a_trackers_json_that_is_a_directory_is_one_line_and_costs_nothing(dataset, tmp_path, capsys):
+    """RUN/trackers.json a directory, resumed with tensorboard only: an IsADirectoryError traceback from
+    its write, exit 1 (trial RV68a F11). One line naming it and the fix; the run's files as they were."""
+    run = tmp_path / "run"
+    assert run_training(dataset, run, ["tensorboard"], "run.max_steps=4") == 0
+    (run / "trackers.json").mkdir()
+    (run / "trackers.json" / "kept").write_text("x")
+    before = (run / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert run_training(dataset, run, ["tensorboard"], 'checkpoint.resume="auto"') == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {run / 'trackers.json'} is a directory; it must be the JSON file of the wandb/trackio runs "
+        "a resume continues: move it out of the run directory and run again"
+    )
+    assert (run / "metrics.jsonl").read_bytes() == before and (run / "trackers.json" / "kept").is_file()
+    assert not list(run.glob(".trackers.json.*.tmp"))
