@@ -110,6 +110,17 @@ class Trackers:
             say(note)
         info = provenance(datasets) if names else {}
         old = read_state(self.run_dir, names, project) if resume_step is not None else {}
+        here = str(self.run_dir.resolve())
+        if (original := _copied_from(old, here)) is not None:
+            # a copy (`cp -a RUN BRANCH`) resumed: it continued the original's wandb/trackio runs, two
+            # curves of steps 17–30 in one run, the original's renamed (trial RV68a F3). A moved run,
+            # whose original place is gone, continues them.
+            old = {k: v for k, v in old.items() if k not in _RUN_KEY}
+            say(
+                f"note: {self.run_dir} is a copy of {original}, whose {TRACKERS_JSON} names the same "
+                f"wandb/trackio runs, which stay that run's: new tracker runs here, holding none of steps "
+                f"1–{resume_step} (metrics.jsonl has them)"
+            )
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
         run_name = m.run_name or self.run_dir.resolve().name
         # the run directory, absolute: what tells this run's wandb directories in a shared WANDB_DIR
@@ -133,10 +144,10 @@ class Trackers:
                 t = Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
                           config=tracker_config, resume_id=prev and prev.get("id"),
                           mode=prev and prev.get("mode"))  # fmt: skip
-                state[name] = {"id": t.id, "project": project, "mode": t.mode}
+                state[name] = {"id": t.id, "project": project, "mode": t.mode, "run_dir": here}
             else:
                 t = Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
-                state[name] = {"id": t.id, "name": t.name, "project": project}
+                state[name] = {"id": t.id, "name": t.name, "project": project, "run_dir": here}
                 if t.note:
                     say(t.note)
             self.trackers[name] = _Feed(name, t)
@@ -145,6 +156,11 @@ class Trackers:
             # a record without sent_through: its run holds no step (none sent, or a store found empty at
             # the end: trial RV65f 7, no note then)
             held[name] = (prev.get("sent_through") or 0) if prev else None
+            if prev and isinstance(t, Trackio):
+                # what its store holds: a kill -9 after trackio stored rows, before their record, had
+                # them sent again (step 25 stored twice) and the note below name steps it held (RV68a F5)
+                with contextlib.suppress(Exception):
+                    held[name] = max(held[name], t.stored_through())
             if held[name] is not None and resume_step is not None and held[name] > resume_step:
                 self.skip_through[name] = held[name]
             if isinstance(held[name], int) and resume_step is not None and held[name] < resume_step:
@@ -496,6 +512,25 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
 
 
 _RUN_KEY = {"wandb": "id", "trackio": "name"}  # what a resume continues a tracker's run by
+
+
+def _copied_from(state: dict[str, Any], here: str) -> str | None:
+    """The run directory a wandb/trackio record of `state` (a trackers.json read at `here`) was
+    written in ("run_dir"), where that is another that still holds a trackers.json naming the same
+    run: `here` is a copy of it. None for the run's own records, a moved run's (its first place gone,
+    or another run's now), and records from before the place was kept."""
+    for name, key in _RUN_KEY.items():
+        ours = state.get(name)
+        there = ours.get("run_dir") if isinstance(ours, dict) else None
+        if not isinstance(there, str) or there == here:
+            continue
+        try:
+            theirs = json.loads((Path(there) / TRACKERS_JSON).read_text(encoding="utf-8")).get(name)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(theirs, dict) and ours.get(key) and theirs.get(key) == ours.get(key):
+            return there
+    return None
 
 
 def _a_record(name: str, record: Any) -> bool:

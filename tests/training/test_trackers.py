@@ -1045,3 +1045,59 @@ def test_a_trackers_json_that_is_a_directory_is_one_line_and_costs_nothing(datas
     )
     assert (run / "metrics.jsonl").read_bytes() == before and (run / "trackers.json" / "kept").is_file()
     assert not list(run.glob(".trackers.json.*.tmp"))
+
+
+def test_a_copy_of_a_run_resumed_starts_tracker_runs_of_its_own_and_a_moved_one_continues(
+    env, dataset, tmp_path, capsys
+):
+    """Trial RV68a F3: `cp -a RUN BRANCH`, BRANCH resumed with another setting, then RUN resumed: one
+    trackio run held two curves of the same steps and the original's wandb run was renamed. A copy, whose
+    original still names the same runs, starts its own; a moved run continues them."""
+    trackers = ["wandb"] + (["trackio"] if env else [])
+    orig, branch, moved = tmp_path / "orig", tmp_path / "branch", tmp_path / "moved"
+    assert run_training(dataset, orig, trackers, "run.max_steps=4") == 0
+    ids = json.loads((orig / "trackers.json").read_text())
+    assert {ids[t]["run_dir"] for t in trackers} == {str(orig.resolve())}
+    shutil.copytree(orig, branch, symlinks=True)
+    capsys.readouterr()
+    assert run_training(dataset, branch, trackers, 'checkpoint.resume="auto"', "optim.weight_decay=0.5") == 0
+    assert (
+        f"note: {branch} is a copy of {orig.resolve()}, whose trackers.json names the same wandb/trackio "
+        "runs, which stay that run's: new tracker runs here, holding none of steps 1–4 (metrics.jsonl has "
+        "them)"
+    ) in capsys.readouterr().out
+    mine = json.loads((branch / "trackers.json").read_text())
+    assert all(
+        mine[t]["id"] != ids[t]["id"] and mine[t]["run_dir"] == str(branch.resolve()) for t in trackers
+    )
+    orig.rename(moved)
+    assert run_training(dataset, moved, trackers, 'checkpoint.resume="auto"') == 0
+    assert "is a copy of" not in capsys.readouterr().out
+    back = json.loads((moved / "trackers.json").read_text())
+    assert all(back[t]["id"] == ids[t]["id"] and back[t]["run_dir"] == str(moved.resolve()) for t in trackers)
+    assert [sorted(w["history"]) for w in wandb_runs(moved)] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    if env:
+        assert sorted(trackio_logs(ids["trackio"]["id"])) == list(range(1, 9))
+        assert sorted(trackio_logs(mine["trackio"]["id"])) == [5, 6, 7, 8]
+    else:
+        pytest.skip("trackio's store was not checked (not installed, or imported before TRACKIO_DIR was set)")
+
+
+def test_a_resume_sends_trackio_no_step_its_store_holds(env, dataset, tmp_path, capsys):
+    """Trial RV68a F5: a kill -9 after trackio stored rows, before trackers.json recorded them, left the
+    record short: the resume sent the redone steps again (one step stored twice) and its note named
+    steps the store held as missing. What the store holds counts."""
+    if not env:
+        pytest.skip("trackio is not installed, or was imported before TRACKIO_DIR was set")
+    run = tmp_path / "run"
+    assert run_training(dataset, run, ["trackio"], "run.max_steps=5") == 0  # checkpoints at 4 and 5
+    record = json.loads((run / "trackers.json").read_text())
+    record["trackio"]["sent_through"] = 3  # as a kill leaves it: never ahead, maybe short
+    (run / "trackers.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    four = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
+    assert run_training(dataset, run, ["trackio"], four) == 0
+    out = capsys.readouterr().out
+    assert "holds steps through" not in out and "trackio was sent step 5 by an earlier invocation" in out, out
+    logs = trackio_logs(record["trackio"]["id"])
+    assert sorted(logs) == list(range(1, 9)) and all(len(rows) == 1 for rows in logs.values()), logs
