@@ -525,6 +525,8 @@ def _copied_from(state: dict[str, Any], here: str) -> str | None:
         if not isinstance(there, str) or there == here:
             continue
         try:
+            if os.path.samefile(there, here):  # one directory under two paths (a bind mount, another node)
+                continue
             theirs = json.loads((Path(there) / TRACKERS_JSON).read_text(encoding="utf-8")).get(name)
         except (OSError, ValueError, AttributeError):
             continue

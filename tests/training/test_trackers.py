@@ -1076,6 +1076,14 @@ def test_a_copy_of_a_run_resumed_starts_tracker_runs_of_its_own_and_a_moved_one_
     back = json.loads((moved / "trackers.json").read_text())
     assert all(back[t]["id"] == ids[t]["id"] and back[t]["run_dir"] == str(moved.resolve()) for t in trackers)
     assert [sorted(w["history"]) for w in wandb_runs(moved)] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    # its own directory under another path (a bind mount, another node's name for it): no copy
+    record = (moved / "trackers.json").read_text()
+    (moved / "trackers.json").write_text(
+        record.replace(str(moved.resolve()), f"{moved.parent}/./{moved.name}")
+    )
+    assert run_training(dataset, moved, trackers, 'checkpoint.resume="auto"') == 0  # nothing to do
+    assert "is a copy of" not in capsys.readouterr().out
+    assert all(json.loads((moved / "trackers.json").read_text())[t]["id"] == ids[t]["id"] for t in trackers)
     if env:
         assert sorted(trackio_logs(ids["trackio"]["id"])) == list(range(1, 9))
         assert sorted(trackio_logs(mine["trackio"]["id"])) == [5, 6, 7, 8]
