@@ -144,6 +144,13 @@ class Trackers:
                 t = Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
                           config=tracker_config, resume_id=prev and prev.get("id"),
                           mode=prev and prev.get("mode"))  # fmt: skip
+                if t.mode == "disabled":  # recorded as an online run it never was, "continued" (RV68a F6)
+                    t.finish()
+                    say(
+                        "note: WANDB_MODE=disabled: wandb keeps nothing of this invocation and no wandb run "
+                        "is recorded or continued (unset it, or set WANDB_MODE=offline, to keep one)"
+                    )
+                    continue
                 state[name] = {"id": t.id, "project": project, "mode": t.mode, "run_dir": here}
             else:
                 t = Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
@@ -693,7 +700,13 @@ class Wandb:
         except Exception as e:  # no API key or network, a refused id, RUN/wandb a file: one line, no step
             raise _init_failed("wandb", e, _wandb_fix(e, files / "wandb")) from None
         self.id, self.name = self.run.id, self.run.name
-        self.mode = "offline" if self.run.offline else "online"
+        self.mode = (
+            "disabled"
+            if getattr(self.run, "disabled", False)
+            else "offline"
+            if self.run.offline
+            else "online"
+        )
         self.where = (
             "; offline, as the run was started (WANDB_MODE=online to sync from now on)" if keep else ""
         )

@@ -1109,3 +1109,23 @@ def test_a_resume_sends_trackio_no_step_its_store_holds(env, dataset, tmp_path, 
     assert "holds steps through" not in out and "trackio was sent step 5 by an earlier invocation" in out, out
     logs = trackio_logs(record["trackio"]["id"])
     assert sorted(logs) == list(range(1, 9)) and all(len(rows) == 1 for rows in logs.values()), logs
+
+
+def test_wandb_disabled_is_said_and_no_run_is_recorded(env, dataset, tmp_path, capsys, monkeypatch):
+    """Trial RV68a F6: WANDB_MODE=disabled was said as "wandb tracker: new run …" and recorded as an
+    online run holding the steps; the resume offline then "continued" it, steps 1–4 in no run, unsaid."""
+    import wandb
+
+    run = tmp_path / "run"
+    wandb.teardown()  # wandb's settings are the process's until then (each invocation's are its own)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert run_training(dataset, run, ["wandb"], "run.max_steps=4") == 0
+    out = capsys.readouterr().out
+    assert "note: WANDB_MODE=disabled: wandb keeps nothing of this invocation" in out, out
+    assert "wandb tracker:" not in out and not (run / "trackers.json").exists()
+    wandb.teardown()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert run_training(dataset, run, ["wandb"], 'checkpoint.resume="auto"') == 0
+    out = capsys.readouterr().out
+    assert "wandb tracker: new run" in out, out
+    assert [sorted(w["history"]) for w in wandb_runs(run)] == [[5, 6, 7, 8]]
