@@ -367,8 +367,10 @@ def rewind_unreachable(
     r, interval = cfg.run, cfg.checkpoint.interval
     rewinds = [k for k, v in (("on_spike", r.on_spike), ("on_nonfinite", r.on_nonfinite)) if v == "rewind"]
     margin = r.rewind.margin_steps
-    newest = last_step - margin
-    if not rewinds or interval < 1:
+    # a spike's own step is judged before it is saved: margin 0 goes back one step at least
+    newest = last_step - max(margin, 1)
+    # a resume with no step left to train has no spike to rewind (trial RV68b F1)
+    if not rewinds or interval < 1 or after >= last_step:
         return None
     following = (after // interval + 1) * interval  # the next save on the grid
     if following <= newest or any(oldest <= s <= newest for s in saved):
@@ -387,13 +389,16 @@ def rewind_unreachable(
     # what would make one reachable (review RV65d 6: a lower interval was advised where no save after the
     # start can come before the last step − the margin)
     targets = sorted(s for s in saved if s >= oldest) + ([following] if following <= last_step else [])
-    fixes = [f"run.rewind.margin_steps to {last_step - targets[0]} or less"] if targets else []
+    # never a margin below 1: 0 reaches no further, and a negative one is refused (trial RV68b F1)
+    reach = last_step - targets[0] if targets else 0
+    fixes = [f"run.rewind.margin_steps to {reach} or less"] if reach >= 1 else []
     if after + 1 <= newest:  # a save on a finer grid could come in time
         fixes.append("checkpoint.interval")
     fallback = {"on_spike": "a spike is only reported", "on_nonfinite": "a non-finite step stops the run"}
+    bound = f"its last step {last_step} − run.rewind.margin_steps {margin}" if margin else f"step {newest}"
     return (
-        f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: {why} its last step "
-        f"{last_step} − run.rewind.margin_steps {margin}, so {' and '.join(fallback[k] for k in rewinds)}; "
+        f"warning: run.{rewinds[0]} = 'rewind' can never rewind in this plan: {why} {bound}, "
+        f"so {' and '.join(fallback[k] for k in rewinds)}; "
         # no checkpoint and no save in the plan's reach: a lower interval is needed, and the margin too
         # where no save after the start can come in time (review RV65e 4)
         f"lower {', or '.join(fixes) or 'run.rewind.margin_steps and checkpoint.interval'}"

@@ -183,3 +183,8 @@ def test_the_can_never_rewind_warning_advises_what_would_let_it():
         == "lower run.rewind.margin_steps to 8 or less"
     )
     assert advice("checkpoint.interval=4", f"{margin}2") is None
+    # the only save is at the last step: no margin reaches it, a negative one is refused, and a spike's
+    # own step is judged before it is saved, so margin 0 is no better (trial RV68b F1)
+    assert advice("checkpoint.interval=10", f"{margin}2") == "lower checkpoint.interval"
+    assert advice("checkpoint.interval=10", f"{margin}0") == "lower checkpoint.interval"
+    assert advice("checkpoint.interval=4", f"{margin}2", saved=[4, 8], after=10) is None  # nothing to train

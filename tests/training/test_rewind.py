@@ -517,6 +517,11 @@ def test_a_skip_that_reaches_the_last_step_ends_the_run_with_its_checkpoint(
     step25 = next(r["loss"] for r in metrics(run) if r["step"] == 25)
     assert f"→ {step25:.4f}" in out.splitlines()[-1]
     assert (run / "checkpoints/step-000030/COMPLETE").exists()
+    # a resume with no step left has no spike to rewind: not "can never rewind … lower
+    # run.rewind.margin_steps to 0 or less" (trial RV68b F1)
+    assert main(["--config", TINY, "--resume", "auto", "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "can never rewind" not in out, out
 
 
 def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
