@@ -22,7 +22,8 @@ weights are read: scored beside the raw weights when validation or an eval is du
   window a rewind skipped has no merged weights, nor one inside a skip that ends after it: no
   checkpoint of it exists to keep them (the rewind's line says so).
 - decay = d: the EMA is the weights after the run's first trained step, then d·ema + (1 − d)·w
-  after each later one (one foreach lerp: a pass over the shard). It is read at each merge point.
+  after each later one (one foreach lerp: a pass over the shard). It is read at each merge point; one
+  inside a skip that ends after it has none (the rewind's line says so).
 
 Cost: one fp32 copy of the parameters, a DTensor per parameter sharded like it (each rank holds its
 shard, as the optimizer state; DCP reshards it to any world size); a foreach add per step inside a
@@ -177,28 +178,35 @@ class MergedWeights:
                 "(merged/steps says how many)"
             )
 
-    def reached(self, step: int) -> str | None:
-        """The timeline is at `step`: trained, or the last step of a rewind's skip. A window whose
-        merge point is at or before it is closed (its mean taken). Returns a note where that point
-        lies inside the skip: no checkpoint of it holds its mean, so it has no merged weights."""
+    def reached(self, step: int, skipped_after: int | None = None) -> str | None:
+        """The timeline is at `step`: trained, or the last step of a rewind's skip of the steps after
+        `skipped_after` (its checkpoint's). A window whose merge point is at or before it is closed
+        (its mean taken). Returns a note naming the merge points inside the skip that trained steps
+        were averaged for: no checkpoint of them holds their merged weights, so they have none."""
         self._resumed = False
+        lost: list[int] = []  # merge points passed without a checkpoint (only a skip does: RV51a 1)
         if self.kind == "ema":
+            if self.count and skipped_after is not None:  # every one was the EMA's (trial RV68b F3)
+                lost = [p for p in range(skipped_after + 1, step) if p in self.points]
             self.merged = step if self.count and step in self.points else 0
+            held = f"the EMA of steps {self.first}–{self.last} has"
+        else:
+            if self.count and not self.mean and self.point <= step:
+                with torch.no_grad():
+                    torch._foreach_div_(list(self._acc_local()), float(self.count))
+                self.mean = True
+                lost = [self.point] if self.point < step else []
+            held = f"its window's {self.count} trained step(s), {self.first}–{self.last}, have"
+            self.closed = max(self.closed, self.points.last_upto(step))
+            self.merged = self.point if self.mean and self.point == step else 0
+        if not lost:
             return None
-        note = None
-        if self.count and not self.mean and self.point <= step:
-            with torch.no_grad():
-                torch._foreach_div_(list(self._acc_local()), float(self.count))
-            self.mean = True
-            if self.point < step:  # only a skip passes a merge point without training it (RV51a 1)
-                note = (
-                    f"[merge] merge point {self.point} lies inside the skip, so it has no merged weights "
-                    f"(its window's {self.count} trained step(s), {self.first}–{self.last}, have no "
-                    f"checkpoint of step {self.point} to be kept in)"
-                )
-        self.closed = max(self.closed, self.points.last_upto(step))
-        self.merged = self.point if self.mean and self.point == step else 0
-        return note
+        one = len(lost) == 1
+        points = f"merge point {lost[0]} lies" if one else f"merge points {', '.join(map(str, lost))} lie"
+        return (
+            f"[merge] {points} inside the skip, so {'it has' if one else 'they have'} no merged weights "
+            f"({held} no checkpoint of {f'step {lost[0]}' if one else 'them'} to be kept in)"
+        )
 
     def merged_at(self, step: int) -> bool:
         """Whether the accumulator holds the merged weights of merge point `step` now."""

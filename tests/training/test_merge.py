@@ -262,26 +262,30 @@ def test_a_rewind_inside_a_window_leaves_out_the_discarded_steps(
     assert "exports/abandoned-merged-step-000006" in line and "set aside" in line, line
 
 
+@pytest.mark.parametrize("kind", ["window", "ema"])
 def test_a_merge_point_inside_a_skip_is_said_to_have_no_merged_weights(
-    dataset, tmp_path, monkeypatch, capsys
+    dataset, tmp_path, monkeypatch, capsys, kind
 ):
-    """A window of 3 every 3: a spike at step 7 goes back to step 5 and skips 6–7, past merge point 6,
-    whose window had trained steps 4–5. Merged weights live in the merge point's checkpoint, and a
-    skipped step has none: step 6 had none, and nothing said so (docs/merging.md promised them where a
-    step of the window was trained: review RV51a 1). The rewind's line says it now; step 8 averages
-    its own window's trained step alone."""
+    """Every 3: a spike at step 7 goes back to step 5 and skips 6–7, past merge point 6, whose window
+    (of 3) had trained steps 4–5. Merged weights live in the merge point's checkpoint, and a skipped
+    step has none: step 6 had none, and nothing said so (docs/merging.md promised them where a step of
+    the window was trained: review RV51a 1; an EMA's, where it had folded in a step: trial RV68b F3).
+    The rewind's line says it now; step 8 averages its own window's trained step alone."""
     monkeypatch.setenv(SPIKE_WINDOW, "step:7*50")
     run = tmp_path / "run"
-    merge = ("merge.kind='window'", "merge.every=3", "merge.window=3", "merge.export=true")
+    how = "merge.window=3" if kind == "window" else "merge.decay=0.7"
+    merge = (f"merge.kind='{kind}'", "merge.every=3", how, "merge.export=true")
     capsys.readouterr()
     assert run_here(dataset, run, *merge, *REWIND)["rewinds"] == 1
     out = capsys.readouterr().out
+    held = "its window's 2 trained step(s), 4–5, have" if kind == "window" else "the EMA of steps 1–5 has"
     assert (
-        "; note: [merge] merge point 6 lies inside the skip, so it has no merged weights (its window's 2 "
-        "trained step(s), 4–5, have no checkpoint of step 6 to be kept in)"
+        f"; note: [merge] merge point 6 lies inside the skip, so it has no merged weights ({held} no "
+        "checkpoint of step 6 to be kept in)"
     ) in out, out
     assert list_steps(run / "exports", merged=True) == [3, 8]
-    assert_equal(weights(run, 8, merged=True), window_mean(run, [8]))
+    if kind == "window":
+        assert_equal(weights(run, 8, merged=True), window_mean(run, [8]))
 
 
 def test_two_fsdp_ranks_match_one_process(dataset, runs, tmp_path):

@@ -129,7 +129,7 @@ class Rewinder:
             # a checkpoint saved under a plan that merged elsewhere (a resume moved its end): this plan's
             # windows, as after a resume (review RV26f A1)
             self.merge.resume(skip.checkpoint_step, lambda k: self.timeline.skipped(k - 1, k) > 0)
-            merge_note = self.merge.reached(skip.last_step)
+            merge_note = self.merge.reached(skip.last_step, skip.checkpoint_step)
         passed = "; passed over " + ", ".join(target.passed) if target.passed else ""
         line = (
             f"rewind {skip.rewind}/{self.cfg.max_rewinds}: {skip.reason}; back to step "
