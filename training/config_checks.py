@@ -321,12 +321,42 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.decay",
             )
     if m.export and (checkpoint_interval < 1 or m.every % checkpoint_interval):
+        # not "set merge.export = false and export later": those merge points are kept by no checkpoint
+        # either, and a later export of one refuses (trial RV68b F4)
         raise ConfigError(
             f"merge.export = true exports each merge point's checkpoint, but merge.every = {m.every} is "
-            f"not a multiple of checkpoint.interval = {checkpoint_interval}: make it one (or set "
-            "merge.export = false and export later with `gristmill export RUN --step N --merged`)",
+            f"not a multiple of checkpoint.interval = {checkpoint_interval}: make it one (with merge.export "
+            "= false the merge points between checkpoints would keep no merged weights either)",
             "merge.export",
         )
+
+
+def merge_unkept(cfg: TrainConfig, last_step: int) -> list[str]:
+    """The start's and `--plan`'s note (merge.export = false; true is refused in check_merge) naming
+    the merge points of a plan of `last_step` steps that no checkpoint is saved at: their merged
+    weights may be scored, but nothing keeps them for `gristmill export RUN --step N --merged`, which
+    then refused, and the run had said nothing (trial RV68b F4)."""
+    m, c = cfg.merge, cfg.checkpoint
+    if m.kind == "none" or m.export:
+        return []
+    points = [*range(m.every, last_step + 1, m.every), *([last_step] if last_step % m.every else [])]
+    unkept = [p for p in points if not c.saves(p, last_step)]
+    if not unkept:
+        return []
+    shown = ", ".join(map(str, unkept[:3])) + (f" and {len(unkept) - 3} more" if len(unkept) > 3 else "")
+    if c.interval > 0:
+        finer = max(d for d in range(1, min(c.interval, m.every) + 1) if m.every % d == 0)
+        fix = (
+            f"make merge.every a multiple of checkpoint.interval (e.g. merge.every = "
+            f"{-(-m.every // c.interval) * c.interval}, or checkpoint.interval = {finer})"
+        )
+    else:
+        fix = f"set checkpoint.interval (e.g. {m.every})"
+    return [
+        f"[merge] merge point(s) {shown} fall on no checkpoint (checkpoint.interval = {c.interval}), so "
+        f"their merged weights are never kept: `gristmill export {cfg.run.output_dir} --step {unkept[0]} "
+        f"--merged` will refuse; {fix}"
+    ]
 
 
 def check_rewind(cfg: TrainConfig) -> None:

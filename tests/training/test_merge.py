@@ -288,6 +288,28 @@ def test_a_merge_point_inside_a_skip_is_said_to_have_no_merged_weights(
         assert_equal(weights(run, 8, merged=True), window_mean(run, [8]))
 
 
+def test_merge_points_no_checkpoint_keeps_are_named_at_the_start_and_in_the_plan(dataset, tmp_path, capsys):
+    """merge.export = false, every 3, a checkpoint every 2: merge point 3's merged weights are scored but
+    no checkpoint keeps them, and `export --step 3 --merged` refused with nothing said before (trial
+    RV68b F4). The run's start and `--plan` name it with the fix; every 4 on the same grid, nothing."""
+    run = tmp_path / "run"
+    merge = ("merge.kind='window'", "merge.every=3", "merge.window=3", SPARSE, NO_STEP_EXPORTS)
+    note = (
+        "note: [merge] merge point(s) 3 fall on no checkpoint (checkpoint.interval = 2), so their merged "
+        f"weights are never kept: `gristmill export {run} --step 3 --merged` will refuse; make merge.every "
+        "a multiple of checkpoint.interval (e.g. merge.every = 4, or checkpoint.interval = 1)"
+    )
+    capsys.readouterr()
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets(dataset, run, *merge)]) == 0
+    assert note in capsys.readouterr().out
+    run_here(dataset, run, *merge)
+    assert f"  plan    {note}" in capsys.readouterr().out
+    assert gristmill(["export", str(run), "--step", "3", "--merged"]) == 2
+    assert "step 3 has no checkpoint" in one_error_line(capsys.readouterr().err)
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets(dataset, run, *merge, *W4)]) == 0
+    assert "note: [merge]" not in capsys.readouterr().out
+
+
 def test_two_fsdp_ranks_match_one_process(dataset, runs, tmp_path):
     """torchrun, 2 ranks (gloo), parallel.shard = 2: each rank accumulates its shard; the merged
     weights DCP reassembles are the mean of that run's own per-step weights exactly, and the

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import DataSection, OptimSection, RewindSection, RunSection, TrainConfig
-from training.config_checks import batch_lr_factor
+from training.config_checks import batch_lr_factor, merge_unkept
 from training.console import say
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import (
@@ -338,9 +338,10 @@ def recipe_notes(
 ) -> list[str]:
     """What the run's header and `--plan` say about the recipe: the mixes, the batches, validation
     asked for with nothing held out, a data.seq_len no phase uses (the cache: check_run_room's), a
-    budget in tokens rounded down to whole steps."""
+    budget in tokens rounded down to whole steps, merge points no checkpoint keeps."""
     notes = mix_notes(spec) + budget_notes(cfg, spec) + batch_notes(cfg, spec)
-    return notes + validation_notes(cfg, spec) + unused_notes(cfg) + documents_sum_notes(spec, tables)
+    notes += validation_notes(cfg, spec) + unused_notes(cfg) + documents_sum_notes(spec, tables)
+    return notes + merge_unkept(cfg, spec.last_step)
 
 
 def documents_sum_notes(spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
