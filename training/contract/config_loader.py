@@ -103,21 +103,24 @@ def naming_override(error: ConfigError, cfg: Any) -> ConfigError:
     """`error`, from a check of `cfg`, with the override that wrote its key named after it, as a value
     the loader refuses is: a search's check named `optim.weight_decay`, a key of no file of the
     search's, for its proxy.set item (trial RV66f F8)."""
-    said = next((item for key, item in getattr(cfg, _OVERRIDES, {}).items() if _covers(key, error.key)), None)
+    # the last override that wrote the key or a section holding it, as the loader names one; not one
+    # written inside a section whose own check failed (phase[0]'s budget blamed on its lr.peak: RV68d 1)
+    given = reversed(getattr(cfg, _OVERRIDES, {}).items())
+    said = next((item for key, item in given if _covers(key, error.key, inside=False)), None)
     if said is not None and said not in str(error):
         error.args = (f"{error} ({said})", *error.args[1:])
     return error
 
 
-def _covers(override_key: str, bad_key: str | None) -> bool:
-    """Whether a --set of `override_key` wrote `bad_key` (itself, a key or item inside it, or a key of
-    the section `bad_key` whose own check failed)."""
+def _covers(override_key: str, bad_key: str | None, inside: bool = True) -> bool:
+    """Whether a --set of `override_key` wrote `bad_key` (itself, a key or item inside it, or, with
+    `inside`, a key of the section `bad_key` whose own check failed)."""
     if bad_key is None:
         return False
     return (
         bad_key == override_key
         or bad_key.startswith((override_key + ".", override_key + "["))
-        or (override_key.startswith(bad_key + "."))
+        or (inside and override_key.startswith(bad_key + "."))
     )
 
 

@@ -304,6 +304,14 @@ def test_a_value_a_check_refuses_names_the_set_that_gave_it(sources, tmp_path, c
     for item in ("optim.weight_decay=-1", "data.seq_len=0"):
         for err in both(config, [f'run.output_dir="{run}"', item], capsys):
             assert err.rstrip().endswith(f"(--set {item})") and err.count(item) == 1, err
+    # a check of a whole section names none of the overrides inside it: phase[1]'s budget was blamed
+    # on its seq_len (review RV68d 1)
+    config = write_recipe(tmp_path / "p.toml", sources, run, phases=TWO_PHASES)
+    for err in both(config, [f'run.output_dir="{run}"', "phase[1].seq_len=32", "phase[1].steps=5"], capsys):
+        assert (
+            err.startswith("error: phase[1] (long): give its budget as steps or tokens")
+            and "--set" not in err
+        )
 
 
 def test_a_phase_longer_than_the_model_is_refused_by_plan_and_train_naming_its_key(sources, tmp_path, capsys):
