@@ -286,6 +286,9 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
     problems += _timeline_problems(entries, plan, skips, trained, saved, only)
     if only is not None:
         problems = [(step, what) for step, what in problems if step == only]
+        # a step the record should hold and lacks was compared too: said, not refused as one with
+        # nothing to check (trial RV68c F2); other problems (no plan to check against) are not its
+        check.compared = check.compared or bool(problems)
     first = min((e.step for e in entries), default=None)
     if only is None and first is not None and first > 1 and not any(s < first for s in trained):
         check.notes.append(
@@ -351,7 +354,10 @@ def _timeline_problems(
     # not the first later step with a row or a checkpoint (step 145 of a record cut at 140, "1 more
     # step(s) disagree" of 10 missing: trial RV68c F2)
     through = max([*(saved if recorded else []), *rows], default=0)
-    if last < through and (steps := [s for s in range(last + 1, through + 1) if skip_of(skips, s) is None]):
+    # none recorded: from the first row with a digest (a run resumed from another run's checkpoint
+    # trained none before it here: review RV68d 5)
+    start = last + 1 if recorded else min(rows, default=1)
+    if last < through and (steps := [s for s in range(start, through + 1) if skip_of(skips, s) is None]):
         ends = f"the record ends at step {last}" if recorded else "the record holds no step"
         said = (
             f"is not recorded, nor are the {len(steps) - 1} steps after it to step {through}"
@@ -395,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     alone = None  # --step N of a trained step without a checkpoint or export: its recorded batch alone
     if not rows and args.step is not None:
         why = missing_step_reason(run_dir, args.step)
-        if not batches.compared and batches.problem is None:  # a step the record lacks: its problem
+        if not batches.compared:
             raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
         alone = f"{run_dir} has no checkpoint or export of step {args.step} ({why}); its recorded batch:"
     damaged = [r for r in rows if r[2] == "DAMAGED"]

@@ -245,6 +245,19 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
         "batches: step 1 is not recorded, nor are the 21 steps after it to step 30 (the record holds no "
         in out
     )
+    # rows from step 20 on (a run resumed from another run's checkpoint there): from the first of them
+    # (steps this directory never trained were named: review RV68d 5)
+    kept_rows = [r for r in rows.splitlines() if json.loads(r)["step"] >= 20]
+    (run / "metrics.jsonl").write_text("".join(r + "\n" for r in kept_rows))
+    rc, out = command_output(["verify", str(run)])
+    assert (
+        rc == 1 and "batches: step 20 is not recorded, nor are the 10 steps after it to step 30 (" in out
+    ), out
+    (run / "metrics.jsonl").write_text(rows)
+    # a record that cannot be read: `--step` of a step past the run is refused as before, not said as
+    # that record's problem (review RV68d 6)
+    (run / "batches.bin").write_bytes(b"not a record")
+    assert command_output(["verify", str(run), "--step", "31"])[0] == 2
 
 
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
