@@ -216,13 +216,15 @@ def doc_texts(task: Any, doc: dict[str, Any]) -> tuple[list[str], list[str]]:
     texts, plain = list(prompt), list(prompt)
     if isinstance(cfg.doc_to_text, str) and cfg.doc_to_text not in task.features:
         plain = _template_values(cfg.doc_to_text, doc, prompt)
-    rest = []
-    if cfg.doc_to_choice is not None:
-        rest += _texts(task.doc_to_choice(doc))
+    rest = _texts(task.doc_to_choice(doc)) if cfg.doc_to_choice is not None else []
     if cfg.doc_to_choice is None or task.multiple_input:
         # the scored continuation: with multiple inputs (xwinograd) the choices are the contexts and
         # the target is the text after each (trial RV62h 2: it was left out)
-        rest += _texts(task.doc_to_target(doc))
+        target = _texts(task.doc_to_target(doc))
+        own = target
+        if isinstance(cfg.doc_to_target, str) and cfg.doc_to_target not in task.features:
+            own = _template_values(cfg.doc_to_target, doc, target)  # "The answer is: {{a}}" (RV68d 4)
+        return texts + rest + target, plain + rest + own
     return texts + rest, plain + rest
 
 
@@ -236,7 +238,20 @@ def _template_values(template: str, doc: dict[str, Any], rendered: list[str]) ->
 
     if not rendered or "{%" in template or "{#" in template:
         return rendered
-    values = [utils.apply_template("{{" + expr + "}}", doc) for expr in _EXPRESSION.findall(template)]
+    # values apart where words of the template's stand between them; joined where only spaces or
+    # punctuation do: "{{body}} {{question}}" is one text a page may quote whole (review RV68d 3)
+    values: list[str] = []
+    joined = None  # the value being built, and the literal text after it
+    for i, part in enumerate(_EXPRESSION.split(template)):
+        if i % 2 == 0:  # the template's own text
+            if joined is not None and any(c.isalnum() for c in part):
+                values.append(joined)
+                joined = None
+            gap = part
+            continue
+        value = utils.apply_template(part, doc)
+        joined = value if joined is None else joined + gap + value
+    values += [joined] if joined is not None else []
     return [v for v in values if v.strip()]
 
 
@@ -298,7 +313,7 @@ def task_ngrams(task: Any, n: int, batch: int = 2000) -> tuple[np.ndarray, np.nd
     return np.concatenate(hashes), np.concatenate(docs), count, textless, len(checked)
 
 
-_EXPRESSION = re.compile(r"{{(.*?)}}", re.S)  # a jinja template's `{{ … }}` (statements taken apart)
+_EXPRESSION = re.compile(r"({{.*?}})", re.S)  # a jinja template's `{{ … }}` (statements taken apart)
 
 
 @contextmanager

@@ -532,6 +532,31 @@ def test_a_template_s_own_words_never_count_a_short_document_as_checked(tmp_path
     assert index.first_match(f"Intro. Question: {short}\nAnswer: carbon dioxide. Outro.") is not None
     assert index.first_match(f"Intro. {long} Outro.") is not None
     assert index.first_match(f"Intro. {short} Carbon dioxide. Outro.") is None  # as counted: unchecked
+    # two values with only punctuation between them are one text a page may quote whole (counted
+    # checked: it matches); a target's template words count no more than a prompt's (review RV68d 3, 4)
+    a, b = "the quick brown fox jumps over the lazy", "dog while seven tired cats watch from afar"  # 8 each
+    files = {
+        name: f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / f'{name}.jsonl'}\n"
+        for name in ("gm_pair", "gm_gen")
+    }
+    for name in files:
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"a": a, "b": b, "label": 0}) + "\n")
+    (tmp_path / "gm_pair.yaml").write_text(
+        f'task: gm_pair\n{common}{files["gm_pair"]}doc_to_text: "{{{{a}}}}, {{{{b}}}}"\n'
+        'doc_to_choice: ["yes", "no"]\ndoc_to_target: "{{label}}"\n'
+    )
+    (tmp_path / "gm_gen.yaml").write_text(
+        f"task: gm_gen\n{common.replace('multiple_choice', 'generate_until')}{files['gm_gen']}"
+        'doc_to_text: "Q: {{a}}"\ndoc_to_target: "The answer to this question is: {{a}}"\n'
+    )
+    out = tmp_path / "j"
+    assert main(["data", "decontam-index", "--tasks", "gm_pair,gm_gen", "--include-path", str(tmp_path),
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert {t["name"]: t["documents_without_ngrams"] for t in read_manifest(out)["tasks"]} == {
+        "gm_gen": 1,
+        "gm_pair": 0,
+    }, capsys.readouterr()
+    assert NgramIndex(out).first_match(f"Intro. {a} {b}. Outro.") is not None
 
 
 def test_an_index_written_into_a_task_s_data_folder_is_refused(tmp_path, capsys):
