@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -111,18 +112,25 @@ class Trackers:
         info = provenance(datasets) if names else {}
         old = read_state(self.run_dir, names, project) if resume_step is not None else {}
         here = str(self.run_dir.resolve())
-        if (original := _copied_from(old, here)) is not None:
+        run_name = m.run_name or self.run_dir.resolve().name
+        trackio_name = run_name
+        copied = _copied_from(old, here) if set(names) & set(_RUN_KEY) else None
+        if copied is not None:
             # a copy (`cp -a RUN BRANCH`) resumed: it continued the original's wandb/trackio runs, two
             # curves of steps 17–30 in one run, the original's renamed (trial RV68a F3). A moved run,
             # whose original place is gone, continues them.
+            theirs = old.get("trackio") if isinstance(old.get("trackio"), dict) else {}
+            if theirs.get("name") == run_name:  # trackio finds a run by name: the original's resume
+                # then found the copy's newest run of it and was refused (review RV68d 2)
+                trackio_name = f"{run_name}-{hashlib.sha256(here.encode()).hexdigest()[:6]}"
             old = {k: v for k, v in old.items() if k not in _RUN_KEY}
+            renamed = f" (trackio's named {trackio_name!r})" if trackio_name != run_name else ""
             say(
-                f"note: {self.run_dir} is a copy of {original}, whose {TRACKERS_JSON} names the same "
-                f"wandb/trackio runs, which stay that run's: new tracker runs here, holding none of steps "
-                f"1–{resume_step} (metrics.jsonl has them)"
+                f"note: {self.run_dir} is a copy of {copied}, whose {TRACKERS_JSON} names the same "
+                f"wandb/trackio runs, which stay that run's: new tracker runs here{renamed}, holding none of "
+                f"steps 1–{resume_step} (metrics.jsonl has them)"
             )
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
-        run_name = m.run_name or self.run_dir.resolve().name
         # the run directory, absolute: what tells this run's wandb directories in a shared WANDB_DIR
         tracker_config = {**config, "provenance": {**info, "run_dir": str(self.run_dir.resolve())}}
         # trackio first, as its resume may be refused (another run has its name): no wandb run resumed
@@ -153,7 +161,7 @@ class Trackers:
                     continue
                 state[name] = {"id": t.id, "project": project, "mode": t.mode, "run_dir": here}
             else:
-                t = Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
+                t = Trackio(project=project, name=trackio_name, config=tracker_config, resume=prev)
                 state[name] = {"id": t.id, "name": t.name, "project": project, "run_dir": here}
                 if t.note:
                     say(t.note)

@@ -1059,7 +1059,10 @@ def test_a_copy_of_a_run_resumed_starts_tracker_runs_of_its_own_and_a_moved_one_
     ids = json.loads((orig / "trackers.json").read_text())
     assert {ids[t]["run_dir"] for t in trackers} == {str(orig.resolve())}
     shutil.copytree(orig, branch, symlinks=True)
+    shutil.copytree(orig, tmp_path / "board", symlinks=True)  # resumed with no copied tracker: unsaid
     capsys.readouterr()
+    assert run_training(dataset, tmp_path / "board", ["tensorboard"], 'checkpoint.resume="auto"') == 0
+    assert "is a copy of" not in capsys.readouterr().out
     assert run_training(dataset, branch, trackers, 'checkpoint.resume="auto"', "optim.weight_decay=0.5") == 0
     assert (
         f"note: {branch} is a copy of {orig.resolve()}, whose trackers.json names the same wandb/trackio "
@@ -1129,3 +1132,28 @@ def test_wandb_disabled_is_said_and_no_run_is_recorded(env, dataset, tmp_path, c
     out = capsys.readouterr().out
     assert "wandb tracker: new run" in out, out
     assert [sorted(w["history"]) for w in wandb_runs(run)] == [[5, 6, 7, 8]]
+
+
+def test_a_copy_with_the_original_s_run_name_leaves_the_original_its_trackio_run(
+    env, dataset, tmp_path, capsys
+):
+    """Review RV68d 2: trackio finds the run to resume by its name; a copy's new trackio run of the same
+    metrics.run_name made the original's next resume refused (the newest run of that name another's).
+    The copy's is named apart, the note says so, and both resume their own."""
+    if not env:
+        pytest.skip("trackio is not installed, or was imported before TRACKIO_DIR was set")
+    orig, branch = tmp_path / "orig", tmp_path / "branch"
+    named = ['metrics.run_name="exp"', 'metrics.project="gm-copy"']
+    assert run_training(dataset, orig, ["trackio"], *named, "run.max_steps=4") == 0
+    shutil.copytree(orig, branch, symlinks=True)
+    capsys.readouterr()
+    assert (
+        run_training(dataset, branch, ["trackio"], *named, "run.max_steps=6", 'checkpoint.resume="auto"') == 0
+    )
+    mine = json.loads((branch / "trackers.json").read_text())["trackio"]
+    assert (
+        mine["name"].startswith("exp-") and f"(trackio's named {mine['name']!r})" in capsys.readouterr().out
+    )
+    assert run_training(dataset, orig, ["trackio"], *named, 'checkpoint.resume="auto"') == 0
+    assert run_training(dataset, branch, ["trackio"], *named, 'checkpoint.resume="auto"') == 0
+    assert json.loads((branch / "trackers.json").read_text())["trackio"]["id"] == mine["id"]
