@@ -631,7 +631,14 @@ def test_a_step_whose_save_never_completed_is_said_to_be_trained(reference, tmp_
     shutil.rmtree(run / "checkpoints" / "step-000030")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] < 30))
-    assert gristmill(["export", str(run), "--step", "30"]) == 2
+    assert gristmill(["export", str(run), "--step", "30"]) == 2  # its record's line kept: deleted since
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        "step 30's checkpoint was saved (checkpoints.jsonl records it complete) and is gone since: " in line
+    )
+    ledger = (run / "checkpoints.jsonl").read_text().splitlines(keepends=True)
+    (run / "checkpoints.jsonl").write_text("".join(r for r in ledger if json.loads(r).get("step") != 30))
+    assert gristmill(["export", str(run), "--step", "30"]) == 2  # as a kill in the save leaves the record
     line = one_error_line(capsys.readouterr().err)
     assert (
         "step 30 was trained, but its save never completed (the run stopped during it); the newest "

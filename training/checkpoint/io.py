@@ -616,11 +616,18 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
             "run.max_steps) is deleted by retention once a resume has saved newer ones"
         )
     if step > newest:  # retention never deletes the newest complete checkpoint
-        return (
-            f"step {step} was trained, but its save never completed (the run stopped during it); the newest "
-            f"complete checkpoint is {f'step {newest}' if newest else 'none'}, from which `gristmill train "
-            "--resume auto` trains it again"
+        again = (
+            f"the newest complete checkpoint is step {newest}, from which `gristmill train --resume auto` "
+            "trains it again"
+            if newest
+            else "no checkpoint is complete: `gristmill train --resume auto` trains the run again from step 0"
         )
+        if read_ledger(run_dir).last(step) is not None:  # a save it recorded complete: gone since
+            return (
+                f"step {step}'s checkpoint was saved ({CHECKPOINTS_JSONL} records it complete) and is gone "
+                f"since: deleted, or not copied with the run; {again}"
+            )
+        return f"step {step} was trained, but its save never completed (the run stopped during it); {again}"
     if not c.keep_last:  # deletes none now; an earlier invocation's keep_last may have (review R24b 4)
         return (
             f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}: checkpoint.keep_last = 0 (the "
