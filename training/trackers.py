@@ -748,14 +748,23 @@ def _wandb_fix(e: Exception, files: Path) -> str:
     those (a broken pipe or RUN/wandb a file was told to log in: trial RV68a F7)."""
     import wandb
 
-    login = isinstance(e, wandb.errors.AuthenticationError | wandb.errors.CommError)
+    if isinstance(e, OSError) and e.errno in (
+        errno.EPIPE,
+        errno.EIO,
+    ):  # a BrokenPipeError is a ConnectionError
+        return "the terminal or pipe it printed to closed: run it again with its output kept open"
+    login = isinstance(
+        e, wandb.errors.AuthenticationError | wandb.errors.CommError | ConnectionError | TimeoutError
+    )
     if login or re.search(r"api.?key|log ?in\b", str(e), re.I):
         return "log in (wandb login) or set WANDB_MODE=offline"
-    if isinstance(e, OSError) and e.errno in (errno.EPIPE, errno.EIO):
-        return "the terminal or pipe it printed to closed: run it again with its output kept open"
-    if isinstance(e, OSError):
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"free space on the disk of {files} (WANDB_DIR moves it)"
+    if isinstance(e, PermissionError | NotADirectoryError | FileExistsError) or (
+        isinstance(e, OSError) and e.errno == errno.EROFS
+    ):  # not every OSError: a refused connection was told to make the directory writable (RV68d 7)
         return f"make {files} a writable directory (WANDB_DIR moves it)"
-    return "fix what it names (metrics.project, a WANDB_* variable)"
+    return "fix what it names (metrics.project, a WANDB_* variable, the disk or network it names)"
 
 
 def _wandb_teardown(wait: float = 10) -> None:

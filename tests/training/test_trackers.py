@@ -9,6 +9,7 @@ package, the older wandb_project key) need no training.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
 import shutil
@@ -1157,3 +1158,22 @@ def test_a_copy_with_the_original_s_run_name_leaves_the_original_its_trackio_run
     assert run_training(dataset, orig, ["trackio"], *named, 'checkpoint.resume="auto"') == 0
     assert run_training(dataset, branch, ["trackio"], *named, 'checkpoint.resume="auto"') == 0
     assert json.loads((branch / "trackers.json").read_text())["trackio"]["id"] == mine["id"]
+
+
+def test_the_advice_for_a_wandb_start_failure_follows_its_cause(env, tmp_path):
+    """Review RV68d 7: every OSError but a broken pipe was told to make RUN/wandb writable (a refused
+    connection, a timeout, a full disk); a broken pipe, a ConnectionError too, must not be told to log in."""
+    from training.trackers import _wandb_fix
+
+    files = tmp_path / "wandb"
+    advice = {
+        ConnectionRefusedError(errno.ECONNREFUSED, "refused"): "log in (wandb login)",
+        TimeoutError("no reply"): "log in (wandb login)",
+        BrokenPipeError(errno.EPIPE, "pipe"): "the terminal or pipe it printed to closed",
+        OSError(errno.ENOSPC, "full"): f"free space on the disk of {files}",
+        NotADirectoryError(errno.ENOTDIR, "file"): f"make {files} a writable directory",
+        PermissionError(errno.EACCES, "denied"): f"make {files} a writable directory",
+        ValueError("bad project name"): "fix what it names (metrics.project",
+    }
+    for error, says in advice.items():
+        assert _wandb_fix(error, files).startswith(says), (error, _wandb_fix(error, files))
