@@ -748,10 +748,8 @@ def _wandb_fix(e: Exception, files: Path) -> str:
     those (a broken pipe or RUN/wandb a file was told to log in: trial RV68a F7)."""
     import wandb
 
-    if isinstance(e, OSError) and e.errno in (
-        errno.EPIPE,
-        errno.EIO,
-    ):  # a BrokenPipeError is a ConnectionError
+    # before the login advice: a BrokenPipeError is a ConnectionError
+    if isinstance(e, OSError) and e.errno in (errno.EPIPE, errno.EIO):
         return "the terminal or pipe it printed to closed: run it again with its output kept open"
     login = isinstance(
         e, wandb.errors.AuthenticationError | wandb.errors.CommError | ConnectionError | TimeoutError

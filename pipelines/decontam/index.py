@@ -229,8 +229,8 @@ def doc_texts(task: Any, doc: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def _template_values(template: str, doc: dict[str, Any], rendered: list[str]) -> list[str]:
-    """What each `{{ … }}` of a prompt template gives for `doc`, alone: the document's own text,
-    without the template's words. arc's "Question: {{question}}\nAnswer:" made an 11-word question 13
+    """What the `{{ … }}` of a template (a prompt, a query, a target) give for `doc`: the document's own
+    text, without the template's words. arc's "Question: {{question}}\nAnswer:" made an 11-word question 13
     words: counted as checked at n = 13, though only a page quoting it inside that frame could match,
     and the eval called it decontaminated while plain copies trained (trial RV68c F1). A template with
     statements (`{% … %}`) is taken whole, as `rendered`: its words are not told from the document's."""
@@ -241,7 +241,7 @@ def _template_values(template: str, doc: dict[str, Any], rendered: list[str]) ->
     # values apart where words of the template's stand between them; joined where only spaces or
     # punctuation do: "{{body}} {{question}}" is one text a page may quote whole (review RV68d 3)
     values: list[str] = []
-    joined = None  # the value being built, and the literal text after it
+    joined = None  # the text being built of values with no word of the template's between them
     for i, part in enumerate(_EXPRESSION.split(template)):
         if i % 2 == 0:  # the template's own text
             if joined is not None and any(c.isalnum() for c in part):

@@ -65,8 +65,8 @@ removed with the n: review RV61e 2)."""
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
-    "evaluation documents with no {n}-gram: {count:,} (every text under {n} words without its "
-    "template's own, as arc's 'Question: … Answer:', a text without "
+    "evaluation documents with no {n}-gram: {count:,} (every text under {n} words, its template's own "
+    "words not counted, as arc's 'Question: … Answer:'; a text without "
     "spaces, as Chinese or Thai, being one word; or no text at all): no training document is checked "
     "against them; a smaller decontaminate.ngram (--ngram) checks more, in a new output; see "
     "docs/dedup-and-decontamination.md, 'Documents shorter than n'"

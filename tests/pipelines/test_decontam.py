@@ -527,7 +527,10 @@ def test_a_template_s_own_words_never_count_a_short_document_as_checked(tmp_path
                  "--out", str(out)]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert [t["documents_without_ngrams"] for t in read_manifest(out)["tasks"]] == [1, 1], printed
-    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words without its " in printed
+    assert (
+        "note: evaluation documents with no 13-gram: 2 (every text under 13 words, its template's own "
+        in printed
+    )
     index = NgramIndex(out)
     assert index.first_match(f"Intro. Question: {short}\nAnswer: carbon dioxide. Outro.") is not None
     assert index.first_match(f"Intro. {long} Outro.") is not None
@@ -1150,7 +1153,9 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     assert build(cfg, log=lambda *a: lines.append(" ".join(map(str, a)))).ok
     printed = "\n".join(lines)
     assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
-    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words without " in printed
+    assert (
+        "note: evaluation documents with no 13-gram: 2 (every text under 13 words, its template's " in printed
+    )
     # "with no", which reads right for every n ("without a 8-gram" did not), and the key to change (R27d m5)
     assert re.search(r"^  task +split +documents +13-grams +documents with no 13-gram$", printed, re.M), (
         printed
