@@ -86,7 +86,8 @@ def config_from(
         culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
         raise ConfigError(f"{body} ({f'{flag} {culprit}' if culprit else source})", e.key) from None
     # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
-    cfg.__dict__[_OVERRIDES] = {key: f"{flag} {item}" for item, key in parsed}
+    # in the order given: of two that wrote one key the later is named (a dict kept the first's place)
+    cfg.__dict__[_OVERRIDES] = [(key, f"{flag} {item}") for item, key in parsed]
     return cfg
 
 
@@ -96,7 +97,7 @@ _OVERRIDES = "_gristmill_overrides"
 def override_of(cfg: Any, key: str) -> str | None:
     """The override that gave dotted `key` to load_config's `cfg`, if any: where it was given and the
     item as the user typed it (`--set data.dataset=x`, a search's `proxy.set data.dataset=x`)."""
-    return getattr(cfg, _OVERRIDES, {}).get(key)
+    return next((item for k, item in reversed(getattr(cfg, _OVERRIDES, [])) if k == key), None)
 
 
 def naming_override(error: ConfigError, cfg: Any) -> ConfigError:
@@ -105,7 +106,7 @@ def naming_override(error: ConfigError, cfg: Any) -> ConfigError:
     search's, for its proxy.set item (trial RV66f F8)."""
     # the last override that wrote the key or a section holding it, as the loader names one; not one
     # written inside a section whose own check failed (phase[0]'s budget blamed on its lr.peak: RV68d 1)
-    given = reversed(getattr(cfg, _OVERRIDES, {}).items())
+    given = reversed(getattr(cfg, _OVERRIDES, []))
     said = next((item for key, item in given if _covers(key, error.key, inside=False)), None)
     if said is not None and said not in str(error):
         error.args = (f"{error} ({said})", *error.args[1:])

@@ -304,6 +304,14 @@ def test_a_value_a_check_refuses_names_the_set_that_gave_it(sources, tmp_path, c
     for item in ("optim.weight_decay=-1", "data.seq_len=0"):
         for err in both(config, [f'run.output_dir="{run}"', item], capsys):
             assert err.rstrip().endswith(f"(--set {item})") and err.count(item) == 1, err
+    # of overrides of one key the last is named, not the first one's place (trial RV68e F2)
+    repeated = [
+        "optim.weight_decay=0.1",
+        "optim={lr=3e-3, min_lr=3e-4, weight_decay=0.1}",
+        "optim.weight_decay=-1",
+    ]
+    for err in both(config, [f'run.output_dir="{run}"', *repeated], capsys):
+        assert err.rstrip().endswith("(--set optim.weight_decay=-1)"), err
     # a check of a whole section names none of the overrides inside it: phase[1]'s budget was blamed
     # on its seq_len (review RV68d 1)
     config = write_recipe(tmp_path / "p.toml", sources, run, phases=TWO_PHASES)
