@@ -644,6 +644,12 @@ def test_a_step_whose_save_never_completed_is_said_to_be_trained(reference, tmp_
         "step 30 was trained, but its save never completed (the run stopped during it); the newest "
         "complete checkpoint is step 25, from which `gristmill train --resume auto` trains it again; " in line
     ), line
+    # none left of the saves the record holds: the resume's own way on, not "trains the run again from
+    # step 0", which that resume refuses (trial RV68e F1)
+    shutil.rmtree(run / "checkpoints" / "step-000025")
+    assert gristmill(["export", str(run), "--step", "30"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "trains the run again" not in line and "holds none of them: restore them" in line, line
 
 
 def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_this_config(

@@ -620,7 +620,9 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
             f"the newest complete checkpoint is step {newest}, from which `gristmill train --resume auto` "
             "trains it again"
             if newest
-            else "no checkpoint is complete: `gristmill train --resume auto` trains the run again from step 0"
+            # the resume's own refusal where the record holds saves none are left of (trial RV68e F1)
+            else checkpoints_out_of_reach(run_dir)
+            or "no checkpoint is complete: `gristmill train --resume auto` trains the run again from step 0"
         )
         if read_ledger(run_dir).last(step) is not None:  # a save it recorded complete: gone since
             return (
