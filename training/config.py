@@ -453,6 +453,35 @@ class MergeSection:
     point, from its checkpoint: merge.every must then be a multiple of checkpoint.interval."""
 
 
+@dataclass(frozen=True)
+class MergePoints:
+    """Where merged weights are read: the multiples of `every` and the `ends` (the plan's last step;
+    not a run.max_steps chunk's: reading a window closes it, and the merged weights would depend on
+    where the run was cut)."""
+
+    every: int
+    ends: tuple[int, ...]
+
+    def __contains__(self, step: int) -> bool:
+        return step > 0 and (step % self.every == 0 or step in self.ends)
+
+    def next_from(self, step: int) -> int:
+        """The first merge point at or after `step`."""
+        return min([-(-step // self.every) * self.every, *(e for e in self.ends if e >= step)])
+
+    def last_upto(self, step: int) -> int:
+        """The last merge point at or before `step` (0: none)."""
+        return max([step // self.every * self.every, *(e for e in self.ends if e <= step)])
+
+    def upto(self, step: int) -> list[int]:
+        """The merge points from the first through `step`, in order."""
+        return sorted({*range(self.every, step + 1, self.every), *(e for e in self.ends if 0 < e <= step)})
+
+    def describe(self) -> str:
+        ends = sorted({e for e in self.ends if e % self.every})
+        return f"every {self.every} steps" + (f" and at step {', '.join(map(str, ends))}" if ends else "")
+
+
 @dataclass
 class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)

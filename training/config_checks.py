@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from training.config import (
     TRACKERS,
+    MergePoints,
     MergeSection,
     MetricsSection,
     ModelSection,
@@ -339,8 +340,7 @@ def merge_unkept(cfg: TrainConfig, last_step: int) -> list[str]:
     m, c = cfg.merge, cfg.checkpoint
     if m.kind == "none" or m.export:
         return []
-    points = [*range(m.every, last_step + 1, m.every), *([last_step] if last_step % m.every else [])]
-    unkept = [p for p in points if not c.saves(p, last_step)]
+    unkept = [p for p in MergePoints(m.every, (last_step,)).upto(last_step) if not c.saves(p, last_step)]
     if not unkept:
         return []
     shown = ", ".join(map(str, unkept[:3])) + (f" and {len(unkept) - 3} more" if len(unkept) > 3 else "")

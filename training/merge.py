@@ -7,8 +7,9 @@ at its skip's last step after restoring its checkpoint, whose state holds the ac
 so a discarded attempt contributes nothing and a skipped step adds nothing. A resume calls `resume`
 before its first step: its plan may merge elsewhere than the checkpoint's (a phase appended).
 
-Merge points (`MergePoints`): every `merge.every` steps and the plan's last step (not a run.max_steps
-chunk's: the merged weights would depend on where the run was cut). They are where the merged
+Merge points (`MergePoints`, in training/config.py beside [merge]'s section): every `merge.every`
+steps and the plan's last step (not a run.max_steps chunk's: the merged weights would depend on where
+the run was cut). They are where the merged
 weights are read: scored beside the raw weights when validation or an eval is due
 (training/train.py), kept in that step's checkpoint for `gristmill export RUN --step N --merged`
 (training/checkpoint/hf_export.py).
@@ -42,45 +43,19 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from training.config import MergeSection
+from training.config import MergePoints, MergeSection  # MergePoints: re-exported
 from training.console import say
 from training.contract.config_loader import ConfigError
 
 META = "meta"  # the JSON record's key in the state (checkpoint key "merge.meta")
 ACC = "acc"  # the accumulator's (checkpoint keys "merge.acc.<parameter>")
 SETTINGS = ("kind", "every", "window", "decay")  # what a resume may not change
-
-
-@dataclass(frozen=True)
-class MergePoints:
-    """Where merged weights are read: the multiples of `every` and the `ends` (the plan's last step;
-    not a run.max_steps chunk's: reading a window closes it, and the merged weights would depend on
-    where the run was cut)."""
-
-    every: int
-    ends: tuple[int, ...]
-
-    def __contains__(self, step: int) -> bool:
-        return step > 0 and (step % self.every == 0 or step in self.ends)
-
-    def next_from(self, step: int) -> int:
-        """The first merge point at or after `step`."""
-        return min([-(-step // self.every) * self.every, *(e for e in self.ends if e >= step)])
-
-    def last_upto(self, step: int) -> int:
-        """The last merge point at or before `step` (0: none)."""
-        return max([step // self.every * self.every, *(e for e in self.ends if e <= step)])
-
-    def describe(self) -> str:
-        ends = sorted({e for e in self.ends if e % self.every})
-        return f"every {self.every} steps" + (f" and at step {', '.join(map(str, ends))}" if ends else "")
 
 
 def master_tensor(p: torch.Tensor) -> torch.Tensor:

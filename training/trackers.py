@@ -112,7 +112,7 @@ class Trackers:
         info = provenance(datasets) if names else {}
         old = read_state(self.run_dir, names, project) if resume_step is not None else {}
         here = str(self.run_dir.resolve())
-        run_name = m.run_name or self.run_dir.resolve().name
+        run_name = m.run_name or Path(here).name
         trackio_name = run_name
         copied = _copied_from(old, here) if set(names) & set(_RUN_KEY) else None
         if copied is not None:
@@ -132,7 +132,7 @@ class Trackers:
             )
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
         # the run directory, absolute: what tells this run's wandb directories in a shared WANDB_DIR
-        tracker_config = {**config, "provenance": {**info, "run_dir": str(self.run_dir.resolve())}}
+        tracker_config = {**config, "provenance": {**info, "run_dir": here}}
         # trackio first, as its resume may be refused (another run has its name): no wandb run resumed
         # for nothing; tensorboard last: a tracker that fails to start leaves no empty event file behind
         held: dict[str, int | None] = {}  # tracker -> the last step its run holds (sent_through)

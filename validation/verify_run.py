@@ -359,14 +359,11 @@ def _timeline_problems(
     start = last + 1 if recorded else min(rows, default=1)
     if last < through and (steps := [s for s in range(start, through + 1) if skip_of(skips, s) is None]):
         ends = f"the record ends at step {last}" if recorded else "the record holds no step"
-        said = (
-            f"is not recorded, nor are the {len(steps) - 1} steps after it to step {through}"
-            if len(steps) > 1
-            else "is not recorded"
-        )
-        problems.append((steps[0], f"{said} ({ends}; the run trained through {through})"))
+        why = f"({ends}; the run trained through {through})"
+        more = f", nor are the {len(steps) - 1} steps after it to step {through}" if len(steps) > 1 else ""
+        problems.append((steps[0], f"is not recorded{more} {why}"))
         if only is not None and only in steps[1:]:
-            problems.append((only, f"is not recorded ({ends}; the run trained through {through})"))
+            problems.append((only, f"is not recorded {why}"))
     for step, row in rows.items():
         if step > last:
             continue  # said above

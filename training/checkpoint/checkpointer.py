@@ -162,9 +162,9 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
     another run directory's checkpoint, into a directory that already holds complete checkpoints is
     refused (retention, export and --resume auto would mix the two runs' steps)."""
     root = Path(run_dir) / CHECKPOINTS_DIR
-    if not spec and (away := checkpoints_out_of_reach(run_dir, recorded=False)) is not None:
-        raise CheckpointError(away)  # taken for a fresh run's, the run's record was set aside (RV67e 3)
     if not spec:
+        if (away := checkpoints_out_of_reach(run_dir, recorded=False)) is not None:
+            raise CheckpointError(away)  # taken for a fresh run's, the run's record was set aside (RV67e 3)
         held = _earlier_run(run_dir)
         if held is not None:
             raise CheckpointError(

@@ -146,9 +146,9 @@ def peer_gone(error: BaseException) -> str | None:
     because the other end is gone (gloo's "Connection reset by peer", "Connection closed by peer"),
     else None."""
     for inner in wrapped(error):
-        first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
         if any(p in str(inner) for p in _PEER_GONE):
             # gloo's "[…/pair.cc:553] Connection closed by peer [127.0.0.1]:37287. This is typically …"
+            first = str(inner).strip().splitlines()[0]
             return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:200]
     return None
 
