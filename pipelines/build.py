@@ -82,7 +82,6 @@ from pipelines.faults import fault_warnings
 from pipelines.filters import check_filters, make_filters
 from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
 from pipelines.progress import Monitor, TaskProgress, build_table, input_size_note
-from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
@@ -140,6 +139,7 @@ from training.contract.dataset_format import (
     parse_dataset_info,
     task_of_file,
 )
+from training.contract.dataset_format import finished_tasks as completed_ranks
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import check_saved_config_place

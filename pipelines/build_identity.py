@@ -27,7 +27,6 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
-from pipelines import progress
 from pipelines.config import DataConfig
 from pipelines.dataset_lock import LOCK
 from pipelines.dedup import decided_over
@@ -47,6 +46,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
     file_sha256,
 )
+from training.contract.dataset_format import finished_tasks as completed_ranks
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectURL, is_url, refuse_url, user_cache_dir
 from training.contract.run_layout import run_record
@@ -58,7 +58,7 @@ class BuildError(GristmillError):
 
 def finished_tasks(out: Path) -> set[int]:
     """The tasks datatrove marked complete in `out`: a rerun keeps their outputs."""
-    return progress.finished_tasks(out / LOGS_DIR / "completions")
+    return completed_ranks(out / LOGS_DIR / "completions")
 
 
 def read_json(path: Path, fix: str) -> dict[str, Any]:

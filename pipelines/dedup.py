@@ -56,9 +56,9 @@ from datatrove.utils.hashing import HashConfig
 from pipelines import faults
 from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
-from pipelines.progress import TaskProgress, finished_tasks
+from pipelines.progress import TaskProgress
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import LOGS_DIR
+from training.contract.dataset_format import LOGS_DIR, finished_tasks
 from training.contract.errors import GristmillError
 
 DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files

@@ -22,7 +22,7 @@ from datatrove.utils.logging import logger
 from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import decontaminate_record
+from training.contract.dataset_format import decontaminate_record, finished_tasks
 
 
 def _fmt(n: float) -> str:
@@ -83,13 +83,6 @@ class TaskProgress:
                 f"task {self.rank} {self.phase}: {self.read} docs read, {self.kept} kept, "
                 f"{_fmt(self.tokens)} tokens ({_fmt(self.read / el)} docs/s, {_fmt(self.tokens / el)} tok/s)"
             )
-
-
-def finished_tasks(completions_dir: Path) -> set[int]:
-    """Ranks of the tasks datatrove marked complete (its `completions/NNNNN` files)."""
-    if not completions_dir.is_dir():
-        return set()
-    return {int(p.name) for p in completions_dir.iterdir() if p.name.isdigit()}
 
 
 class Monitor:

@@ -35,6 +35,7 @@ import pyarrow as pa
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BUILD_JSON,
+    COMPLETIONS_DIR,
     DATASET_JSON,
     DECONTAM_DIR,
     EXCLUDED_DIR,
@@ -54,9 +55,11 @@ from training.contract.dataset_format import (
     dataset_files,
     file_sha256,
     fingerprint_without_index,
+    finished_tasks,
     manifest_files,
     read_dataset_info,
     redo_task,
+    task_of_file,
 )
 from training.contract.eval_table import (
     EVAL_COLUMNS_ADDED,
@@ -513,11 +516,33 @@ def _unreadable(root: Path, rel: str, e: OSError) -> Damaged:
 def view_files(view: FileView, root: Path, in_place: bool = False) -> list[str]:
     """This dataset's files of `view`, as absolute paths, listed here rather than globbed by duckdb: a
     training run's live tables in this audit's copies of them (run_tables_read_once), unless `in_place`
-    (the views of --db, which outlive the audit)."""
+    (the views of --db, which outlive the audit); an unfinished build's, those its finished tasks wrote."""
     copy = None if in_place or view.pattern not in LIVE_RUN_FILES else _copies().get(os.path.realpath(root))
     if copy is not None:
         return [str(copy / view.pattern)] if (copy / view.pattern).is_file() else []
-    return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
+    files = sorted(glob.glob(view.pattern, root_dir=root, recursive=True))
+    if unfinished_builds([root]):  # a task killed mid-way leaves part of its files: unread (trial RV69a 1)
+        done: dict[Path, set[int]] = {}
+        files = [f for f in files if _finished_task(root, f, done)]
+    return [str(root / f) for f in files]
+
+
+def _finished_task(root: Path, rel: str, done: dict[Path, set[int]]) -> bool:
+    """Whether file `rel` of unfinished build `root` is one a finished task wrote, by datatrove's
+    completion marker in its logging dir: a stats file's `stats/` has its `completions/` beside it (the
+    build's pass in logs/, a dedup stage's in logs/dedup/STAGE/), a manifest or excluded file is the
+    build pass's task's (task_of_file). A file of no task is no finished task's (a validation.json left
+    is of an earlier build: the build validates when it finishes). `done`: the markers listed, by folder."""
+    path = Path(rel)
+    if path.parts[0] == LOGS_DIR and path.parent.name == "stats" and path.stem.isdigit():
+        marks, task = path.parent.parent / COMPLETIONS_DIR, int(path.stem)
+    elif (task := task_of_file(rel)) is not None:
+        marks = Path(LOGS_DIR) / COMPLETIONS_DIR
+    else:
+        return False
+    if marks not in done:
+        done[marks] = finished_tasks(root / marks)
+    return task in done[marks]
 
 
 LIVE_RUN_FILES = (CONSUMPTION_PARQUET, EVAL_PARQUET, DATA_PLAN_JSON)  # replaced as a run trains

@@ -882,6 +882,30 @@ def test_directory_names_with_glob_characters(built_dataset, tmp_path, name, sib
     assert connect([other])[0].execute(count).fetchall() == [("d\\e", 12)]
 
 
+def test_an_unfinished_build_s_views_read_its_finished_tasks_files_alone(built_dataset, tmp_path, capsys):
+    """A build killed mid-way: its unfinished tasks' manifest, excluded and stats files were counted by
+    `--sql`, whose note says its views hold what its finished tasks wrote (trial RV69a 1)."""
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards", "index"))
+    (root / "dataset.json").unlink()
+    (root / "logs" / "completions" / "00000").unlink()  # task 0 unfinished, its files left
+    stage = root / "logs" / "dedup" / "hashes"  # a dedup stage whose task 0 finished and task 1 did not
+    (stage / "stats").mkdir(parents=True)
+    for task in ("00000", "00001"):
+        shutil.copy(root / "logs" / "stats" / "00001.json", stage / "stats" / f"{task}.json")
+    (stage / "completions").mkdir()
+    (stage / "completions" / "00000").touch()
+    assert (root / "excluded" / "00000_length.parquet").is_file() and (root / "validation.json").is_file()
+    con, _ = connect([root])
+    views = ("docs", "excluded", "validation")
+    counts = [con.execute(f"SELECT count(*) FROM {v}").fetchone()[0] for v in views]
+    assert counts == [pq.read_metadata(root / "manifest" / "00001.parquet").num_rows, 0, 0]
+    tasks = con.execute("SELECT DISTINCT pipeline, task FROM stats ORDER BY ALL").fetchall()
+    assert tasks == [("", 1), ("dedup/hashes", 0)]
+    assert main(["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]) == 0
+    assert "its views hold only what its finished tasks wrote" in capsys.readouterr().err
+
+
 def test_dataset_json_listing_documents_without_manifest_is_an_error(built_dataset, tmp_path, capsys):
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards", "manifest"))

@@ -13,12 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.build import build
 from pipelines.cli import main
 from pipelines.config import DataConfig
 from training.contract.config_loader import load_config
+from training.contract.dataset_format import finished_tasks
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -62,7 +64,9 @@ def test_unfinished_build_is_refused_saying_how_to_finish_it(build_fixture, tmp_
         f"note: {out} is an unfinished build (no dataset.json): its views hold only "
         "what its finished tasks wrote"
     ]
-    assert json.loads(stdout)[0]["n"] >= 0
+    finished = finished_tasks(out / "logs" / "completions")  # their manifests alone (trial RV69a 1)
+    rows = sum(pq.read_metadata(out / "manifest" / f"{t:05d}.parquet").num_rows for t in finished)
+    assert json.loads(stdout)[0]["n"] == rows
 
 
 def test_damaged_stats_file_advice_writes_it_again(built_dataset, build_fixture, tmp_path, capsys):

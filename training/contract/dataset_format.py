@@ -66,6 +66,7 @@ SHARDS_DIR = "shards"
 MANIFEST_DIR = "manifest"
 EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
+COMPLETIONS_DIR = "completions"  # in a datatrove logging dir: NNNNN, a finished task's marker
 DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
 DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
 DECONTAM_MANIFEST = "manifest.json"  # the index's sha256, n and per-task counts (pipelines/decontam/ngram.py)
@@ -896,11 +897,19 @@ def rewrite_bucket_dataset_json(url: str) -> str:
     )
 
 
+def finished_tasks(completions_dir: Path) -> set[int]:
+    """Ranks of the tasks datatrove marked complete in a logging dir's COMPLETIONS_DIR (its `NNNNN`
+    files): the build's own pass (OUTPUT/logs/completions/) or a dedup stage's (logs/dedup/STAGE/)."""
+    if not completions_dir.is_dir():
+        return set()
+    return {int(p.name) for p in completions_dir.iterdir() if p.name.isdigit()}
+
+
 def redo_task(task: str, root: Path | None = None) -> str:
     """The fix for a finished build task (`task`: its name, NNNNN) whose output is gone or damaged:
     its completion marker and dataset.json deleted (under `root`; None: relative, where the build
     ran), the build rerun, which redoes that task alone (a rerun of a finished build only revalidates)."""
-    marker, info = Path(LOGS_DIR) / "completions" / task, Path(DATASET_JSON)
+    marker, info = Path(LOGS_DIR) / COMPLETIONS_DIR / task, Path(DATASET_JSON)
     where = "" if root is not None else " where the build ran"
     if root is not None:
         marker, info = root / marker, root / info
