@@ -69,8 +69,20 @@ from training.contract.eval_table import (
 )
 from training.contract.integrity import in_threads
 from training.contract.object_store import ObjectMissing, ObjectStore
-from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
-from training.data.recipe import CONSUMPTION_COLUMNS_ADDED, CONSUMPTION_SCHEMA
+from training.contract.run_layout import (
+    CHECKPOINTS_DIR,
+    CONSUMPTION_PARQUET,
+    DATA_PLAN_JSON,
+    EVAL_PARQUET,
+    METRICS_JSONL,
+    is_training_run,
+)
+from training.data.recipe import (
+    CONSUMPTION_COLUMNS_ADDED,
+    CONSUMPTION_SCHEMA,
+    plan_not_found,
+    recorded_plan_fix,
+)
 from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
 from validation.validate import VALIDATION_JSON, dataset_versions
 
@@ -308,6 +320,8 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
                 "file name as a pattern in which '\\' is a '/' (another directory's files); rename or move "
                 "the directory so that its real path has no '\\'"
             )
+        if is_training_run(p) and (gone := _run_record_gone(p)) is not None:
+            raise DatasetError(f"cannot audit {p}: {gone}")
         marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
         if not any((p / m).exists() for m in marks):
             raise DatasetError(
@@ -342,6 +356,25 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
             raise DamagedFile(damaged)
         out.append(Path(real))
     return out
+
+
+def _run_record_gone(run: Path) -> str | None:
+    """Why training run `run` cannot be audited for want of its plan or its ledger, or None. The trainer
+    writes data_plan.json, then consumption.parquet, at every start, before metrics.jsonl and any
+    checkpoint: a run that holds either has had both, and one gone read as a run that trained nothing
+    (the `consumption` view "(no rows)", `sources` and `skips` empty, exit 0: trial RV69a 2, 3). A run
+    not started yet has neither."""
+    started = next((run / n for n in (METRICS_JSONL, CHECKPOINTS_DIR) if (run / n).exists()), None)
+    if started is None:
+        return None
+    if not (run / DATA_PLAN_JSON).exists():
+        return plan_not_found(run)  # as `data inspect RUN` and `verify RUN` refuse it
+    if not (run / CONSUMPTION_PARQUET).exists():
+        return (
+            f"{run / CONSUMPTION_PARQUET} not found (deleted: the trainer writes it when the run starts, "
+            f"before {started}); {recorded_plan_fix(run)}"
+        )
+    return None
 
 
 def _dataset_record(root: Path) -> dict:

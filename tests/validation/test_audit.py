@@ -31,8 +31,9 @@ from training.contract.dataset_format import (
     manifest_files,
     redo_task,
 )
+from training.contract.eval_table import write_eval_table
 from training.data.plan import Phase, Plan, Source
-from training.data.recipe import record_plan, write_consumption
+from training.data.recipe import plan_not_found, record_plan, write_consumption
 from validation.audit import (
     Result,
     format_table,
@@ -345,6 +346,38 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     assert main(["data", "audit", str(run), "data", "--sql", "SELECT count(*) FROM sources"]) == 0
     out, err = capsys.readouterr()
     assert out.split()[-1] == "1" and err.startswith(f"note: {damaged}") and err.count("\n") == 1, err
+
+
+def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_empty(tmp_path, capsys):
+    """A run's consumption.parquet deleted read as a run that trained nothing ("(no rows)", exit 0), and
+    its data_plan.json deleted gave empty `sources` and `skips`, which `data inspect RUN` refuses (trial
+    RV69a 2, 3). The trainer writes both at its start, before metrics.jsonl: a run without it has none."""
+    source = Source("data", str(tmp_path / "data"), "f" * 64, 600, 12, None)
+    plan = Plan([source], [Phase("main", 4, 16, 2, (1,))], seed=1)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('[data]\ndataset = "data"\n')
+    record_plan(plan, run)
+    write_consumption(plan, 0, plan.consumed(0), run / "consumption.parquet")
+    write_eval_table(run)  # no scores: a run directory without the ledger still (the trial's had one)
+    query = ["data", "audit", str(run), "--sql", "SELECT count(*) FROM sources, consumption"]
+    (run / "data_plan.json").rename(tmp_path / "plan")
+    assert main(query) == 0  # not started (a folder `gristmill eval` scored): nothing to miss
+    (tmp_path / "plan").rename(run / "data_plan.json")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    assert main(query) == 0
+    capsys.readouterr()
+    fix = "no checkpoint of the run holds its plan to write it from (a run started again trains from step 0)"
+    for name, why in (
+        ("consumption.parquet", f"not found (deleted: the trainer writes it when the run starts, before "
+         f"{run / 'metrics.jsonl'}); {fix}"),
+        ("data_plan.json", plan_not_found(run).removeprefix(str(run / "data_plan.json") + " ")),
+    ):  # fmt: skip
+        (run / name).rename(tmp_path / name)
+        assert main(query) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"error: cannot audit {run}: {run / name} {why}\n", err
+        (tmp_path / name).rename(run / name)
 
 
 def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):

@@ -505,6 +505,19 @@ SINGLE_STATE_ORDER = "one-dataset"
 PLAN_RECORDED_COMMIT = "44980ef"  # the first gristmill whose runs write RUN/data_plan.json
 
 
+def plan_not_found(run_dir: Path) -> str:
+    """Why a run without RUN/data_plan.json is refused by its readers (`data inspect RUN`, `verify RUN`, the
+    audit of a run that has started): deleted, or never written (a run of gristmill before 44980ef), what
+    the run trained, and in which data order, is not recorded, and an older order's batches are not this
+    version's (review R26c S2); with what writes the file again."""
+    return (
+        f"{run_dir / DATA_PLAN_JSON} not found (deleted, or the run started before gristmill "
+        f"{PLAN_RECORDED_COMMIT} recorded it): the run's datasets and data order are unknown, and a run "
+        "of an older gristmill drew its batches in an order this version does not compute (see it with "
+        f"the gristmill that trained it); {recorded_plan_fix(run_dir)}"
+    )
+
+
 def open_run_sources(
     run_dir: Path,
     order: str | None,
@@ -648,15 +661,7 @@ def run_plan(run_dir: Path) -> tuple[data_plan.Plan, list[DocumentTable], tuple[
     spec = check_config(cfg, 1)
     description = recorded_plan(run_dir)
     if description is None:
-        # Deleted, or never written (a run of gristmill before 44980ef): what the run trained, and in
-        # which data order, is not recorded, and an older order's batches are not this version's
-        # (review R26c S2): refused, with what writes the file again.
-        raise DatasetError(
-            f"{run_dir / DATA_PLAN_JSON} not found (deleted, or the run started before gristmill "
-            f"{PLAN_RECORDED_COMMIT} recorded it): the run's datasets and data order are unknown, and a run "
-            "of an older gristmill drew its batches in an order this version does not compute (see it with "
-            f"the gristmill that trained it); {recorded_plan_fix(run_dir)}"
-        )
+        raise DatasetError(plan_not_found(run_dir))
     trained = TrainedPlan.of(str(run_dir / DATA_PLAN_JSON), description)
     tables = open_run_sources(run_dir, str(description.get("format")), spec, trained=trained)
     for table in tables:  # shown or compared: each document held to its sha256 (trial RV62a F1)
