@@ -60,6 +60,7 @@ from validation.audit_views import (
     BUILD_STATS,
     DERIVED_VIEWS,
     FILE_VIEWS,
+    RUN_VIEWS,
     Damaged,
     DamagedFile,
     bucket_copy,
@@ -67,6 +68,7 @@ from validation.audit_views import (
     check_roots,
     connect,
     dataset_json,
+    dataset_views_named,
     describe_views,
     find_damaged,
     persist,
@@ -647,6 +649,38 @@ def _note_other_builds(dirs: list[str]) -> None:
         print(f"note: {why}", file=sys.stderr)
 
 
+def _no_dataset(dirs: list[str], what: str, instead: str) -> AuditError:
+    """`what` (a dataset's report, plots, view) asked of `dirs`, none of which is a dataset: one line naming
+    the datasets each run's config.toml names, where they are the builds it read, or `instead`. Its
+    tables would be empty: "(no rows)" and exit 0 said nothing of why."""
+    runs, others = [], []
+    for d in dirs:
+        if sources := _run_sources(Path(d)):
+            try:
+                why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
+            except DatasetError as e:  # its data_plan.json damaged: which builds it read is unknown
+                why, others = dict.fromkeys(s for s, _ in sources), [*others, str(e)]
+            relative = any(relative_location(loc) for s, loc in sources if why[s])
+            none = "none from this working directory" if relative else "none now"
+            runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
+            others += [w for w in why.values() if w]
+    return AuditError(
+        f"{what} reads a dataset's files, and {', '.join(dirs)} holds no {DATASET_JSON}: pass a dataset "
+        "directory ("
+        + ("; ".join(runs) if runs else "a training run's are the datasets its config.toml names")
+        + f"), or {instead}"
+        + "".join(f"; {w}" for w in others)
+    )
+
+
+def _dataset_view_asked(sql: str, dirs: list[str]) -> str | None:
+    """The first dataset view query `sql` names where no root of `dirs` is a dataset or an unfinished
+    build, else None: of run directories alone, `docs` answered 0, exit 0 (trial RV69a 4)."""
+    if _has_dataset(dirs) or unfinished_builds(dirs):
+        return None
+    return next(iter(dataset_views_named(sql)), None)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.max_rows < 0:  # a negative count sliced rows off the end, with a "… more rows" note
         raise AuditError(f"--max-rows {args.max_rows}: give the rows a table shows, ≥ 1 (0: all)")
@@ -661,25 +695,12 @@ def _run(args: argparse.Namespace) -> int:
             )
     asked = f"--report {args.report}" if args.report not in (None, "all", *RUN_REPORTS) else None
     if (asked or args.plots) and not _has_dataset(args.dirs):
-        # its tables would be empty: "(no rows)" and exit 0 said nothing of why
-        runs, others = [], []
-        for d in args.dirs:
-            if sources := _run_sources(Path(d)):
-                try:
-                    why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
-                except DatasetError as e:  # its data_plan.json damaged: which builds it read is unknown
-                    why, others = dict.fromkeys(s for s, _ in sources), [*others, str(e)]
-                relative = any(relative_location(loc) for s, loc in sources if why[s])
-                none = "none from this working directory" if relative else "none now"
-                runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
-                others += [w for w in why.values() if w]
-        raise AuditError(
-            f"{asked or '--plots'} reads a dataset's files, and {', '.join(args.dirs)} holds no "
-            f"{DATASET_JSON}: pass a dataset directory ("
-            + ("; ".join(runs) if runs else "a training run's are the datasets its config.toml names")
-            + f"), or --report {' / '.join(RUN_REPORTS)} for a training run"
-            + "".join(f"; {w}" for w in others)
+        raise _no_dataset(
+            args.dirs, asked or "--plots", f"--report {' / '.join(RUN_REPORTS)} for a training run"
         )
+    if args.sql is not None and (view := _dataset_view_asked(args.sql, args.dirs)) is not None:
+        runs = f"query a training run's views alone ({', '.join(RUN_VIEWS)})"
+        raise _no_dataset(args.dirs, f"--sql's view {view}", runs)
     _note_other_builds(args.dirs)
     if args.report in RUN_REPORTS and not any(is_training_run(r) for r in args.dirs):
         # its table would be empty: "(no rows)" and exit 0 said nothing of why (review R18a F5)

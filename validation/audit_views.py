@@ -210,6 +210,9 @@ SELECT s.key::INTEGER AS source_index, s.value->>'name' AS source, s.value->>'fi
 FROM {src} f, json_each(f.content::JSON->'sources') s
 """
 
+# a training run's files, which its trainer and `gristmill eval` replace as the run goes
+LIVE_RUN_FILES = (CONSUMPTION_PARQUET, EVAL_PARQUET, DATA_PLAN_JSON)
+
 # name -> files of each dataset. The build writes datatrove's logging dir under DIR/logs/: one
 # stats/NNNNN.json per task (the merged logs/stats.json only covers the tasks of the last run, so
 # after a resume it undercounts; the per-task files are the truth).
@@ -252,6 +255,10 @@ DERIVED_VIEWS: dict[str, str] = {
         FULL JOIN shard_files f ON d.dataset_name = f.dataset_name AND d.shard = f.shard
     """,
 }
+
+# The views of a training run's files; every other one reads a dataset's (`shards` too: docs, shard_files).
+RUN_VIEWS = [name for name, view in FILE_VIEWS.items() if view.pattern in LIVE_RUN_FILES]
+DATASET_VIEWS = [name for name in [*FILE_VIEWS, *DERIVED_VIEWS] if name not in RUN_VIEWS]
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR",
@@ -578,7 +585,6 @@ def _finished_task(root: Path, rel: str, done: dict[Path, set[int]]) -> bool:
     return task in done[marks]
 
 
-LIVE_RUN_FILES = (CONSUMPTION_PARQUET, EVAL_PARQUET, DATA_PLAN_JSON)  # replaced as a run trains
 _this_thread = threading.local()  # its audit's copies: audits in two threads of a process are apart
 
 
@@ -1032,6 +1038,20 @@ def _unread_as_written(view: FileView, path: str, arrow: pa.Schema) -> str | Non
             odd = odd or ["in another order"]
             return f"its columns are not those its writer writes (the footer changed): {', '.join(odd)}"
     return None
+
+
+def dataset_views_named(sql: str) -> list[str]:
+    """The dataset views (DATASET_VIEWS) query `sql` names, as duckdb reads it (a CTE of that name is
+    none of them), in a connection without the views (one with them names the tables under them: none)
+    that may read no file; none where it cannot be read so (run_sql's to refuse or answer)."""
+    con = duckdb.connect(":memory:", config={**_CONFIG, "enable_external_access": "false"})
+    try:
+        named = {name.lower() for name in con.get_table_names(sql)}
+    except duckdb.Error:
+        return []
+    finally:
+        con.close()
+    return [view for view in DATASET_VIEWS if view in named]
 
 
 def describe_views(con: duckdb.DuckDBPyConnection) -> list[tuple[str, list[tuple[str, str]]]]:

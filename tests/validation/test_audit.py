@@ -348,17 +348,24 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     assert out.split()[-1] == "1" and err.startswith(f"note: {damaged}") and err.count("\n") == 1, err
 
 
-def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_empty(tmp_path, capsys):
-    """A run's consumption.parquet deleted read as a run that trained nothing ("(no rows)", exit 0), and
-    its data_plan.json deleted gave empty `sources` and `skips`, which `data inspect RUN` refuses (trial
-    RV69a 2, 3). The trainer writes both at its start, before metrics.jsonl: a run without it has none."""
+def run_of_no_step(tmp_path: Path) -> Path:
+    """A training run directory as the trainer leaves it at its start: config.toml naming the dataset
+    tmp_path/data, its plan and its ledger at step 0."""
     source = Source("data", str(tmp_path / "data"), "f" * 64, 600, 12, None)
     plan = Plan([source], [Phase("main", 4, 16, 2, (1,))], seed=1)
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.toml").write_text('[data]\ndataset = "data"\n')
+    (run / "config.toml").write_text(f"[data]\ndataset = {json.dumps(str(tmp_path / 'data'))}\n")
     record_plan(plan, run)
     write_consumption(plan, 0, plan.consumed(0), run / "consumption.parquet")
+    return run
+
+
+def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_empty(tmp_path, capsys):
+    """A run's consumption.parquet deleted read as a run that trained nothing ("(no rows)", exit 0), and
+    its data_plan.json deleted gave empty `sources` and `skips`, which `data inspect RUN` refuses (trial
+    RV69a 2, 3). The trainer writes both at its start, before metrics.jsonl: a run without it has none."""
+    run = run_of_no_step(tmp_path)
     write_eval_table(run)  # no scores: a run directory without the ledger still (the trial's had one)
     query = ["data", "audit", str(run), "--sql", "SELECT count(*) FROM sources, consumption"]
     (run / "data_plan.json").rename(tmp_path / "plan")
@@ -378,6 +385,25 @@ def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_emp
         out, err = capsys.readouterr()
         assert out == "" and err == f"error: cannot audit {run}: {run / name} {why}\n", err
         (tmp_path / name).rename(run / name)
+
+
+def test_a_dataset_view_queried_of_runs_alone_is_refused_naming_their_datasets(tmp_path, capsys):
+    """`--sql` of `docs` over a run directory answered 0, exit 0, where `--report summary` is refused
+    naming the datasets to pass (trial RV69a 4); a query of the run's own views answers."""
+    run = run_of_no_step(tmp_path)
+    for sql in ("SELECT count(*) FROM docs", "SELECT 1 FROM consumption WHERE EXISTS (FROM main.Shards)"):
+        assert main(["data", "audit", str(run), "--sql", sql]) == 2
+        out, err = capsys.readouterr()
+        view = sql.split()[-1].strip(")").split(".")[-1].lower()
+        assert out == "" and err == (
+            f"error: --sql's view {view} reads a dataset's files, and {run} holds no dataset.json: pass a "
+            f"dataset directory ({run}'s: {tmp_path / 'data'}), or query a training run's views alone (eval, "
+            "consumption, skips, sources)\n"
+        ), err
+    # the run's own views, and a CTE of a dataset view's name, answer
+    sql = "WITH docs AS (SELECT 1) SELECT count(*) AS n FROM docs, consumption"
+    assert main(["data", "audit", str(run), "--sql", sql, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 1}]
 
 
 def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):
