@@ -247,8 +247,8 @@ def _cell(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int):
         return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:,.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.3g}"
+    if isinstance(v, float):  # never rounded: 0.996 showed as 1.00, 2.4706 as 2.47 (trial RV69a 5)
+        return f"{v:,}"  # the shortest decimal that reads back as it (repr); a preset rounds its shares
     if isinstance(v, (list, dict)):
         return json.dumps(v, default=_json_default, ensure_ascii=False)  # a BLOB in a list: hex too
     if isinstance(v, bytes):  # not b'\xd7d…' (trial RV53a 2)
@@ -308,6 +308,13 @@ def format_table(
     table that cannot fit is wider than `width` rather than missing characters."""
     rows = res.rows if max_rows is None else res.rows[:max_rows]
     cells = [[_cell(v) for v in r] for r in rows]
+    for i in range(len(res.columns)):  # a column's decimal points aligned: zeros added, no digit changed
+        plain = [
+            isinstance(r[i], float) and math.isfinite(r[i]) and "e" not in c[i] for r, c in zip(rows, cells)
+        ]
+        places = max([len(c[i].partition(".")[2]) for c, p in zip(cells, plain) if p], default=0)
+        for c, p in zip(cells, plain):
+            c[i] += "0" * (places - len(c[i].partition(".")[2])) if p else ""
     numeric = [
         all(
             isinstance(r[i], (int, float, decimal.Decimal)) and not isinstance(r[i], bool)

@@ -110,8 +110,9 @@ ORDER BY dataset_name, tokens DESC
     # made `site?p=1`, `user` and `[` domains (review R31b F7). As urllib, leading C0 controls and spaces
     # are skipped and tab, CR and LF anywhere are no characters: a crawl's ' https://…' or '…\n' had no
     # host or another (review RV32d 7). Each is where the regex can take it with one pass (a '\t' both
-    # before and in place of an absent scheme made it 4x slower). The share is not rounded: the table
-    # rounds it once (to 3 decimals here, then to 2 there, 7.8355 % showed as 7.83: trial RV57b F2).
+    # before and in place of an absent scheme made it 4x slower). The share is rounded once, here, to 2
+    # decimals (to 3 here, then to 2 by the table, 7.8355 % showed as 7.83: trial RV57b F2; the table
+    # rounds none: trial RV69a 5).
     "top_domains": r"""
 WITH hosts AS (
     SELECT dataset_name, regexp_extract(
@@ -128,7 +129,7 @@ WITH hosts AS (
     FROM hostnames GROUP BY 1, 2
 )
 SELECT dataset_name, domain, documents, tokens,
-       100.0 * tokens / sum(tokens) OVER (PARTITION BY dataset_name) AS pct_of_tokens
+       round(100.0 * tokens / sum(tokens) OVER (PARTITION BY dataset_name), 2) AS pct_of_tokens
 FROM domains
 QUALIFY row_number() OVER (PARTITION BY dataset_name ORDER BY tokens DESC, domain) <= 20
 ORDER BY dataset_name, tokens DESC, domain

@@ -464,10 +464,10 @@ def test_top_domains_is_the_urls_hostname(tmp_path):
     hosts = [urllib.parse.urlsplit(u).hostname for u in urls]
     assert got == dict(Counter(h and h.removeprefix("www.") for h in hosts)), got
     assert got == {"example.com": 11, "::1": 1, "fe80::1": 1, None: 2}
-    # the share as it is, rounded once, by the table: rounded to 3 decimals first, a share of
-    # 7.8355 % showed as 7.83 (trial RV57b F2)
+    # the share rounded once, by the preset: rounded to 3 decimals first, then to 2 by the table, a share
+    # of 7.8355 % showed as 7.83 (trial RV57b F2); the table rounds none (trial RV69a 5)
     shares = {r["domain"]: r["pct_of_tokens"] for r in run_preset(con, "top_domains").records()}
-    assert shares["example.com"] == 100 * 22 / 30, shares
+    assert shares["example.com"] == round(100 * 22 / 30, 2) == 73.33, shares
 
 
 def test_two_datasets_compare(built_dataset, tmp_path, capsys):
@@ -1043,6 +1043,17 @@ def test_table_off_a_terminal_is_never_cut(capsys):
     # max_width (verify's 200) wraps a longer cell, still whole.
     wrapped = format_table(_long_url_table(), max_width=50, width=0).splitlines()
     assert "".join(line[:50].strip() for line in wrapped[2:-1]) == LONG_URL
+
+
+def test_table_shows_each_double_as_it_reads_back_points_aligned():
+    """Doubles were rounded to 2 decimals: 0.996 showed as 1.00, an eval's bits per byte 2.4706 and
+    2.4646 as 2.47 and 2.46 (trial RV69a 5). Each is its shortest decimal, zeros added to align."""
+    values = [0.996, 99.996, 0.0179, 0.00858, None, 2.4706, 1234567.5, 1e-07]
+    out = format_table(Result("x", ["x"], [(v,) for v in values]), width=0).splitlines()[2:]
+    shown = ["0.99600", "99.99600", "0.01790", "0.00858", "", "2.47060", "1,234,567.50000", "1e-07"]
+    assert [line.strip() for line in out] == shown, out
+    assert all(float(line.replace(",", "")) == v for line, v in zip(out, values) if v is not None)
+    assert len({len(line) for line in out if line}) == 1  # right-aligned: the points in one column
 
 
 def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
