@@ -24,6 +24,7 @@ import decimal
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tomllib
@@ -207,12 +208,25 @@ def _views_text(con: duckdb.DuckDBPyConnection) -> str:
     return "\n".join(lines)
 
 
+def _quoting_hint(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """For a query duckdb cannot parse: a line for each view column it names bare that is a reserved word
+    of SQL (docs' `offset`), which duckdb reads as the word, not the column (trial RV69a 9); "" if none."""
+    reserved = "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'"
+    columns = {c.lower() for _, cols in describe_views(con) for c, _ in cols}
+    bare = re.sub(r"\"[^\"]*\"|'[^']*'", " ", sql)  # not a quoted name, nor inside a string
+    named = {w.lower() for w in re.findall(r"\w+", bare)} & columns
+    named &= {w for (w,) in con.execute(reserved).fetchall()}
+    return "".join(
+        f'\n{w} is a word of SQL: to name the column, write "{w}" (in double quotes)' for w in sorted(named)
+    )
+
+
 def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> Result:
     """Run one read-only statement; anything else is an AuditQueryError naming the reason."""
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as e:
-        raise AuditQueryError(f"{e}\n{_views_text(con)}") from None
+        raise AuditQueryError(f"{e}{_quoting_hint(con, sql)}\n{_views_text(con)}") from None
     if len(statements) != 1:
         raise AuditQueryError(f"--sql takes exactly one statement, got {len(statements)}")
     kind = statements[0].type

@@ -214,6 +214,13 @@ def test_malformed_query_prints_error_and_views(built_dataset, capsys):
     assert "docs(dataset_name VARCHAR, shard VARCHAR" in err and "  stats(" in err
     assert main(["data", "audit", str(built_dataset), "--sql", "SELEC 1"]) == 2
     assert "syntax error" in capsys.readouterr().err
+    # a column that is a reserved word, written bare: the hint to quote it (trial RV69a 9)
+    assert main(["data", "audit", str(built_dataset), "--sql", "SELECT shard, offset FROM docs"]) == 2
+    err = capsys.readouterr().err
+    assert 'syntax error at or near "FROM"' in err, err
+    assert '\noffset is a word of SQL: to name the column, write "offset" (in double quotes)\nviews:' in err
+    assert main(["data", "audit", str(built_dataset), "--sql", 'SELECT "offset" FRO docs']) == 2
+    assert "word of SQL" not in capsys.readouterr().err
 
 
 def test_plots_skip_columns_a_dataset_lacks_and_order_lengths_numerically(built_dataset, tmp_path):
