@@ -3904,11 +3904,54 @@ def test_a_store_that_hangs_fails_a_fetch_within_its_window(s3, synthetic, tmp_p
     data.fetch_timeout_s after it began, one try's timeouts bounded by the window (each try lasted
     botocore's 60 s read timeout: a window of 2 s stopped after a minute)."""
     _, url = synthetic
-    store = ObjectStore(url, retry_for_s=2)
+    store = ObjectStore(url, attempts=None, within_s=2)
     name = sorted(store.list("shards"))[0]
     took, _ = _a_range_failing(s3, "hung", store, name)
     assert took < 4.5, f"{took:.1f} s"
     assert store.get_range(name, 0, 100) == ObjectStore(url).get_range(name, 0, 100)  # healthy again
+
+
+def test_a_store_that_hangs_at_a_training_s_start_and_under_a_data_command_ends_within_the_window(
+    s3, synthetic, tmp_path, capsys, monkeypatch
+):
+    """Every request keeps to one window, a training's start too: a store that accepts connections and
+    never answers held `gristmill train … data.fetch_timeout_s=20` silent for 620 s (its dataset.json's
+    GET ten tries of 60 s, outside the window), and `data inspect` the same (trial RV69b F1). The data
+    commands wait the window's default (FETCH_TIMEOUT_S, lowered here), with the note while they
+    fail, and each last line names the endpoint."""
+    _, url = synthetic
+    from training.contract import object_store
+
+    endpoint = f"AWS_ENDPOINT_URL = {s3.proxy.url}"
+    sets = [f"data.dataset={json.dumps(url)}", "data.fetch_timeout_s=2"]
+    sets += [f"run.output_dir={json.dumps(str(tmp_path / 'run'))}"]
+    sets += [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}"]
+    s3.proxy.hung = True
+    try:
+        began = time.monotonic()
+        assert gristmill(["train", "--config", TINY, "--set", *sets]) == 2
+        took = time.monotonic() - began
+        err = capsys.readouterr().err.strip()
+        assert took < 8 and "\n" not in err, (took, err)
+        assert err.startswith(f"error: {url}/{DATASET_JSON}: GET kept failing for ") and endpoint in err, err
+        assert "no data coming for data.fetch_timeout_s = 2 s" in err, err
+        # a data command's request: FETCH_TIMEOUT_S, tries of at most READ_TIMEOUT_S, said while failing
+        monkeypatch.setattr(object_store, "FETCH_TIMEOUT_S", 3.0)
+        monkeypatch.setattr(object_store, "READ_TIMEOUT_S", 1.0)
+        monkeypatch.setattr(object_store, "WAITING_NOTE_AFTER_S", 0.5)
+        monkeypatch.setattr(object_store, "_WAITING_NOTED", [0.0])
+        began = time.monotonic()
+        with pytest.raises(ObjectStoreError) as failed:
+            ObjectStore(url).get(DATASET_JSON)
+        took = time.monotonic() - began
+    finally:
+        s3.proxy.hung = False
+    assert 2.9 < took < 6, took  # ten tries of 60 s before
+    said = str(failed.value)
+    assert "no data coming for data.fetch_timeout_s = 3 s" in said and endpoint in said, said
+    assert said.endswith("then run the command again (a training: or raise data.fetch_timeout_s)"), said
+    note = capsys.readouterr().err
+    assert note.startswith(f"note: {url}/{DATASET_JSON}: failing for 1 s (Read timeout") and endpoint in note
 
 
 def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[float, str]:
@@ -3995,7 +4038,7 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     its lock ended runs the window on from when it was written, not from when it was seen (a copy
     written before an outage, seen after a long wait, ran it on by one more: review R24i 1)."""
     _, url = synthetic
-    store = ObjectStore(url, retry_for_s=2)
+    store = ObjectStore(url, attempts=None, within_s=2)
     name = sorted(store.list("shards"))[0]
     from training.contract import object_store
 
@@ -4016,7 +4059,7 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     s3.proxy.set_faults(FaultMix(slow_down=1.0, truncated=0.0, reset=0.0))  # the store's own words, once
     try:
         with pytest.raises(ObjectStoreError) as throttled:
-            ObjectStore(url, retry_for_s=0.5).get_range(name, 0, 100)
+            ObjectStore(url, attempts=None, within_s=0.5).get_range(name, 0, 100)
     finally:
         s3.proxy.set_faults(None)
     said = str(throttled.value)

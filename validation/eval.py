@@ -313,7 +313,7 @@ def check_heldout_dataset(run_dir: Path, data: RunData) -> HeldOut:
     scored whatever dataset that path led to there), and its val_fraction (an edited one scored
     documents the run trained on). Returns whose they are, from the same read of its dataset.json."""
     try:
-        info = dataset_info(data.dataset)
+        info = dataset_info(data.dataset, data.cache.timeout_s if data.cache else None)
         check_trained_on(
             run_dir, data.source, data.dataset, info, "its held-out documents would be another dataset's: "
             "point the source's dataset at the one it trained on", val_fraction=data.val_fraction,
@@ -331,7 +331,7 @@ def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
     checks = []
     for src in spec.sources:
         try:
-            info = dataset_info(src.dataset)
+            info = dataset_info(src.dataset, spec.cache.timeout_s)
             check_trained_on(run_dir, src.name, src.dataset, info, "its decontamination is not the run's")
             entry = decontaminate_record(src.dataset, info)  # an older dataset.json's count: its index's
         except GristmillError:

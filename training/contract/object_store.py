@@ -18,7 +18,8 @@ requires (`when_required`), uploads carry Content-MD5 (every store checks it), a
 checked against the sha256 the dataset records before it is used (training/data/block_cache.py).
 
 Retries: a throttled (503 SlowDown), failed (5xx), reset or cut-off request is retried with bounded
-exponential backoff, up to ATTEMPTS tries; a cut-off download resumes with a range request. Every
+exponential backoff, up to ATTEMPTS tries, within one window (FETCH_TIMEOUT_S, or a training's
+data.fetch_timeout_s: ObjectStore); a cut-off download resumes with a range request. Every
 request, retry and byte is counted in COUNTS, shared with the processes forked from this one (the
 loader's DataLoader workers), which the run's metrics report.
 """
@@ -53,6 +54,10 @@ ATTEMPTS = 10  # tries per request: at a 13% fault rate all ten fail about once 
 CONNECT_ATTEMPTS = 3  # tries of a refused connection: an endpoint that is not there says so in a second
 BACKOFF_S = 0.1  # first wait; doubled per retry, capped, jittered
 BACKOFF_CAP_S = 5.0
+# Every request's window, where a training's data.fetch_timeout_s does not set it (its default): the
+# data commands, uploads and builds end within it too (ten tries of 60 s against an endpoint that never
+# answered were 10 minutes without a word: trial RV69b F1)
+FETCH_TIMEOUT_S = 300.0
 WAITING_NOTE_AFTER_S = 10.0  # a window's fetches failing this long: an outage, said (not a blip's retries)
 WAITING_NOTE_EVERY_S = 60.0  # at most one such line a minute per process (requests fail together)
 CHUNK = 1 << 20  # download buffer
@@ -68,10 +73,11 @@ BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class Window:
-    """How long a training's fetches retry (data.fetch_timeout_s): from when the data was first waited
-    for, pushed on by every fetch of its group that succeeds, so that it measures how long nothing came,
-    not how long a group takes: a group of a slow but healthy store outlasted one window, and each of
-    its later samples then had one try, a 503 fatal (review R24f 1). Shared by a group's fetch threads."""
+    """How long a request's tries go on (data.fetch_timeout_s, FETCH_TIMEOUT_S by default); for a
+    training's fetches of its data, from when the data was first waited for, pushed on by every fetch of
+    its group that succeeds, so that it measures how long nothing came, not how long a group takes: a
+    group of a slow but healthy store outlasted one window, and each of its later samples then had one
+    try, a 503 fatal (review R24f 1). Shared by a group's fetch threads."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
@@ -392,8 +398,8 @@ READ_TIMEOUT_S = 60.0  # no byte of an answer for this long is a try that failed
 
 def _client(within_s: float | None = None):
     """This process's S3 client: boto3's own retries off (ours are counted), checksums only where an
-    operation requires one, path-style addressing for a custom endpoint (MinIO, moto). `within_s`: a
-    training's retry window (data.fetch_timeout_s), which bounds one try's timeouts too: one try of an
+    operation requires one, path-style addressing for a custom endpoint (MinIO, moto). `within_s`: the
+    requests' window (ObjectStore.within_s), which bounds one try's timeouts too: one try of an
     endpoint that accepts connections and never answers lasted the 60 s read timeout, past a shorter
     window ("no data coming for data.fetch_timeout_s" would have taken a minute)."""
     endpoint = _endpoint_url()
@@ -503,54 +509,54 @@ class ObjectStore:
         self,
         url: str | ObjectURL,
         *,
-        attempts: int = ATTEMPTS,
-        retry_for_s: float | None = None,
+        attempts: int | None = ATTEMPTS,
+        within_s: float | None = None,
         counts: Counts = COUNTS,
     ):
-        """`attempts` tries per request (a refused connection: CONNECT_ATTEMPTS), or with `retry_for_s`
-        as many as fit that many seconds, refused connections included (a training's fetches: an
-        endpoint down for a while is waited out, up to data.fetch_timeout_s)."""
+        """Every request's tries end within one window of `within_s` seconds (a training's
+        data.fetch_timeout_s; None: FETCH_TIMEOUT_S, its default), each try's timeouts too, with a note
+        while they fail (_say_waiting): the one rule for a training's start, its data and the data
+        commands alike. Within it, `attempts` tries (a refused connection: CONNECT_ATTEMPTS), or with
+        None as many as fit, refused connections included (a training's reads of its data: an endpoint
+        down for a while is waited out)."""
         self.url = url if isinstance(url, ObjectURL) else ObjectURL.parse(url)
         self.attempts = attempts
-        self.retry_for_s = retry_for_s
+        self.within_s = FETCH_TIMEOUT_S if within_s is None else within_s
         self.counts = counts
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "attempts": self.attempts, "retry_for_s": self.retry_for_s}
+        return {"url": self.url, "attempts": self.attempts, "within_s": self.within_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], attempts=state["attempts"], retry_for_s=state["retry_for_s"])
+        self.__init__(state["url"], attempts=state["attempts"], within_s=state["within_s"])
 
     # ----------------------------------------------------------------------------------------
     # requests, each retried on transient failures
 
-    def window(self) -> Window | None:
-        """The retry window of requests that start now (retry_for_s); None: they stop after `attempts`."""
-        return None if self.retry_for_s is None else Window(self.retry_for_s)
+    def window(self) -> Window:
+        """The retry window of requests that start now (within_s)."""
+        return Window(self.within_s)
 
     def _call(self, what: str, rel: str | None, fn: Callable[[Any], T], window: Window | None = None) -> T:
         """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object).
-        `window` (with retry_for_s): the caller's, when it began before this request (a sample's fetch
-        counts from when it began waiting for the sample, a group's from its last progress); at least
-        one attempt."""
+        `window`: the caller's, when it began before this request (a sample's fetch counts from when it
+        began waiting for the sample, a group's from its last progress); at least one attempt."""
         _, exc = _botocore()
-        if self.retry_for_s is None:
-            window = None  # tries: `attempts`
-        elif window is None:
-            window = self.window()
+        window = window or self.window()
+        patient = self.attempts is None  # a training's data: a stop asked for ends its tries
         # how long the caller's window had run before this request (its wait for the sample's lock)
-        late = 0.0 if window is None else window.elapsed()
+        late = window.elapsed()
         first, refused = time.monotonic(), 0
         for attempt in itertools.count():
-            if window is not None:
+            if patient:
                 stop_if_asked()
             self.counts.add("requests")
             wait = backoff(attempt)
             try:
-                return fn(_client(self.retry_for_s))
+                return fn(_client(self.within_s))
             except exc.ClientError as e:
                 last = e if self._transient_code(e) else None
-                if last is None or (window is None and attempt + 1 >= self.attempts):
+                if last is None or (not patient and attempt + 1 >= self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
                 exc.HTTPClientError,
@@ -561,20 +567,19 @@ class ObjectStore:
                 refused += isinstance(e, exc.EndpointConnectionError)
                 # `attempts` in all, or CONNECT_ATTEMPTS refused ones (counted apart: a store that
                 # answered 503 three times, then refused, was retried without end: review R24j 1)
-                if window is None and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
+                if not patient and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
                     raise self._error(what, rel, e, attempt + 1) from None
-            if window is not None:
-                # the window waited out to its end: the last wait is cut to it, and a try made there
-                # (it gave up one backoff early, up to 5 s, saying the window had passed: review R24i 2)
-                now = time.monotonic()
-                if now >= window.until:
-                    tried = (now - first, late)
-                    raise self._error(what, rel, last, attempt + 1, self.retry_for_s, tried) from None
-                wait = min(wait, window.until - now)
-                if now - first >= WAITING_NOTE_AFTER_S:
-                    self._say_waiting(rel, last, now - first, window.until - now)
+            # the window waited out to its end: the last wait is cut to it, and a try made there
+            # (it gave up one backoff early, up to 5 s, saying the window had passed: review R24i 2)
+            now = time.monotonic()
+            if now >= window.until:
+                tried = (now - first, late)
+                raise self._error(what, rel, last, attempt + 1, self.within_s, tried) from None
+            wait = min(wait, window.until - now)
+            if now - first >= WAITING_NOTE_AFTER_S:
+                self._say_waiting(rel, last, now - first, window.until - now)
             self.counts.add("retries")
-            if window is not None:
+            if patient:
                 STOP_FETCHING.wait(wait)  # a stop ends the wait: checked before the next try
             else:
                 time.sleep(wait)
@@ -593,7 +598,7 @@ class ObjectStore:
         rank = f"rank {os.environ.get('RANK', '?')}: " if int(os.environ.get("WORLD_SIZE") or 1) > 1 else ""
         print(
             f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for {left:.0f} s "
-            f"more (data.fetch_timeout_s = {self.retry_for_s:g} s); check the store and the network "
+            f"more (data.fetch_timeout_s = {self.within_s:g} s); check the store and the network "
             f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
             file=sys.stderr,
             flush=True,
@@ -624,18 +629,24 @@ class ObjectStore:
     ) -> ObjectStoreError:
         _, exc = _botocore()
         where = self.url.child(rel) if rel else str(self.url)
-        if seconds is not None:  # a training's fetch: no data came for data.fetch_timeout_s
+        if seconds is not None:  # no data came for data.fetch_timeout_s
             # A window counts from when the data was first waited for (CachedBlocks.fetch), or its
             # group's last sample fetched (Window): a waiter's tries began late in it, and a sample
             # of a group tried for longer than one window. The time said is the tries' own (it said
             # the window's, whatever they took: review R24g 2).
             spent, late = tried
             late_note = f", the first {late:.1f} s into the window" if late >= 0.5 else ""
+            # a training's data mid-run is resumed; its start, or a data command (which waits the
+            # key's default), is run again
+            again = (
+                "resume the run (--resume auto), or raise data.fetch_timeout_s"
+                if self.attempts is None
+                else "run the command again (a training: or raise data.fetch_timeout_s)"
+            )
             return ObjectStoreError(
                 f"{where}: {what} kept failing for {spent:.1f} s ({tries} tries{late_note}), no data coming "
                 f"for data.fetch_timeout_s = {seconds:g} s, last with {self._cause(e)}; check the store and "
-                f"the network ({endpoint_setting()} = {endpoint()}), then resume the run (--resume auto), or "
-                "raise data.fetch_timeout_s"
+                f"the network ({endpoint_setting()} = {endpoint()}), then {again}"
             )
         if isinstance(e, exc.ClientError):
             code = e.response.get("Error", {}).get("Code", "")
@@ -678,7 +689,10 @@ class ObjectStore:
                 f"cannot reach {endpoint()} for {where} ({tries} tries: {e}); check {endpoint_setting()} "
                 "and the network"
             )
-        return ObjectStoreError(f"{where}: {what} failed {tries} time(s), last with {e}; retry later")
+        return ObjectStoreError(
+            f"{where}: {what} failed {tries} time(s), last with {e}; check the store and the network "
+            f"({endpoint_setting()} = {endpoint()}), or retry later"
+        )
 
     def check_bucket(self) -> None:
         """One request that proves the endpoint, the credentials and the bucket (the preflight). A

@@ -256,7 +256,7 @@ class CachedBlocks:
         self.root, self.info, self.index, self.blocks, self.cache = root, info, index, blocks, cache
         self.url = origin(root)
         _job()  # named before any DataLoader worker forks (_failed_meanwhile)
-        self.store = ObjectStore(self.url, retry_for_s=cache.timeout_s)
+        self.store = ObjectStore(self.url, attempts=None, within_s=cache.timeout_s)
         self.itemsize = index.itemsize
         self.dtype = np.dtype(f"<u{self.itemsize}")
         self.names = sorted(info["shard_files"])

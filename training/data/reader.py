@@ -121,7 +121,7 @@ class DocumentTable:
             # and the cache's copy hashed again: a damaged one is fetched again, not blamed on the
             # dataset (it said "rebuild the dataset" at every rerun of a good bucket: review RV49a 1).
             # Without it a bucket's vocab_size went unchecked: an edit up trained a larger model (RV60a 1).
-            ensure_checked(self.root, [TOKENIZER_JSON])
+            ensure_checked(self.root, [TOKENIZER_JSON], (cache or CacheSettings.of()).timeout_s)
         if problem := tokenizer_problem(self.root, info, where, absent_ok=origin(self.root) is not None):
             raise DatasetError(problem)
         # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
@@ -159,7 +159,7 @@ class DocumentTable:
             if "index" in info:
                 planning = (SHARD_ROWS, SAMPLE_TOKENS, SAMPLE_DIGEST, HELDOUT_SHA)
                 ensure_checked(self.root, [f"{INDEX_DIR}/{name}" for name in planning], timeout_s)
-            store = ObjectStore(origin(self.root), retry_for_s=timeout_s)
+            store = ObjectStore(origin(self.root), attempts=None, within_s=timeout_s)
 
             def read_range(name: str, lo: int, hi: int) -> bytes:
                 return store.get_range(f"{INDEX_DIR}/{name}", lo, hi)

@@ -50,6 +50,7 @@ from training.contract.file_lock import LockHeld, file_lock
 from training.contract.lifetime import host
 from training.contract.object_store import (
     COUNTS,
+    FETCH_TIMEOUT_S,
     ObjectCutShort,
     ObjectMissing,
     ObjectStore,
@@ -65,7 +66,7 @@ VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the
 LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
-DEFAULT_FETCH_TIMEOUT_S = 300.0  # how long a fetch keeps retrying before the run stops
+DEFAULT_FETCH_TIMEOUT_S = FETCH_TIMEOUT_S  # how long a fetch keeps retrying before the run stops
 # How long a wait for a cache lock goes on while its holder is not seen running (stopped, on another
 # host): a training's data.fetch_timeout_s (no data comes meanwhile), this default elsewhere (the data
 # commands). A running holder is waited for: it is fetching, and its fetches are bounded.
@@ -383,7 +384,7 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     if not is_url(location):
         return Path(location)
     cache = cache or CacheSettings.of()
-    raw, info = _fetch_dataset_json(str(location))
+    raw, info = _fetch_dataset_json(str(location), cache.timeout_s)
     root = copy_dir(cache.dir, str(location), info["fingerprint"])
     path = root / DATASET_JSON
 
@@ -408,7 +409,8 @@ def copy_made(root: Path, url: str, raw: bytes) -> None:
 
 def dataset_info(location: str | Path, within_s: float | None = None) -> dict[str, Any]:
     """read_dataset_info of a dataset wherever it is (a bucket's: one GET, nothing cached; `within_s`:
-    its tries end within that long, an endpoint that never answers too)."""
+    its tries end within that long, an endpoint that never answers too: a training's
+    data.fetch_timeout_s, by default its default)."""
     if is_url(location):
         return _fetch_dataset_json(str(location), within_s)[1]
     return read_dataset_info(location)
@@ -418,7 +420,7 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
     """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file."""
     url = ObjectURL.parse(location)
     try:
-        raw = ObjectStore(url, retry_for_s=within_s).get(DATASET_JSON)
+        raw = ObjectStore(url, within_s=within_s).get(DATASET_JSON)
     except ObjectMissing:
         raise DatasetError(
             f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
@@ -434,9 +436,10 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
 def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> Path:
     """The dataset's directory with its tokenizer.json (a bucket's: the copy, hashed again and fetched
     again where it differs; a dataset written without one has none either way)."""
+    cache = cache or CacheSettings.of()
     root = local_root(location, cache)
     if read_dataset_info(root).get("tokenizer_sha256") not in (None, "none"):
-        ensure_checked(root, [TOKENIZER_JSON])
+        ensure_checked(root, [TOKENIZER_JSON], cache.timeout_s)
     return root
 
 
@@ -470,7 +473,7 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
     if not missing:
         return written
     recorded = dataset_files(info)
-    store = ObjectStore(url)
+    store = ObjectStore(url, within_s=wait_s)  # a training's fetch_timeout_s bounds its fetches too
 
     def fetched() -> None:
         for rel in missing:

@@ -97,7 +97,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
         raise GristmillError('run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"')
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
-    info = dataset_info(dataset)  # a bucket's: one GET
+    info = dataset_info(dataset, spec.cache.timeout_s)  # a bucket's: one GET, within data.fetch_timeout_s
     source = _locate_base(cfg, env) if cfg.model.init_from else None
     model_config, notes = model_for_data(cfg, spec, info, source)
     for note in notes if env.rank == 0 else ():

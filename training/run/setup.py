@@ -310,7 +310,7 @@ def _data(
     small for one global batch, or a source the plan would run out of, fails here."""
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
     replace_dataset(env.rank, "opening")
-    vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
+    vocab = dataset_info(spec.sources[0].dataset, spec.cache.timeout_s)["vocab_size"]
     # A resume's run is checked for its order before its datasets are opened (an older gristmill's
     # run: refused before the `gristmill data index` an old dataset's opening would ask for).
     run_dir = Path(cfg.run.output_dir)
