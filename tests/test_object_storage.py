@@ -2098,7 +2098,21 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
         s3.client.get_object(Bucket=BUCKET, Key="enospc/validation.json")["Body"].read()
     )  # noqa: E731
     assert record()["ok"]
-    # damage found beside a shard not read here is a verdict: the "ok" record above stayed over it,
+    # objects of the kinds dataset.json records that it does not: a FAIL, as on disk, where validate of
+    # the bucket said OK and the next upload to it refused them (trial RV69b F2)
+    manifest = min(rel for rel in dataset_files(read_dataset_info(local)) if rel.startswith("manifest/"))
+    strays = ["excluded/00009_length.parquet", "manifest/00001 copy.parquet"]
+    for key in strays:
+        source = {"Bucket": BUCKET, "Key": f"enospc/{manifest}"}
+        s3.client.copy_object(Bucket=BUCKET, Key=f"enospc/{key}", CopySource=source)
+    try:
+        report = validate_dataset(url, progress=False, workers=1, cache=cache, write=False)
+    finally:
+        for key in strays:
+            s3.client.delete_object(Bucket=BUCKET, Key=f"enospc/{key}")
+    assert not report.ok and sorted(p.shard for p in report.problems) == strays, report.problems
+    said = "not recorded in dataset.json (added since the build?): an upload to this prefix refuses it"
+    assert all(p.message.startswith(said) for p in report.problems), report.problems
     # and the audit said ok (review R20c 1)
     other = sorted(read_dataset_info(local)["shard_files"])[1]
     bad = bytearray((local / "shards" / other).read_bytes())

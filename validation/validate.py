@@ -98,6 +98,7 @@ from training.contract.dataset_format import (
     fingerprint,
     fingerprint_before_index,
     index_hashes,
+    is_recorded_path,
     manifest_files,
     manifest_type_problem,
     numpy_dtype,
@@ -852,7 +853,7 @@ def validate_dataset(
         _check_dataset_json(root, info, results, problems)
         _check_index(root, info, problems, notes, url)
         _check_decontam(root, info, problems)
-        _check_recorded_files(root, info, problems, local=not url)
+        _check_recorded_files(root, info, problems, listing)
         _check_task_counts(root, info, problems, local=not url)
         bucket_fix = repair_advice(ObjectStore(url)) if url is not None and problems else None
         _blame_damaged_manifests(info, results, problems, bucket_fix)
@@ -1145,24 +1146,28 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         )
 
 
-def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Problem], local: bool) -> None:
+def _check_recorded_files(
+    root: Path, info: dict[str, Any], problems: list[Problem], listing: dict[str, tuple[int, str]] | None
+) -> None:
     """The files dataset.json's "files" entry records (manifest, excluded, stats, build records): each
-    there with its sha256, and (`local`: not a bucket's cached copy, which holds what was fetched) no
-    other such file beside them, which the audit would read as the dataset's. Every gristmill-shards/3
-    dataset has the entry; one built before it existed has none to check. The decontamination
-    index's files are _check_decontam's: named once."""
+    there with its sha256, and no other such file beside them: on disk, which the audit would read as
+    the dataset's, or a bucket's object (`listing`: the cache's copy holds only what was fetched), which
+    an upload to the prefix refuses (validate said OK of a bucket whose stray manifest a local
+    validate fails: trial RV69b F2). Every gristmill-shards/3 dataset has the entry; one built before it
+    existed has none to check. The decontamination index's files are _check_decontam's: named once."""
     recorded = info.get("files")
     if recorded is None:
         if info["format"] == FORMAT:
             problems.append(Problem(NO_FILES_ENTRY, DATASET_JSON))
         return
-    if local:
-        for rel in sorted(set(recorded_paths(root)) - set(recorded)):
-            # the audit reads manifest/, excluded/ and the stats, not decontam/ (trial RV64b M5)
-            read = "the audit reads it"
-            if rel.startswith(f"{DECONTAM_DIR}/"):
-                read = "no file of the decontamination index"
-            problems.append(Problem(f"not recorded in dataset.json (added since the build?): {read}", rel))
+    there = recorded_paths(root) if listing is None else [rel for rel in listing if is_recorded_path(rel)]
+    for rel in sorted(set(there) - set(recorded)):
+        # the audit reads manifest/, excluded/ and the stats, not decontam/ (trial RV64b M5); of a
+        # bucket, only what dataset.json records (remote.prune_unrecorded)
+        read = "the audit reads it" if listing is None else "an upload to this prefix refuses it: delete it"
+        if rel.startswith(f"{DECONTAM_DIR}/"):
+            read = "no file of the decontamination index"
+        problems.append(Problem(f"not recorded in dataset.json (added since the build?): {read}", rel))
     covered = {f"{DECONTAM_DIR}/{name}" for name in DECONTAM_FILES}
     # named once: a bucket's object the copy refused (cut short, damaged) is not "missing" too (R20d)
     covered |= {p.shard for p in problems if p.shard}
