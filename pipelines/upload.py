@@ -25,8 +25,10 @@ refused in one line naming `gristmill data convert DIR URL`, which converts it i
 A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset
 does not have, is refused, and so is a commit over a dataset.json that changed while the upload ran
 (another upload into the prefix at once). Two uploads into one prefix at once are not supported (no
-lock); a mix of their objects is never read as data, since readers check every object against
-dataset.json's sha256.
+lock): each PUT is preceded by a HEAD of dataset.json, so the upload that did not commit first stops
+before writing over the one that did, removes the objects it put that the other does not record, and
+names any of the other's it replaced with the repair (_committed_meanwhile); a mix of their objects is
+never read as data, since readers check every object against dataset.json's sha256.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +110,8 @@ def upload_dataset(
     refuse_nested(target)
     before = COUNTS.snapshot()
     committed = _refuse_other_dataset(store, info)
+    # its version now: a HEAD before each PUT compares with it (another upload's commit meanwhile)
+    committed_etag = (store.head(DATASET_JSON) or {}).get("etag")
     files = dataset_files(info)
     there = store.list()
     # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
@@ -159,10 +164,18 @@ def upload_dataset(
             f"validate {target}` validates the bucket again)"
         )
 
+    put_now: dict[str, str] = {}  # rel -> the ETag of this upload's PUT of it
+    meanwhile = threading.Event()  # another dataset.json seen: the PUTs not begun are not made
+
     def put(rel: str) -> int:
         spec, path = files[rel], root / rel
+        # another upload's commit since this one began: its objects are not written over (trial RV69b F3:
+        # the later upload PUT on after the other's commit, and no rerun of either could repair it)
+        if meanwhile.is_set() or (store.head(DATASET_JSON) or {}).get("etag") != committed_etag:
+            meanwhile.set()
+            return 0
         try:
-            store.put_file(path, rel, expect_sha256=spec["sha256"], digests=hashed.get(rel))
+            put_now[rel] = store.put_file(path, rel, expect_sha256=spec["sha256"], digests=hashed.get(rel))
         except ObjectStoreError:
             # the store refusing the PUT: a 403 or a retry budget spent is the store's, told in its own
             # line, and a Content-MD5 refused the file's bytes changed since they were hashed; the file
@@ -180,6 +193,8 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         sizes = list(pool.map(put, sorted(todo)))
+    if meanwhile.is_set():
+        raise _committed_meanwhile(store, root, info, put_now)
     if lacks_documents_sum(info):
         # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
         # which this write of what was read before replaced (review RV31b F7)
@@ -207,11 +222,7 @@ def upload_dataset(
     except ObjectMissing:
         now = None
     if now != committed:
-        raise DatasetError(
-            f"{target}/{DATASET_JSON} changed while this upload ran (another upload or build into the same "
-            f"prefix): its objects may be the other's; let that one finish, then run `gristmill data upload "
-            f"{root} {url}` again (it uploads what differs), or upload into another prefix"
-        )
+        raise _committed_meanwhile(store, root, info, put_now)
     # The objects as they are now, listed once more: another dataset's upload into the prefix meanwhile
     # (no dataset.json yet), or an object replaced or deleted since it was put, was committed over,
     # exit 0, and the readers refused the bucket (trial RV60a 3). Sizes and strays: not a lock.
@@ -293,6 +304,46 @@ def _documents_sum(
         unwritable = None if dataset_json_writable(root) else "read-only"
         raise DatasetError(wrong_sum(root, recorded, summed, unwritable, use_copy="upload the copy"))
     return {DOC_HASHES_FILE: (md5.hexdigest(), spec["sha256"])}, summed
+
+
+def _committed_meanwhile(store: ObjectStore, root: Path, info: dict, put_now: dict[str, str]) -> DatasetError:
+    """The refusal of an upload of the dataset `info` at `root` whose prefix got another dataset.json while
+    it ran (another upload or build committed there first). The objects this upload put that are still
+    its own (their ETag its PUT's) and that the dataset now there does not record are removed: no
+    reader's, and every rerun of either upload refused them as strays. Those of that dataset's names
+    whose content is not its record are named with the repair, that dataset's upload again (it puts back
+    what differs): the advice to rerun either upload repaired nothing (trial RV69b F3)."""
+    where, again = store.url.child(DATASET_JSON), f"`gristmill data upload {root} {store.url}`"
+    said = f"{where} changed while this upload ran (another upload or build into the prefix committed first)"
+    try:
+        theirs = parse_dataset_info(store.get(DATASET_JSON), where)
+    except (ObjectMissing, DatasetError):  # removed or damaged since: whose the prefix is cannot be told
+        return DatasetError(
+            f"{said}, and is now gone or unreadable: run {again} again once nothing else writes there"
+        )
+    if theirs.get("fingerprint") == info["fingerprint"]:  # this dataset's, by another upload of it
+        return DatasetError(
+            f"{said}, by this same dataset: run {again} again to check it is whole (it puts what differs)"
+        )
+    recorded, ours = dataset_files(theirs), dataset_files(info)
+    listing = store.list_etags() if put_now else {}
+    put = sorted(rel for rel, etag in put_now.items() if listing.get(rel, (0, ""))[1] == etag)
+    replaced = [rel for rel in put if rel in recorded and recorded[rel]["sha256"] != ours[rel]["sha256"]]
+    removed = [rel for rel in put if rel not in recorded]
+    for rel in removed:
+        store.delete(rel)
+    kept = f"; it removed the {len(removed)} object(s) of its own it had put there" if removed else ""
+    if replaced:
+        return DatasetError(
+            f"{said}: this upload stopped, but had put {len(replaced)} object(s) over that dataset's own "
+            f"(e.g. {store.url.child(replaced[0])}), which its readers refuse now{kept}; run that dataset's "
+            f"`gristmill data upload DIR {store.url}` again (it puts back what differs), and upload {root} "
+            "into another prefix"
+        )
+    return DatasetError(
+        f"{said}: this upload stopped before writing over that dataset, which is intact{kept}; upload "
+        f"{root} into another prefix"
+    )
 
 
 def refuse_nested(url: ObjectURL) -> None:

@@ -600,11 +600,12 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
                 Bucket=BUCKET, Key="race/dataset.json", Body=(other / "dataset.json").read_bytes()
             )
 
-    with pytest.raises(DatasetError, match=r"race/dataset\.json changed while this upload ran"):
+    with pytest.raises(DatasetError, match=r"race/dataset\.json changed while this upload ran") as e:
         upload_dataset(local, s3.url("race"), log=meanwhile)
     assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="race/dataset.json")["Body"].read()) == (
         read_dataset_info(other)
-    )  # the other's commit stands; this one's is not put over it
+    )  # the other's commit stands; this one's is not put over it, nor any object (its first PUT's HEAD)
+    assert s3.keys("race") == [DATASET_JSON] and "stopped before writing over that dataset" in str(e.value)
     # another dataset's upload into the prefix that has not committed yet, or an object of this one gone
     # after its PUT: committed over, exit 0, the readers refused the bucket (trial RV60a 3). Listed once
     # more before the commit: refused, nothing committed
@@ -626,6 +627,37 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
             upload_dataset(local, s3.url(prefix), log=lambda *a: None)
         monkeypatch.setattr(ObjectStore, "put_file", put_file)
         assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/dataset.json")
+    # Two uploads at once, the other committing first: this one PUT on over it, then advised rerunning
+    # either upload, and each rerun refused the prefix (trial RV69b F3). Its HEAD of dataset.json before
+    # each PUT stops it; an object it put over the other's is named with the repair (that upload again,
+    # which repairs it), one of its own the other does not record is removed. One PUT at a time: the
+    # other's whole upload runs just before this one's PUT of `first`.
+    import pipelines.upload
+
+    monkeypatch.setattr(pipelines.upload, "THREADS", 1)
+    ours, theirs = (set(dataset_files(read_dataset_info(d))) for d in (local, other))
+    assert theirs < ours
+    for prefix, first in (("race5", min(ours)), ("race6", min(ours - theirs))):
+        target, went = s3.url(prefix), []
+
+        def other_first(self, path, rel, *args, target=target, first=first, went=went, **kwargs):
+            if rel == first and not went and path.is_relative_to(local):
+                went.append(upload_dataset(other, target, log=lambda *a: None))
+            return put_file(self, path, rel, *args, **kwargs)
+
+        monkeypatch.setattr(ObjectStore, "put_file", other_first)
+        with pytest.raises(DatasetError, match=rf"{prefix}/dataset\.json changed while this upload ran") as e:
+            upload_dataset(local, target, log=lambda *a: None)
+        monkeypatch.setattr(ObjectStore, "put_file", put_file)
+        said = str(e.value)
+        if prefix == "race5":  # its PUT of `first` landed over the other's
+            assert f"had put 1 object(s) over that dataset's own (e.g. {target}/{first})" in said, said
+            assert f"run that dataset's `gristmill data upload DIR {target}` again" in said, said
+            upload_dataset(other, target, log=lambda *a: None)  # the repair said: it works
+        else:  # its earlier PUTs the other's replaced; `first` is its own, removed
+            assert "which is intact; it removed the 1 object(s) of its own it had put there" in said, said
+        assert set(s3.keys(prefix)) == theirs | {DATASET_JSON}
+        assert hashes(target, 4, cache=cache(tmp_path / prefix)) == hashes(other, 4)
 
 
 # --------------------------------------------------------------------------------------------
