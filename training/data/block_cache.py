@@ -1118,10 +1118,14 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
 
 
 def _usage(cache_dir: Path) -> int | None:
+    """The count in USAGE, None where there is none or it cannot be the bytes held: the cache is listed
+    then. A count too high only evicts sooner; one below zero (a damaged file, a hand edit) let every
+    fetch fit, and the blocks went past the bound (trial RV69b F4)."""
     try:
-        return int((cache_dir / USAGE).read_text())
+        counted = int((cache_dir / USAGE).read_text())
     except (OSError, ValueError):
         return None
+    return counted if counted >= 0 else None
 
 
 def _remove_dead_tmp(cache_dir: Path) -> None:
