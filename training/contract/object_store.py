@@ -594,12 +594,13 @@ class ObjectStore:
                 return
             _WAITING_NOTED[0] = now
         where = self.url.child(rel) if rel else str(self.url)
+        up_to = "" if self.attempts is None else "up to "  # `attempts` may end it first
         # which rank waits, as a failure's line says (torchrun's environment; a loader worker inherits it)
         rank = f"rank {os.environ.get('RANK', '?')}: " if int(os.environ.get("WORLD_SIZE") or 1) > 1 else ""
         print(
-            f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for {left:.0f} s "
-            f"more (data.fetch_timeout_s = {self.within_s:g} s); check the store and the network "
-            f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
+            f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for "
+            f"{up_to}{left:.0f} s more (data.fetch_timeout_s = {self.within_s:g} s); check the store and "
+            f"the network ({endpoint_setting()} = {endpoint()}), or Ctrl-C",
             file=sys.stderr,
             flush=True,
         )
