@@ -4015,7 +4015,7 @@ def test_a_store_that_hangs_at_a_training_s_start_and_under_a_data_command_ends_
     assert said.endswith("then run the command again (a training: or raise data.fetch_timeout_s)"), said
     note = capsys.readouterr().err
     assert note.startswith(f"note: {url}/{DATASET_JSON}: failing for 1 s (Read timeout") and endpoint in note
-    assert "; retrying for up to 1 s more (data.fetch_timeout_s = 2 s)" in note, note
+    assert "; retrying for up to 2 s more (data.fetch_timeout_s = 2 s)" in note, note  # from its failure
 
 
 def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[float, str]:
@@ -4185,6 +4185,24 @@ def test_requests_without_a_window_end_and_a_long_window_backs_off_without_overf
     random.seed(3)
     backoff(2)
     assert random.random() == random.Random(3).random()
+
+
+def test_a_transfer_that_outlasts_the_window_then_fails_is_retried(s3):
+    """A request with tries of its own (an upload's PUT, a data command's GET) counts its window from its
+    first failure: one that moved bytes past the window (a large shard on a slow link), then was reset,
+    had no retry when the window ran from its start."""
+    from botocore.exceptions import ConnectionClosedError
+
+    tries = itertools.count()
+
+    def long_then_reset(_client):
+        if next(tries) == 0:
+            time.sleep(0.4)  # the window's length, spent moving bytes
+            raise ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
+        return "done"
+
+    assert ObjectStore("s3://b/p", within_s=0.3)._call("PUT", "x", long_then_reset) == "done"
+    assert next(tries) == 2
 
 
 def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(

@@ -542,6 +542,7 @@ class ObjectStore:
         `window`: the caller's, when it began before this request (a sample's fetch counts from when it
         began waiting for the sample, a group's from its last progress); at least one attempt."""
         _, exc = _botocore()
+        own = window is None
         window = window or self.window()
         patient = self.attempts is None  # a training's data: a stop asked for ends its tries
         # how long the caller's window had run before this request (its wait for the sample's lock)
@@ -569,6 +570,10 @@ class ObjectStore:
                 # answered 503 three times, then refused, was retried without end: review R24j 1)
                 if not patient and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
                     raise self._error(what, rel, e, attempt + 1) from None
+            if own and not patient and attempt == 0:
+                # a request with tries of its own counts its window from its first failure: a transfer
+                # that ran past the window, then failed, is retried (it had one try, whatever its size)
+                window = self.window()
             # the window waited out to its end: the last wait is cut to it, and a try made there
             # (it gave up one backoff early, up to 5 s, saying the window had passed: review R24i 2)
             now = time.monotonic()
