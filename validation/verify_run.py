@@ -32,6 +32,8 @@ from training.checkpoint.base_record import BASE_JSON, check_kept_base
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import (
     ExportError,
+    UnrecordedBase,
+    check_base_export,
     not_the_run_s,
     of_another_checkpoint,
     run_config,
@@ -109,6 +111,10 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
                     status, detail = "DAMAGED", not_the_run_s(run_dir, step, merged)
+                elif kind == "export" and step == 0 and _from_base(run_dir):  # the base, as export holds it
+                    check_base_export(path, run_dir)
+            except UnrecordedBase as e:  # no record to hold it to: never "ok" (trial RV69c F1)
+                status, detail = "unchecked", str(e)
             except CheckpointDenied as e:  # access, not the bytes (review RV67e 9)
                 status, detail = "UNREADABLE", str(e)
             except (CheckpointError, ExportError, FileNotFoundError) as e:
@@ -197,21 +203,30 @@ def _record_lost(path: Path, carried: list[str | None]) -> str | None:
     return "holds no line where the record begins (the run's id), while the run's checkpoints carry one"
 
 
+def _from_base(run_dir: Path) -> bool:
+    """Whether the run started from a base model ([model] init_from): its RUN/config.toml, else what
+    its files say (RUN/base/, its checkpoints' record of it)."""
+    try:
+        if run_config(run_dir).model.init_from:
+            return True
+    except (GristmillError, OSError):  # RUN/config.toml unreadable: what the run's files say
+        if (run_dir / BASE_DIR / BASE_JSON).exists():
+            return True
+    return newest_base_record(run_dir) is not None
+
+
 def _base_row(run_dir: Path) -> list[tuple]:
     """A run from a base ([model] init_from): RUN/base/ as its checkpoints recorded it (the tokenizer
     and special tokens every export ships; step 0's export is rebuilt from it). Deleted or edited,
     export and resume refused the run while verify said every file was ok (trial RV59e 4). Step 0:
     the base. None for a run from scratch (a stray RUN/base/ there included)."""
     folder = run_dir / BASE_DIR
-    try:
-        from_base = bool(run_config(run_dir).model.init_from)
-    except (GristmillError, OSError):  # RUN/config.toml unreadable: what the run's files say
-        from_base = (folder / BASE_JSON).exists()
-    if not from_base and newest_base_record(run_dir) is None:
+    if not _from_base(run_dir):
         return []
     missing = (
-        f"{folder / BASE_JSON} is missing: the run started before gristmill kept its base's record, or it "
-        "was deleted (then restore RUN/base/ from a copy of the run)"
+        f"{folder / BASE_JSON} is missing: the run started before gristmill kept its base's record, or "
+        "resumed from a checkpoint outside its run directory, or it was deleted (then restore RUN/base/ "
+        "from a copy of the run); its step 0 cannot be exported"
     )
     try:
         kept = check_kept_base(run_dir)  # None: no record, and no checkpoint's to compare with

@@ -41,7 +41,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
     wait_for_step,
 )
-from training.checkpoint.base_record import record_base
+from training.checkpoint.base_record import record_base, record_base_of_copy
 from training.checkpoint.base_source import HUB_FILES, locate_base
 from training.checkpoint.export_advice import export_fix
 from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf, verify_export
@@ -1027,6 +1027,77 @@ def test_verify_checks_the_runs_base_folder_as_export_and_resume_do(tmp_path, st
     assert "the run started before gristmill kept its base's record" in " ".join(out.split()), out
 
 
+def test_a_checkpoint_outside_its_run_records_its_base_only_where_the_base_is_byte_for_byte_it(
+    tmp_path, base, straight
+):
+    """Trial RV69c F1: a run resumed from a checkpoint copied outside its run directory kept no RUN/base/,
+    so a base edited in place since (same shapes) was exported and scored as its step 0. The base at
+    init_from is recorded only where its base.json is the one the checkpoint's COMPLETE records;
+    otherwise nothing is written, and the note says why."""
+    volume = tmp_path / "volume" / "step-000004"
+    shutil.copytree(checkpoint_dir(straight, 4), volume)
+    assert record_base_of_copy(tmp_path / "same", volume, base) is None
+    assert (tmp_path / "same" / "base" / "base.json").read_bytes() == (
+        straight / "base" / "base.json"
+    ).read_bytes()
+    edited = tmp_path / "edited"
+    shutil.copytree(base, edited)
+    _retrain_in_place(edited)
+    note = record_base_of_copy(tmp_path / "other", volume, edited)
+    assert note is not None and "\n" not in note, note
+    assert f"{edited} is not the base {volume / COMPLETE_FILE} records, byte for byte" in note, note
+    assert "step 0 cannot be exported from this run" in note, note
+    assert not (tmp_path / "other" / "base").exists()
+    assert "the base is not at hand" in record_base_of_copy(tmp_path / "gone", volume, None)
+
+
+def _retrain_in_place(base: Path) -> None:
+    """`base`'s weights file rewritten with other values of the same shapes (the same identity)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(base / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, str(base / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_step_0_of_a_run_that_records_no_base_weights_is_refused_and_its_export_unchecked(
+    tmp_path, straight, capsys
+):
+    """Trial RV69c F1: a run keeping no RUN/base/base.json (resumed from a checkpoint outside its run
+    directory) exported step 0 from a base edited in place, with a note blaming the run's age, and
+    returned that stale export once the base was restored, while verify called it ok. Step 0 is
+    refused (export and eval) where nothing records the base's weights, an existing step-0 export too,
+    and verify calls it unchecked."""
+    from pipelines.cli import main as gristmill
+    from training.checkpoint.record import BASE_RECORD, sealed_record
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    assert export_checkpoint(run, 0) == export_dir(run, 0)
+    shutil.rmtree(run / "base")
+    for step in complete_steps(run):  # as saved by a run resumed so: no record of a base.json
+        complete = checkpoint_dir(run, step) / COMPLETE_FILE
+        record = {k: v for k, v in json.loads(complete.read_text()).items() if k != BASE_RECORD}
+        complete.write_text(json.dumps(sealed_record(record), indent=1))
+    said = "resumed from a checkpoint outside its run directory"
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{export_dir(run, 0)} cannot be shown to hold step 0" in msg, msg
+    assert said in msg and "`gristmill export THAT_RUN --step 0`" in msg, msg
+    assert gristmill(["verify", str(run)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"export 0 unchecked .* cannot be shown to hold step 0", text), text
+    shutil.rmtree(export_dir(run, 0))
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert (
+        "\n" not in msg and f"step 0 of {run} cannot be exported: nothing records" in msg and said in msg
+    ), msg
+    assert not export_dir(run, 0).exists()
+
+
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
     # This test edits its base's config.json for a while, so it trains from a copy: the same base (one
     # identity, the same losses as `straight`). An edit of the shared one, even undone, was copied by a
@@ -1534,9 +1605,11 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     assert [want.get(k) for k in ids] != [base_ids.get(k) for k in ids]
     assert (elsewhere / "base" / "base.json").read_bytes() == (run / "base" / "base.json").read_bytes()
     # through a volume's own path to the checkpoint (the run's checkpoints/ a link to it), which run it
-    # is cannot be told: said, not a RUN/base/ silently missing (review R15h F4)
+    # is cannot be told (review R15h F4): its RUN/base/ is written again where the base at init_from
+    # is, byte for byte, the one the checkpoint records, so step 0 stays checkable (trial RV69c F1)
     (run / "checkpoints").rename(tmp_path / "volume")
     (run / "checkpoints").symlink_to(tmp_path / "volume")
+    shutil.copytree(base, copy)
     capsys.readouterr()
     volume = f"checkpoint.resume={json.dumps(str(tmp_path / 'volume' / 'step-000006'))}"
     train(
@@ -1550,7 +1623,10 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
             ],
         )
     )
-    assert "lies in no run directory, so its run's RUN/base/" in capsys.readouterr().out
+    assert "lies in no run directory" not in capsys.readouterr().out
+    assert (tmp_path / "fourth" / "base" / "base.json").read_bytes() == (
+        run / "base" / "base.json"
+    ).read_bytes()
     # the newest checkpoint's record damaged: the run's model is the next one's record, not the base
     # (gone), which export and resume then asked for (review R14f F2)
     shutil.rmtree(export_dir(run, 8))
@@ -2002,7 +2078,9 @@ def test_a_hub_base_stays_the_runs_pinned_commit_whatever_directory_a_resume_rea
         path = maker / "base" / "base.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "init_from": str(newer)}, indent=1))
         _as_resumed_by_an_earlier_gristmill(maker, newer)  # (seals the records of the base.json above)
-        shutil.copytree(export_checkpoint(maker, 0), export_dir(old, 0))
+        with monkeypatch.context() as then:  # that gristmill exported a step 0 no record vouched for
+            then.setattr("training.checkpoint.hf_export._unrecorded_base", lambda *_: None)
+            shutil.copytree(export_checkpoint(maker, 0), export_dir(old, 0))
         with pytest.raises(ExportError) as e:
             export_checkpoint(old, 0)
         assert f"{export_dir(old, 0)} holds another base than {old} started from (base differs" in str(

@@ -24,6 +24,7 @@ names files of another base.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -43,7 +44,12 @@ from training.checkpoint.base_source import (
     weights_files,
 )
 from training.checkpoint.export_advice import export_fix
-from training.checkpoint.record import base_record_of, newest_base_record
+from training.checkpoint.record import (
+    base_record_of,
+    newest_base_record,
+    read_complete_record,
+    recorded_model,
+)
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import file_sha256
 from training.contract.errors import GristmillError
@@ -70,6 +76,7 @@ __all__ = [
     "drop_base_record",
     "read_base_record",
     "record_base",
+    "record_base_of_copy",
     "unrecorded_base_reason",
     "with_run_base",
     "weights_sha256",
@@ -172,17 +179,57 @@ def kept_base_files(directory: str | Path) -> dict[str, Path]:
     return {name: directory / name for name in names}
 
 
-def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
+def record_base(
+    run_dir: str | Path,
+    directory: str | Path,
+    identity: str,
+    init_from_sha256: str,
+    expect: str | None = None,
+) -> bool:
     """Keep the base's small files in RUN/base/ and write base.json: its identity and the sha256 of
-    its weights files."""
+    its weights files. `expect`: the sha256 of base.json a checkpoint recorded (BASE_RECORD): written
+    only where the base.json made now is that one, byte for byte (the base the checkpoint's run
+    started from, its weights hashed again). Returns whether it was written."""
     target, directory = Path(run_dir) / BASE_DIR, Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
     kept = list(kept_base_files(directory))
-    _keep_files(directory, target, kept)
     record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
     if TOKENIZER_JSON in kept:  # what decides the ids its exports ship (check_kept_base)
-        record[TOKENIZER_SHA256] = file_sha256(target / TOKENIZER_JSON)
-    write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
+        record[TOKENIZER_SHA256] = file_sha256(directory / TOKENIZER_JSON)
+    text = json.dumps(record, indent=1) + "\n"
+    if expect is not None and hashlib.sha256(text.encode()).hexdigest() != expect:
+        return False
+    target.mkdir(parents=True, exist_ok=True)
+    _keep_files(directory, target, kept)
+    write_atomic(target / BASE_JSON, text)
+    return True
+
+
+def record_base_of_copy(run_dir: str | Path, checkpoint: Path, directory: Path | None) -> str | None:
+    """RUN/base/ of a run resumed from `checkpoint` where it lies in no run directory (a volume's path):
+    its run's RUN/base/ cannot be carried, so it is written as that run's was where `directory` (the
+    base at model.init_from, None when not at hand) is the base the checkpoint's run started from, as
+    the sha256 of base.json the checkpoint recorded proves; without it step 0 was exported from a base
+    edited since, unchecked (trial RV69c F1). Else the note why not (the run then keeps no record,
+    and its step 0 is refused: hf_export.export_base)."""
+    recorded, model = base_record_of(checkpoint), recorded_model(read_complete_record(checkpoint))
+    if recorded is None or not model:
+        why = f"{checkpoint / COMPLETE_FILE} records no base's weights (written by an earlier gristmill)"
+    elif directory is None:
+        why = "the base is not at hand to compare with its record"
+    else:
+        identity, sha = str(model.get("init_from")), str(model.get("init_from_sha256"))
+        try:
+            if record_base(run_dir, directory, identity, sha, expect=recorded[1]):
+                return None
+            why = f"{directory} is not the base {checkpoint / COMPLETE_FILE} records, byte for byte"
+        except (GristmillError, OSError) as e:
+            why = f"{directory} cannot be compared with it ({(str(e).splitlines() or [''])[0]})"
+    drop_base_record(run_dir)  # an earlier run's in this directory is not this one's base (R15d F8)
+    return (
+        f"note: {checkpoint} lies in no run directory, so its run's RUN/base/ (the record of its base's "
+        f"weights and special tokens) is not carried, and {why}: the exports take the dataset's tokens, and "
+        "step 0 cannot be exported from this run; resume from RUN/checkpoints/step-N of its run to carry it"
+    )
 
 
 def _keep_files(source: Path, target: Path, kept: list[str]) -> None:

@@ -1798,7 +1798,7 @@ def export_base(
         note = verify_export(out, 0)
         if note and log is not None:
             log(note)
-        _check_base_export(out, run_dir, record)
+        check_base_export(out, run_dir)
         return out
     spec = resolve(cfg)
     dataset, info = run_tokenizer_dataset(run_dir, spec)
@@ -1810,6 +1810,8 @@ def export_base(
         # where the directory a resume named since may hold another commit of the same shape; and
         # that directory gone, the commit is where the recorded weights are (review R25e 5)
         init_from = pinned
+    if (why := _unrecorded_base(run_dir, record, init_from)) is not None:
+        raise UnrecordedBase(f"step 0 of {run_dir} cannot be exported: {why}")
     source = locate_base(init_from, settable=False)  # a run's recorded base: export takes no settings
     try:
         mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
@@ -1834,11 +1836,6 @@ def export_base(
                     f"{run_dir / BASE_DIR / BASE_JSON}): the base was changed since; restore it as it was "
                     "to export step 0"
                 )
-    elif log is not None and record is None and hub_id(mcfg.init_from) is None:
-        log(
-            f"note: {run_dir} started before gristmill recorded its base's weights (RUN/base/): the weight "
-            "bytes are not checked, only the base's config and weights index"
-        )
     model = model_to_load(mcfg)
     load_base_weights(model, source.directory)
     if log is not None:
@@ -1853,31 +1850,66 @@ def export_base(
     return export_of_run(run_dir, model, mcfg, dataset, target, meta, dtype)
 
 
-def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | None) -> None:
+class UnrecordedBase(ExportError):
+    """Step 0 of a run that keeps no record of its base's weights: nothing shows it is that base."""
+
+
+def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str) -> str | None:
+    """Why step 0 of `run_dir`, the base `identity`, cannot be shown to be the base the run started
+    from, with the fix: RUN/base/base.json records no sha256 of its weights, so only its identity
+    (config and weights index) was checked, and a base edited in place (same shapes) was exported and
+    scored as step 0, a note blaming the run's age (trial RV69c F1). None where it records them, or
+    the base is the hub commit the run recorded (the commit names its bytes)."""
+    if record is not None and record.get("weights_sha256"):
+        return None
+    was = (record if record is not None else resume_model_record(run_dir) or {}).get("init_from")
+    pinned = hub_id(identity)
+    if pinned is not None and pinned[1] and was == identity:
+        return None
+    path = run_dir / BASE_DIR / BASE_JSON
+    return (
+        f"nothing records the weights of the base it started from ({path} "
+        + ("holds none" if record is not None else "is missing")
+        + ": the run started before gristmill kept them, or resumed from a checkpoint outside its run "
+        "directory, or it was deleted), so its base's files cannot be shown to be that base; export step 0 "
+        "of a run whose RUN/base/ records them (the run whose checkpoint this one resumed: `gristmill export "
+        "THAT_RUN --step 0`)"
+    )
+
+
+def check_base_export(export: Path, run_dir: Path) -> None:
     """An existing exports/step-000000 must hold the base the run started from (RUN/base/base.json):
-    a run started over from an edited or other base keeps no stale step 0."""
-    if record is None:
-        return
+    a run started over from an edited or other base keeps no stale step 0, and one of a run that
+    records no base's weights cannot be shown to hold it (UnrecordedBase: trial RV69c F1). Export
+    and verify both hold it here."""
+    try:
+        record = read_base_record(run_dir)
+    except GristmillError as e:
+        raise ExportError(str(e)) from None
     try:
         meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ExportError(
             f"{export / EXPORT_META} is unreadable ({e}); {export_fix(export, EXPORT_META)}"
         ) from None
-    checked = [
-        ("init_from_sha256", record["init_from_sha256"]),
-        ("base_weights_sha256", record["weights_sha256"]),
-    ]
-    if not record["weights_sha256"] and hub_id(str(record.get("init_from"))) is not None:
-        # a hub base recorded without its weights names them by its commit: one exported from a
-        # directory a resume named (another commit of the same shape: review R25d S1) is not it (R25e 2)
-        checked.append(("base", record["init_from"]))
+    checked = []
+    if record is not None:
+        checked = [
+            ("init_from_sha256", record["init_from_sha256"]),
+            ("base_weights_sha256", record["weights_sha256"]),
+        ]
+        if not record["weights_sha256"] and hub_id(str(record.get("init_from"))) is not None:
+            # a hub base recorded without its weights names them by its commit: one exported from a
+            # directory a resume named (another commit of the same shape: review R25d S1) is not it (R25e 2)
+            checked.append(("base", record["init_from"]))
     for key, want in checked:
         if meta.get(key) != want:
             raise ExportError(
                 f"{export} holds another base than {run_dir} started from ({key} differs from "
                 f"{run_dir / BASE_DIR / BASE_JSON}); {export_fix(export, None)}"
             )
+    if (why := _unrecorded_base(run_dir, record, str(meta.get("base")))) is not None:
+        raise UnrecordedBase(f"{export} cannot be shown to hold step 0 of {run_dir}: {why}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

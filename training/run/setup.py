@@ -30,7 +30,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
+from training.checkpoint.base_record import (
+    carry_base_record,
+    drop_base_record,
+    record_base,
+    record_base_of_copy,
+)
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_export import check_run_tokenizer, unkept_base_note
 from training.checkpoint.hf_import import load_base_weights
@@ -487,11 +492,8 @@ def _outputs(
         if (source / CONFIG_TOML).is_file():
             carry_base_record(source, run_dir)
         elif model_config.init_from:  # a volume's path to it: its run cannot be told (review R15h F4)
-            say(
-                f"note: {resumed_from[0]} lies in no run directory, so its run's RUN/base/ (a base model's "
-                "special tokens, for the exports) is not carried; resume from RUN/checkpoints/step-N of "
-                "its run to carry it"
-            )
+            if note := record_base_of_copy(run_dir, resumed_from[0], base_dir):
+                say(note)
     if resumed is not None and (note := unkept_base_note(run_dir)):
         say(note)
     datasets = {src.name: src.dataset for src in spec.sources}
