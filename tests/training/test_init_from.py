@@ -1098,6 +1098,36 @@ def test_step_0_of_a_run_that_records_no_base_weights_is_refused_and_its_export_
     assert not export_dir(run, 0).exists()
 
 
+def test_step_0_of_a_run_whose_base_directory_moved_names_the_resume_that_points_it_there(
+    tmp_path, base, straight
+):
+    """Trial RV69c F2: with the base directory moved, export and eval of step 0 said "give a Hugging Face
+    LlamaForCausalLM directory", though they take no settings. The line names the run's resume that
+    records the new place; after it step 0 exports."""
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    shutil.rmtree(export_dir(run, 0), ignore_errors=True)
+    moved = Path(shutil.copytree(base, tmp_path / "moved"))
+    config = run / "config.toml"
+    config.write_text(
+        config.read_text().replace(json.dumps(str(base.resolve())), json.dumps(str(tmp_path / "gone")))
+    )
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    fix = f"`gristmill train --config {config} --resume auto --set model.init_from=NEWDIR`"
+    assert (
+        "\n" not in msg and f"model.init_from = {tmp_path / 'gone'} in {config} is not a directory" in msg
+    ), msg
+    assert fix in msg and "LlamaForCausalLM" not in msg, msg
+    train(
+        load_train_config(
+            config, [f"run.output_dir={json.dumps(str(run))}", "checkpoint.resume=auto", _init(moved)]
+        )
+    )
+    assert export_checkpoint(run, 0) == export_dir(run, 0)
+
+
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
     # This test edits its base's config.json for a while, so it trains from a copy: the same base (one
     # identity, the same losses as `straight`). An edit of the shared one, even undone, was copied by a

@@ -1809,9 +1809,14 @@ def export_base(
         # a hub base recorded before its weights were (review R25d S1): its pinned commit names them,
         # where the directory a resume named since may hold another commit of the same shape; and
         # that directory gone, the commit is where the recorded weights are (review R25e 5)
-        init_from = pinned
+        init_from, gone = pinned, False
     if (why := _unrecorded_base(run_dir, record, init_from)) is not None:
         raise UnrecordedBase(f"step 0 of {run_dir} cannot be exported: {why}")
+    if gone:  # export takes no settings: the run's own resume sets it (trial RV69c F2)
+        raise ExportError(
+            f"step 0 of {run_dir} is its base model, and model.init_from = {init_from} in "
+            f"{run_dir / CONFIG_TOML} is not a directory (moved or deleted); {_point_run_at_base(run_dir)}"
+        )
     source = locate_base(init_from, settable=False)  # a run's recorded base: export takes no settings
     try:
         mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
@@ -1848,6 +1853,17 @@ def export_base(
     }
     target = export_dir(run_dir, 0) if out is None else out
     return export_of_run(run_dir, model, mcfg, dataset, target, meta, dtype)
+
+
+def _point_run_at_base(run_dir: Path) -> str:
+    """The fix for a run whose base directory moved: a resume of the run names its new place (a
+    complete run trains nothing, and RUN/config.toml then names it), held to the run's record."""
+    config = run_dir / CONFIG_TOML
+    return (
+        f"point the run at the base's new place with `gristmill train --config {config} --resume auto "
+        f"--set model.init_from=NEWDIR` (a complete run trains nothing; it rewrites {config}), then export "
+        "or eval step 0 again"
+    )
 
 
 class UnrecordedBase(ExportError):
