@@ -2014,6 +2014,14 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
     line = one_error_line(done.stderr)
     assert f"{blob}: the hub cache's copy is damaged" in line and f"delete {blob.resolve()} and run" in line
     assert not (run / "base" / "base.json").exists()
+    # step 0's export gives the same advice: it said the base was changed since (trial RV69c F4)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(GristmillError) as e:
+        export_checkpoint(tmp_path / "first", 0, out=tmp_path / "step-0")
+    msg = str(e.value)
+    assert f"{blob}: the hub cache's copy is damaged" in msg and f"delete {blob.resolve()} and run" in msg, (
+        msg
+    )
     # its config.json (a git blob, not LFS) edited in the cache: trained with another rms_norm_eps, exit 0
     # (trial RV62c S1)
     blob.resolve().write_bytes(files["model.safetensors"])
