@@ -2537,6 +2537,22 @@ def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_c
         ) in line, line
 
 
+def test_a_hub_repository_lacking_a_shard_its_index_names_is_said_to_lack_it(tmp_path, monkeypatch):
+    """Trial RV69c F3: a repository whose weights index names a shard it was pushed without was
+    reported as a path in the hub cache "not found"; the line names the repository and commit."""
+    make_base(tmp_path / "base", shard=True)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    shard = sorted(n for n in files if n.startswith("model-"))[-1]
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, {n: b for n, b in files.items() if n != shard}, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        with pytest.raises(ConfigError) as refused:
+            locate_base(REPO)
+    line = str(refused.value)
+    assert "\n" not in line and "hf-home" not in line, line
+    assert f"the hub repository {REPO} at commit {commit} lacks {shard}, which its model.safetensors" in line
+
+
 def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_it_is_read(
     tmp_path, monkeypatch
 ):

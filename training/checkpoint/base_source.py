@@ -348,6 +348,16 @@ def fetch_hub_base(
     ]
     if listed is not None:  # what the hub lacks, recorded as hf_hub_download does for offline reads (M1)
         _record_absent(path, [f for files in lacking.values() for f in files if f not in listed])
+        # a shard the index names and the hub lacks: the repository's fault, not the cache's, whose path
+        # the line named (trial RV69c F3)
+        unpushed = [f for what, files in lacking.items() if what.endswith(_BY_INDEX) for f in files]
+        if unpushed := [f for f in unpushed if f not in listed]:
+            raise ConfigError(
+                f"model.init_from = {name!r}: the hub repository {repo} at commit {commit} lacks "
+                f"{', '.join(unpushed)}, which its {INDEX_JSON} names; push the missing shards to it, or "
+                "name a commit that holds them",
+                "model.init_from",
+            )
     # a cache an older gristmill (or from_pretrained) filled holds no word of it: it runs, said below
     template_unknown = CHAT_TEMPLATE in unknown
     unknown = [u for u in unknown if u != CHAT_TEMPLATE]
@@ -448,6 +458,9 @@ def _not_the_hub_s(
     )
 
 
+_BY_INDEX = f" (named by {INDEX_JSON})"
+
+
 def _lacking(snapshot: Path) -> dict[str, list[str]]:
     """What of a base `snapshot` lacks (config.json, the weights, the files the run keeps with its
     base: `KEPT_FILES`), each with the repository files that would be it: a weights index counts with
@@ -465,7 +478,7 @@ def _lacking(snapshot: Path) -> dict[str, list[str]]:
             pass  # a damaged index: weights_files names it
         else:
             if missing:
-                lacking[f"{', '.join(missing)} (named by {INDEX_JSON})"] = missing
+                lacking[f"{', '.join(missing)}{_BY_INDEX}"] = missing
     for kept in KEPT_FILES:
         if kept != CONFIG_JSON and not (snapshot / kept).is_file():
             lacking[kept] = [kept]
