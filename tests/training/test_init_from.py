@@ -2553,6 +2553,16 @@ def test_a_hub_repository_lacking_a_shard_its_index_names_is_said_to_lack_it(tmp
     assert f"the hub repository {REPO} at commit {commit} lacks {shard}, which its model.safetensors" in line
 
 
+def test_an_empty_revision_is_refused_as_one(tmp_path, monkeypatch):
+    """Trial RV69c F5: `org/name@` was read as a local path and refused as "not a directory"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        locate_base("acme/tiny@")
+    line = str(refused.value)
+    assert line.startswith("model.init_from = 'acme/tiny@' names no revision after '@'"), line
+    assert "'acme/tiny' (its main branch) or acme/tiny@REV" in line, line
+
+
 def test_an_instruct_base_s_chat_template_is_fetched_and_an_older_cache_without_it_is_read(
     tmp_path, monkeypatch
 ):

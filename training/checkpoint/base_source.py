@@ -210,6 +210,13 @@ def locate_base(
     for one that reads a run's recorded base (export), whose advice is the hub cache instead."""
     known = recorded if recorded and recorded.get("init_from_sha256") else None
     path = Path(init_from).expanduser().resolve()
+    if init_from.endswith("@") and _HUB_ID.fullmatch(init_from[:-1]) and not path.is_dir():
+        # read as a local path, it was refused as "not a directory" (trial RV69c F5)
+        raise ConfigError(
+            f"model.init_from = {init_from!r} names no revision after '@'; give {init_from[:-1]!r} (its main "
+            f"branch) or {init_from[:-1]}@REV (a branch, tag or commit)",
+            "model.init_from",
+        )
     # The directory the checkpoint recorded stays a directory once gone: "bases/m2" (relative, one
     # slash) then read as a hub id was fetched from the hub, and refused with `hf download bases/m2`
     # as advice (review R28a M2).
