@@ -4011,11 +4011,11 @@ def test_a_store_that_hangs_at_a_training_s_start_and_under_a_data_command_ends_
         s3.proxy.hung = False
     assert 1.9 < took < 5, took  # ten tries of 60 s before
     said = str(failed.value)
-    assert "no data coming for data.fetch_timeout_s = 2 s" in said and endpoint in said, said
+    assert "no data coming for the data commands' window, 2 s" in said and endpoint in said, said
     assert said.endswith("then run the command again (a training: or raise data.fetch_timeout_s)"), said
     note = capsys.readouterr().err
     assert note.startswith(f"note: {url}/{DATASET_JSON}: failing for 1 s (Read timeout") and endpoint in note
-    assert "; retrying for up to 2 s more (data.fetch_timeout_s = 2 s)" in note, note  # from its failure
+    assert "; retrying for up to 1 s more (the data commands' window, 2 s)" in note, note
 
 
 def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[float, str]:
@@ -4187,22 +4187,32 @@ def test_requests_without_a_window_end_and_a_long_window_backs_off_without_overf
     assert random.random() == random.Random(3).random()
 
 
-def test_a_transfer_that_outlasts_the_window_then_fails_is_retried(s3):
-    """A request with tries of its own (an upload's PUT, a data command's GET) counts its window from its
-    first failure: one that moved bytes past the window (a large shard on a slow link), then was reset,
-    had no retry when the window ran from its start."""
-    from botocore.exceptions import ConnectionClosedError
+def test_a_request_s_own_window_is_used_up_by_silence_not_by_answers(s3):
+    """A request with tries of its own (an upload's PUT, a data command's GET, a training's start): an
+    answer (a reset after bytes moved, a status) pushes its window on, silence (a try's timeout) uses
+    it up. From its start, a PUT of a large file that ran past the window, then was reset, had no retry,
+    nor a download cut off again and again while its bytes came (review RV69d 2)."""
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 
-    tries = itertools.count()
+    def failing(first: int, error: Exception, took: float):
+        tries = itertools.count()
 
-    def long_then_reset(_client):
-        if next(tries) == 0:
-            time.sleep(0.4)  # the window's length, spent moving bytes
-            raise ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
-        return "done"
+        def fn(_client):
+            if next(tries) < first:
+                time.sleep(took)  # bytes moving, or a store saying nothing
+                raise error
+            return "done"
 
-    assert ObjectStore("s3://b/p", within_s=0.3)._call("PUT", "x", long_then_reset) == "done"
-    assert next(tries) == 2
+        return fn
+
+    store = ObjectStore("s3://b/p", within_s=0.3)
+    cut = ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
+    assert store._call("PUT", "x", failing(1, cut, 0.4)) == "done"  # one try past the window, then reset
+    assert store._call("GET", "x", failing(4, cut, 0.15)) == "done"  # 0.6 s of cuts, each after bytes
+    silent = ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+    said = r"kept failing for 0.[34] s \(2 tries\), no data coming for data.fetch_timeout_s = 0.3 s"
+    with pytest.raises(ObjectStoreError, match=said):  # two timeouts of 0.15 s: its window's silence
+        store._call("GET", "x", failing(4, silent, 0.15))
 
 
 def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(

@@ -522,10 +522,17 @@ class ObjectStore:
         self.url = url if isinstance(url, ObjectURL) else ObjectURL.parse(url)
         self.attempts = attempts
         self.within_s = FETCH_TIMEOUT_S if within_s is None else within_s
+        # the window a message names: a training's key, or the default of commands that have no such key
+        self.window_said = (
+            f"data.fetch_timeout_s = {self.within_s:g} s"
+            if within_s is not None
+            else f"the data commands' window, {self.within_s:g} s"
+        )
         self.counts = counts
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "attempts": self.attempts, "within_s": self.within_s}
+        given = self.within_s if self.window_said.startswith("data.") else None  # as it was given
+        return {"url": self.url, "attempts": self.attempts, "within_s": given}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], attempts=state["attempts"], within_s=state["within_s"])
@@ -556,7 +563,7 @@ class ObjectStore:
             try:
                 return fn(_client(self.within_s))
             except exc.ClientError as e:
-                last = e if self._transient_code(e) else None
+                last, answered = (e if self._transient_code(e) else None), True
                 if last is None or (not patient and attempt + 1 >= self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
@@ -566,14 +573,19 @@ class ObjectStore:
             ) as e:  # reset, cut, refused
                 last = e
                 refused += isinstance(e, exc.EndpointConnectionError)
+                answered = not isinstance(
+                    e, (exc.EndpointConnectionError, exc.ConnectTimeoutError, exc.ReadTimeoutError)
+                )
                 # `attempts` in all, or CONNECT_ATTEMPTS refused ones (counted apart: a store that
                 # answered 503 three times, then refused, was retried without end: review R24j 1)
                 if not patient and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
                     raise self._error(what, rel, e, attempt + 1) from None
-            if own and not patient and attempt == 0:
-                # a request with tries of its own counts its window from its first failure: a transfer
-                # that ran past the window, then failed, is retried (it had one try, whatever its size)
-                window = self.window()
+            if own and not patient and answered:
+                # a request with tries of its own: its window is used up by silence (no connection, no
+                # byte for a try's timeout), its tries bound the rest; an answer (a status, a body cut
+                # short) pushes it on, so a PUT of a large file that ran past it, then was reset, or a
+                # download cut off again and again while its bytes come, is retried (review RV69d 2)
+                window.progressed()
             # the window waited out to its end: the last wait is cut to it, and a try made there
             # (it gave up one backoff early, up to 5 s, saying the window had passed: review R24i 2)
             now = time.monotonic()
@@ -604,8 +616,8 @@ class ObjectStore:
         rank = f"rank {os.environ.get('RANK', '?')}: " if int(os.environ.get("WORLD_SIZE") or 1) > 1 else ""
         print(
             f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for "
-            f"{up_to}{left:.0f} s more (data.fetch_timeout_s = {self.within_s:g} s); check the store and "
-            f"the network ({endpoint_setting()} = {endpoint()}), or Ctrl-C",
+            f"{up_to}{left:.0f} s more ({self.window_said}); check the store and the network "
+            f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
             file=sys.stderr,
             flush=True,
         )
@@ -649,10 +661,11 @@ class ObjectStore:
                 if self.attempts is None
                 else "run the command again (a training: or raise data.fetch_timeout_s)"
             )
+            nothing = "no answer" if what.startswith("PUT") else "no data coming"  # a PUT sends data
             return ObjectStoreError(
-                f"{where}: {what} kept failing for {spent:.1f} s ({tries} tries{late_note}), no data coming "
-                f"for data.fetch_timeout_s = {seconds:g} s, last with {self._cause(e)}; check the store and "
-                f"the network ({endpoint_setting()} = {endpoint()}), then {again}"
+                f"{where}: {what} kept failing for {spent:.1f} s ({tries} tries{late_note}), {nothing} for "
+                f"{self.window_said}, last with {self._cause(e)}; check the store and the network "
+                f"({endpoint_setting()} = {endpoint()}), then {again}"
             )
         if isinstance(e, exc.ClientError):
             code = e.response.get("Error", {}).get("Code", "")
