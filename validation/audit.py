@@ -59,8 +59,10 @@ from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
     BUILD_STATS,
+    DATASET_VIEWS,
     DERIVED_VIEWS,
     FILE_VIEWS,
+    RECORD_VIEWS,
     RUN_VIEWS,
     Damaged,
     DamagedFile,
@@ -69,13 +71,13 @@ from validation.audit_views import (
     check_roots,
     connect,
     dataset_json,
-    dataset_views_named,
     describe_views,
     find_damaged,
     persist,
     run_tables_read_once,
     unchecked_tables,
     unfinished_builds,
+    views_named,
 )
 from validation.validate import VALIDATION_JSON
 
@@ -322,13 +324,15 @@ def format_table(
     table that cannot fit is wider than `width` rather than missing characters."""
     rows = res.rows if max_rows is None else res.rows[:max_rows]
     cells = [[_cell(v) for v in r] for r in rows]
-    for i in range(len(res.columns)):  # a column's decimal points aligned: zeros added, no digit changed
+    # a column's decimal points aligned by spaces after the digits: no digit changed, and no zeros added
+    # that would claim a precision the value lacks (0.5 beside 1/3 read 0.5000000000000000: RV69d 4)
+    for i in range(len(res.columns)):
         plain = [
             isinstance(r[i], float) and math.isfinite(r[i]) and "e" not in c[i] for r, c in zip(rows, cells)
         ]
         places = max([len(c[i].partition(".")[2]) for c, p in zip(cells, plain) if p], default=0)
         for c, p in zip(cells, plain):
-            c[i] += "0" * (places - len(c[i].partition(".")[2])) if p else ""
+            c[i] += " " * (places - len(c[i].partition(".")[2])) if p else ""
     numeric = [
         all(
             isinstance(r[i], (int, float, decimal.Decimal)) and not isinstance(r[i], bool)
@@ -699,7 +703,7 @@ def _dataset_view_asked(sql: str, dirs: list[str]) -> str | None:
     build, else None: of run directories alone, `docs` answered 0, exit 0 (trial RV69a 4)."""
     if _has_dataset(dirs) or unfinished_builds(dirs):
         return None
-    return next(iter(dataset_views_named(sql)), None)
+    return next(iter(views_named(sql, DATASET_VIEWS)), None)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -736,7 +740,13 @@ def _run(args: argparse.Namespace) -> int:
         if (inside := dataset_around(args.db)) is not None:
             raise AuditError(f"--db {args.db} {inside}, which does not record it: name a file outside it")
     gone: list[Path] = []  # recorded stats files of a stage before the build's pass, missing: a note
-    checked = check_roots(args.dirs, gone)  # the roots' files, hashed once where the views are made twice
+    # the roots' files, hashed once where the views are made twice; a run's plan and ledger where read
+    record_read = args.db is not None or (
+        bool(views_named(args.sql, RECORD_VIEWS))
+        if args.sql is not None
+        else args.report in (None, "all", *RUN_REPORTS)
+    )
+    checked = check_roots(args.dirs, gone, record_read)
     for table in unchecked_tables(args.dirs):  # named as the user named them
         print(f"note: {table}: its pages were read as they are; {_damaged_fix(table)}", file=sys.stderr)
     for path in gone:

@@ -259,6 +259,8 @@ DERIVED_VIEWS: dict[str, str] = {
 # The views of a training run's files; every other one reads a dataset's (`shards` too: docs, shard_files).
 RUN_VIEWS = [name for name, view in FILE_VIEWS.items() if view.pattern in LIVE_RUN_FILES]
 DATASET_VIEWS = [name for name in [*FILE_VIEWS, *DERIVED_VIEWS] if name not in RUN_VIEWS]
+# a run's plan and ledger: what a started run without them is refused for (_run_record_gone)
+RECORD_VIEWS = [n for n, v in FILE_VIEWS.items() if v.pattern in (CONSUMPTION_PARQUET, DATA_PLAN_JSON)]
 
 _DUCK_TYPES = {
     pa.string(): "VARCHAR",
@@ -308,9 +310,13 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     return root
 
 
-def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list[Path]:
+def check_roots(
+    roots: list[str | Path], gone: list[Path] | None = None, record_read: bool = True
+) -> list[Path]:
     """The roots checked (their real paths); `gone` gets the recorded stats files of a stage before the
-    build's pass that are missing (a note: _gone_stats), from the check's own listing."""
+    build's pass that are missing (a note: _gone_stats), from the check's own listing. `record_read`:
+    whether what is asked reads a run's plan or ledger (RECORD_VIEWS); a query of its `eval` alone is
+    answered without them (an older gristmill's run has neither: review RV69d 1)."""
     out = []
     for r in roots:
         p = Path(r)
@@ -327,8 +333,8 @@ def check_roots(roots: list[str | Path], gone: list[Path] | None = None) -> list
                 "file name as a pattern in which '\\' is a '/' (another directory's files); rename or move "
                 "the directory so that its real path has no '\\'"
             )
-        if is_training_run(p) and (gone := _run_record_gone(p)) is not None:
-            raise DatasetError(f"cannot audit {p}: {gone}")
+        if record_read and is_training_run(p) and (lost := _run_record_gone(p)) is not None:
+            raise DatasetError(f"cannot audit {p}: {lost}")
         marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
         if not any((p / m).exists() for m in marks):
             raise DatasetError(
@@ -1040,10 +1046,10 @@ def _unread_as_written(view: FileView, path: str, arrow: pa.Schema) -> str | Non
     return None
 
 
-def dataset_views_named(sql: str) -> list[str]:
-    """The dataset views (DATASET_VIEWS) query `sql` names, as duckdb reads it (a CTE of that name is
-    none of them), in a connection without the views (one with them names the tables under them: none)
-    that may read no file; none where it cannot be read so (run_sql's to refuse or answer)."""
+def views_named(sql: str, among: list[str]) -> list[str]:
+    """The views of `among` query `sql` names, as duckdb reads it (a CTE of that name is none of
+    them), in a connection without the views (one with them names the tables under them: none) that
+    may read no file; none where it cannot be read so (run_sql's to refuse or answer)."""
     con = duckdb.connect(":memory:", config={**_CONFIG, "enable_external_access": "false"})
     try:
         named = {name.lower() for name in con.get_table_names(sql)}
@@ -1051,7 +1057,7 @@ def dataset_views_named(sql: str) -> list[str]:
         return []
     finally:
         con.close()
-    return [view for view in DATASET_VIEWS if view in named]
+    return [view for view in among if view in named]
 
 
 def describe_views(con: duckdb.DuckDBPyConnection) -> list[tuple[str, list[tuple[str, str]]]]:

@@ -392,6 +392,11 @@ def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_emp
         out, err = capsys.readouterr()
         assert out == "" and err == f"error: cannot audit {run}: {run / name} {why}\n", err
         (tmp_path / name).rename(run / name)
+    # a query of the run's eval alone reads neither: an older gristmill's run has none (review RV69d 1)
+    for name in ("consumption.parquet", "data_plan.json"):
+        (run / name).unlink()
+    assert main(["data", "audit", str(run), "--sql", "SELECT count(*) AS n FROM eval"]) == 0
+    assert main(["data", "audit", str(run), "--report", "consumption"]) == 2
 
 
 def test_a_dataset_view_queried_of_runs_alone_is_refused_naming_their_datasets(tmp_path, capsys):
@@ -1054,13 +1059,15 @@ def test_table_off_a_terminal_is_never_cut(capsys):
 
 def test_table_shows_each_double_as_it_reads_back_points_aligned():
     """Doubles were rounded to 2 decimals: 0.996 showed as 1.00, an eval's bits per byte 2.4706 and
-    2.4646 as 2.47 and 2.46 (trial RV69a 5). Each is its shortest decimal, zeros added to align."""
-    values = [0.996, 99.996, 0.0179, 0.00858, None, 2.4706, 1234567.5, 1e-07]
+    2.4646 as 2.47 and 2.46 (trial RV69a 5). Each is its shortest decimal, spaces after it aligning the
+    points (zeros added made 0.5 beside 1/3 read 0.5000000000000000: review RV69d 4)."""
+    values = [0.996, 99.996, 0.0179, 0.00858, None, 2.4706, 1234567.5, 1e-07, 0.5]
     out = format_table(Result("x", ["x"], [(v,) for v in values]), width=0).splitlines()[2:]
-    shown = ["0.99600", "99.99600", "0.01790", "0.00858", "", "2.47060", "1,234,567.50000", "1e-07"]
+    shown = ["0.996", "99.996", "0.0179", "0.00858", "", "2.4706", "1,234,567.5", "1e-07", "0.5"]
     assert [line.strip() for line in out] == shown, out
     assert all(float(line.replace(",", "")) == v for line, v in zip(out, values) if v is not None)
-    assert len({len(line) for line in out if line}) == 1  # right-aligned: the points in one column
+    points = {line.index(".") for line in out if "." in line and "e" not in line}
+    assert len(points) == 1, out  # the points in one column
 
 
 def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
