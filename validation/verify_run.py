@@ -112,7 +112,8 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
                     status, detail = "DAMAGED", not_the_run_s(run_dir, step, merged)
                 elif kind == "export" and step == 0 and _from_base(run_dir):  # the base, as export holds it
-                    check_base_export(path, run_dir)
+                    if note := check_base_export(path, run_dir):  # an older gristmill's record
+                        status, detail = "unchecked", note.removeprefix("note: ")
             except UnrecordedBase as e:  # no record to hold it to: never "ok" (trial RV69c F1)
                 status, detail = "unchecked", str(e)
             except CheckpointDenied as e:  # access, not the bytes (review RV67e 9)

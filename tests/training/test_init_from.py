@@ -1096,6 +1096,22 @@ def test_step_0_of_a_run_that_records_no_base_weights_is_refused_and_its_export_
         "\n" not in msg and f"step 0 of {run} cannot be exported: nothing records" in msg and said in msg
     ), msg
     assert not export_dir(run, 0).exists()
+    # an older gristmill's record, which holds no weights' sha256: step 0 exports with a note, and verify
+    # calls it unchecked; refused, such a run's step 0 could never be scored (review RV69d 5)
+    shutil.copytree(straight / "base", run / "base")
+    old = {**json.loads((run / "base" / "base.json").read_text()), "weights_sha256": {}}
+    (run / "base" / "base.json").write_text(json.dumps(old, indent=1) + "\n")
+    for step in complete_steps(run):
+        complete = checkpoint_dir(run, step) / COMPLETE_FILE
+        record = {**json.loads(complete.read_text()), BASE_RECORD: file_sha256(run / "base" / "base.json")}
+        complete.write_text(json.dumps(sealed_record(record), indent=1))
+    notes: list[str] = []
+    assert export_checkpoint(run, 0, log=notes.append) == export_dir(run, 0)
+    older = "started before gristmill recorded its base's weights"
+    assert any(older in n for n in notes), notes
+    assert gristmill(["verify", str(run)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(rf"export 0 unchecked .*{older}", text), text
 
 
 def test_step_0_of_a_run_whose_base_directory_moved_names_the_resume_that_points_it_there(

@@ -1798,7 +1798,8 @@ def export_base(
         note = verify_export(out, 0)
         if note and log is not None:
             log(note)
-        check_base_export(out, run_dir)
+        if (note := check_base_export(out, run_dir)) and log is not None:
+            log(note)
         return out
     spec = resolve(cfg)
     dataset, info = run_tokenizer_dataset(run_dir, spec)
@@ -1811,7 +1812,10 @@ def export_base(
         # that directory gone, the commit is where the recorded weights are (review R25e 5)
         init_from, gone = pinned, False
     if (why := _unrecorded_base(run_dir, record, init_from)) is not None:
-        raise UnrecordedBase(f"step 0 of {run_dir} cannot be exported: {why}")
+        if record is None:
+            raise UnrecordedBase(f"step 0 of {run_dir} cannot be exported: {why}")
+        if log is not None:
+            log(f"note: {why}")
     if gone:  # export takes no settings: the run's own resume sets it (trial RV69c F2)
         raise ExportError(
             f"step 0 of {run_dir} is its base model, and model.init_from = {init_from} in "
@@ -1874,10 +1878,12 @@ class UnrecordedBase(ExportError):
 
 def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str) -> str | None:
     """Why step 0 of `run_dir`, the base `identity`, cannot be shown to be the base the run started
-    from, with the fix: RUN/base/base.json records no sha256 of its weights, so only its identity
-    (config and weights index) was checked, and a base edited in place (same shapes) was exported and
-    scored as step 0, a note blaming the run's age (trial RV69c F1). None where it records them, or
-    the base is the hub commit the run recorded (the commit names its bytes)."""
+    from: RUN/base/base.json missing (refused, with the fix: a run resumed from a checkpoint outside its
+    run directory exported and scored a base edited in place as step 0, a note blaming the run's age:
+    trial RV69c F1), or an older gristmill's, which records no sha256 of its weights (a note: only the
+    base's config and weights index are checked; such a run can show no more, and refused, its step 0
+    could never be scored: review RV69d 5). None where it records them, or the base is the hub commit
+    the run recorded (the commit names its bytes)."""
     if record is not None and record.get("weights_sha256"):
         return None
     was = (record if record is not None else resume_model_record(run_dir) or {}).get("init_from")
@@ -1885,21 +1891,24 @@ def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str
     if pinned is not None and pinned[1] and was == identity:
         return None
     path = run_dir / BASE_DIR / BASE_JSON
+    if record is not None:  # every base.json written since 73f36f0d records them
+        return (
+            f"{run_dir} started before gristmill recorded its base's weights ({path} holds none): the "
+            "weight bytes are not checked, only the base's config and weights index"
+        )
     return (
-        f"nothing records the weights of the base it started from ({path} "
-        + ("holds none" if record is not None else "is missing")
-        + ": the run started before gristmill kept them, or resumed from a checkpoint outside its run "
-        "directory, or it was deleted), so its base's files cannot be shown to be that base; export step 0 "
-        "of a run whose RUN/base/ records them (the run whose checkpoint this one resumed: `gristmill export "
-        "THAT_RUN --step 0`)"
+        f"nothing records the weights of the base it started from ({path} is missing: the run resumed "
+        "from a checkpoint outside its run directory, or it was deleted), so its base's files cannot be "
+        "shown to be that base; export step 0 of the run whose checkpoint this one resumed (`gristmill "
+        "export THAT_RUN --step 0`), or restore RUN/base/"
     )
 
 
-def check_base_export(export: Path, run_dir: Path) -> None:
+def check_base_export(export: Path, run_dir: Path) -> str | None:
     """An existing exports/step-000000 must hold the base the run started from (RUN/base/base.json):
-    a run started over from an edited or other base keeps no stale step 0, and one of a run that
-    records no base's weights cannot be shown to hold it (UnrecordedBase: trial RV69c F1). Export
-    and verify both hold it here."""
+    a run started over from an edited or other base keeps no stale step 0, and one of a run without
+    that record cannot be shown to hold it (UnrecordedBase: trial RV69c F1). Export and verify both
+    hold it here. Returns the note of an older gristmill's record, which holds no weights."""
     try:
         record = read_base_record(run_dir)
     except GristmillError as e:
@@ -1914,9 +1923,9 @@ def check_base_export(export: Path, run_dir: Path) -> None:
     if record is not None:
         checked = [
             ("init_from_sha256", record["init_from_sha256"]),
-            ("base_weights_sha256", record["weights_sha256"]),
+            ("base_weights_sha256", record.get("weights_sha256")),
         ]
-        if not record["weights_sha256"] and hub_id(str(record.get("init_from"))) is not None:
+        if not record.get("weights_sha256") and hub_id(str(record.get("init_from"))) is not None:
             # a hub base recorded without its weights names them by its commit: one exported from a
             # directory a resume named (another commit of the same shape: review R25d S1) is not it (R25e 2)
             checked.append(("base", record["init_from"]))
@@ -1927,7 +1936,10 @@ def check_base_export(export: Path, run_dir: Path) -> None:
                 f"{run_dir / BASE_DIR / BASE_JSON}); {export_fix(export, None)}"
             )
     if (why := _unrecorded_base(run_dir, record, str(meta.get("base")))) is not None:
-        raise UnrecordedBase(f"{export} cannot be shown to hold step 0 of {run_dir}: {why}")
+        if record is None:
+            raise UnrecordedBase(f"{export} cannot be shown to hold step 0 of {run_dir}: {why}")
+        return f"note: {why}"
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
