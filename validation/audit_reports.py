@@ -194,7 +194,8 @@ SELECT d.dataset_name,
             WHEN json_type(v.json) <> 'OBJECT'
                  OR (v.fingerprint IS NOT DISTINCT FROM d.fingerprint AND v.ok IS NULL)
                  THEN 'record damaged (no verdict): validate again'
-            WHEN v.fingerprint IS DISTINCT FROM d.fingerprint THEN 'stale (dataset rebuilt since)'
+            WHEN v.fingerprint IS DISTINCT FROM d.fingerprint
+                 THEN 'stale (dataset rebuilt since): validate again'
             WHEN v.files_changed > 0 THEN 'stale (files changed since): validate again'
             WHEN v.ok THEN 'ok' ELSE 'FAILED' END AS status,
        v.problems, v.checked_at, v.shards, v.documents, v.tokens, v.separators, d.fingerprint

@@ -622,7 +622,10 @@ def test_validation_status_stale_and_failed(built_dataset, tmp_path):
     v = json.loads((root / "validation.json").read_text())
     (root / "validation.json").write_text(json.dumps({**v, "fingerprint": "0" * 64}))
     con, _ = connect([root])
-    assert run_preset(con, "validation").records()[0]["status"] == "stale (dataset rebuilt since)"
+    assert (
+        run_preset(con, "validation").records()[0]["status"]
+        == "stale (dataset rebuilt since): validate again"
+    )
     (root / "validation.json").write_text(json.dumps({**v, "ok": False, "n_problems": 3}))
     con, _ = connect([root])
     assert run_preset(con, "validation").records()[0]["status"] == "FAILED"
