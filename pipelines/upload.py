@@ -228,8 +228,15 @@ def upload_dataset(
     # exit 0, and the readers refused the bucket (trial RV60a 3). Sizes and strays: not a lock.
     if not in_bucket:
         listed = store.list()
+        late = _strays(listed, files)
+        if (late or any(listed.get(rel) != _size(root, rel, spec) for rel, spec in files.items())) and (
+            store.head(DATASET_JSON) or {}
+        ).get("etag") != committed_etag:
+            # the other upload committed since the check above: "run it again", whose rerun the other's
+            # dataset.json refused (trial RV69e 3)
+            raise _committed_meanwhile(store, root, info, put_now)
         for rel, spec in sorted(files.items()):
-            size = spec["bytes"] if spec["bytes"] is not None else (root / rel).stat().st_size
+            size = _size(root, rel, spec)
             if listed.get(rel) != size:
                 got = "is gone" if rel not in listed else f"is {listed[rel]:,} bytes, not {size:,}"
                 raise DatasetError(
@@ -237,7 +244,7 @@ def upload_dataset(
                     f"ran): nothing was committed; run `gristmill data upload {root} {url}` again once no "
                     "other writes there (it uploads what differs), or upload into another prefix"
                 )
-        if late := _strays(listed, files):
+        if late:
             raise DatasetError(
                 f"{target} holds {len(late)} object(s) that are not this dataset's, put while this upload "
                 f"ran (e.g. {late[0]}: another upload into the prefix): nothing was committed; upload into "
@@ -304,6 +311,11 @@ def _documents_sum(
         unwritable = None if dataset_json_writable(root) else "read-only"
         raise DatasetError(wrong_sum(root, recorded, summed, unwritable, use_copy="upload the copy"))
     return {DOC_HASHES_FILE: (md5.hexdigest(), spec["sha256"])}, summed
+
+
+def _size(root: Path, rel: str, spec: dict) -> int:
+    """The bytes of dataset file `rel` as its record says, or on disk where it says none."""
+    return spec["bytes"] if spec["bytes"] is not None else (root / rel).stat().st_size
 
 
 def _committed_meanwhile(store: ObjectStore, root: Path, info: dict, put_now: dict[str, str]) -> DatasetError:

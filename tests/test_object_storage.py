@@ -628,6 +628,23 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
             upload_dataset(local, s3.url(prefix), log=lambda *a: None)
         monkeypatch.setattr(ObjectStore, "put_file", put_file)
         assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/dataset.json")
+    # the other's commit between this one's check of dataset.json and its listing, one of its objects
+    # over this one's: "run it again once no other writes there", whose rerun refused (trial RV69e 3)
+    listing, seen = ObjectStore.list, []
+
+    def other_commits(self, *args, **kwargs):
+        if self.url == ObjectURL.parse(s3.url("race4")):
+            seen.append(self)  # the upload's first listing, at its start, then the one before its commit
+            if len(seen) == 2:
+                s3.client.put_object(Bucket=BUCKET, Key=f"race4/{own}", Body=b"the other's")
+                committed = (other / DATASET_JSON).read_bytes()
+                s3.client.put_object(Bucket=BUCKET, Key=f"race4/{DATASET_JSON}", Body=committed)
+        return listing(self, *args, **kwargs)
+
+    monkeypatch.setattr(ObjectStore, "list", other_commits)
+    with pytest.raises(DatasetError, match=r"race4/dataset\.json changed while this upload ran"):
+        upload_dataset(local, s3.url("race4"), log=lambda *a: None)
+    monkeypatch.setattr(ObjectStore, "list", listing)
     # Two uploads at once, the other committing first: this one PUT on over it, then advised rerunning
     # either upload, and each rerun refused the prefix (trial RV69b F3). Its HEAD of dataset.json before
     # each PUT stops it; an object it put over the other's is named with the repair (that upload again,
