@@ -727,10 +727,14 @@ def _run(args: argparse.Namespace) -> int:
         runs = f"query a training run's views alone ({', '.join(RUN_VIEWS)})"
         raise _no_dataset(args.dirs, f"--sql's view {view}", runs)
     _note_other_builds(args.dirs)
-    if args.report in RUN_REPORTS and not any(is_training_run(r) for r in args.dirs):
-        # its table would be empty: "(no rows)" and exit 0 said nothing of why (review R18a F5)
+    # of datasets alone, a run's table would be empty: "(no rows)" and exit 0 said nothing of why
+    # (review R18a F5; a --sql of one: trial RV69e 4)
+    of_run = f"--report {args.report}" if args.report in RUN_REPORTS else None
+    if args.sql is not None and (view := next(iter(views_named(args.sql, RUN_VIEWS)), None)) is not None:
+        of_run = f"--sql's view {view}"
+    if of_run and not any(is_training_run(r) or (Path(r) / EVAL_PARQUET).is_file() for r in args.dirs):
         raise AuditError(
-            f"--report {args.report} reads a training run's files, and {', '.join(args.dirs)} holds no "
+            f"{of_run} reads a training run's files, and {', '.join(args.dirs)} holds no "
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
     refuse_empty({"--db": args.db, "--plots": args.plots})

@@ -602,6 +602,10 @@ def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
         f"error: --report consumption reads a training run's files, and {built_dataset} holds no run: pass a "
         "training run directory (its run.output_dir) beside or instead of the dataset"
     ], lines
+    # a --sql of a run's view the same: it answered 0, exit 0 (trial RV69e 4)
+    for view in ("consumption", "skips"):
+        assert main(["data", "audit", str(built_dataset), "--sql", f"SELECT count(*) FROM {view}"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --sql's view {view} reads a training run's files")
     assert main(["data", "audit", str(built_dataset), "--report", "all"]) == 0
     out = capsys.readouterr().out
     assert "== summary ==" in out and "== consumption" not in out, out
