@@ -335,11 +335,14 @@ def check_roots(
             )
         if record_read and is_training_run(p) and (lost := _run_record_gone(p)) is not None:
             raise DatasetError(f"cannot audit {p}: {lost}")
-        marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
+        # an unfinished build's build.json too: one whose dedup stages alone finished was told it had
+        # neither, under the note that its views hold what its finished tasks wrote (trial RV69e 5)
+        marks = (DATASET_JSON, MANIFEST_DIR, BUILD_JSON, EVAL_PARQUET, CONSUMPTION_PARQUET)
         if not any((p / m).exists() for m in marks):
             raise DatasetError(
-                f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/ (a dataset) nor {CONSUMPTION_PARQUET} "
-                f"or {EVAL_PARQUET} (a training run; the latter once evaluated by `gristmill eval`)"
+                f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/ (a dataset) nor {BUILD_JSON} (a build "
+                f"not finished) nor {CONSUMPTION_PARQUET} or {EVAL_PARQUET} (a training run; the latter once "
+                "evaluated by `gristmill eval`)"
             )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.

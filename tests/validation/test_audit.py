@@ -982,6 +982,12 @@ def test_an_unfinished_build_s_views_read_its_finished_tasks_files_alone(built_d
     assert tasks == [("", 1), ("dedup/hashes", 0)]
     assert main(["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]) == 0
     assert "its views hold only what its finished tasks wrote" in capsys.readouterr().err
+    # no task of the build's pass finished, its dedup stage's did: those stats answer (trial RV69e 5)
+    shutil.rmtree(root / "manifest")
+    (root / "logs" / "completions" / "00001").unlink()
+    sql = "SELECT DISTINCT pipeline FROM stats"
+    assert main(["data", "audit", str(root), "--sql", sql, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"pipeline": "dedup/hashes"}]
 
 
 def test_dataset_json_listing_documents_without_manifest_is_an_error(built_dataset, tmp_path, capsys):
