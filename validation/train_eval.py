@@ -53,7 +53,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from training.checkpoint.base_record import base_files
-from training.checkpoint.hf_export import run_model_config, write_tokenizer
+from training.checkpoint.hf_export import run_config, run_tokenizer_dataset, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
 from training.console import say
@@ -61,7 +61,8 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.eval_table import read_step_results, rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
-from training.model import model_to_load
+from training.data.spec import resolve
+from training.model import ModelConfig, model_to_load
 from training.run.preflight import raise_rank0_problem
 from training.train import main as train_main
 from validation.eval import (
@@ -126,16 +127,18 @@ class TrainingEval:
     def _say(self, text: str) -> None:
         say(f"[eval] {text}")
 
-    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int) -> None:
+    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int, mcfg: ModelConfig) -> None:
         """Rank 0 resolves the tasks and builds the local tasks' data and the tokenizer files; a
-        problem (unknown task, hub data offline) stops every rank before step 1."""
+        problem (unknown task, hub data offline) stops every rank before step 1. `mcfg`: the model the
+        run trains, as its start resolved it: resolved again here (run_model_config) it needed the run's
+        own checkpoint or its base, and a resume from a volume's checkpoint with the base gone stopped."""
         self.rank, self.world_size = rank, world_size
         self.run_dir, self.last_step = Path(run_dir), last_step
         problem = None
         if self.rank == 0:
             try:
                 self.plan = TaskPlan(self.run_dir, self.cfg, log=lambda line: say(f"  {line}"))
-                _, dataset, mcfg = run_model_config(self.run_dir)
+                dataset, _ = run_tokenizer_dataset(self.run_dir, resolve(run_config(self.run_dir)))
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
                 write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files

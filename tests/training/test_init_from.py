@@ -694,6 +694,15 @@ def test_a_resume_of_a_continued_run_with_evals_finds_every_record(tmp_path, bui
     assert train_with_eval(["--config", TINY, "--set", *sets, "checkpoint.resume=auto"]) == 0
     out = capsys.readouterr().out
     assert "no record of step" not in out and not list(run.glob("batches.bin.damaged*")), out
+    # Resumed from a volume's copy of a checkpoint with the base gone, it trains and scores as a resume of
+    # its own checkpoint does: the eval resolved the model again from the new run's checkpoints, none
+    # yet, or the base, and stopped before step 1 (trial RV69e 1)
+    volume = tmp_path / "volume" / "step-000002"
+    shutil.copytree(checkpoint_dir(run, 2), volume)
+    base.rename(tmp_path / "base-gone")
+    other = [*sets, f"run.output_dir={tmp_path / 'other'}", f"checkpoint.resume={json.dumps(str(volume))}"]
+    assert train_with_eval(["--config", TINY, "--set", *other]) == 0
+    assert "[eval] step 4:" in capsys.readouterr().out
 
 
 def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_path, built_dataset, capsys):

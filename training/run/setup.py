@@ -73,11 +73,13 @@ class StepEval(Protocol):
     """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
     validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
 
-    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int) -> None:
+    def prepare(
+        self, run_dir: Path, last_step: int, rank: int, world_size: int, model_config: ModelConfig
+    ) -> None:
         """On every rank once the run directory is owned and RUN/config.toml written: check the
         tasks and build their data before step 1 (a GristmillError on every rank when it fails);
         `last_step`: this invocation's last step (always evaluated); `rank`, `world_size`: this
-        process's place in the job (rank 0 scores)."""
+        process's place in the job (rank 0 scores); `model_config`: the model the run trains."""
 
     def due(self, step: int) -> bool:
         """Whether step `step` is evaluated: every eval.interval steps and the last step."""
@@ -252,7 +254,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
             say(f"  plan    {line}")
     if evaluator is not None:
         # needs RUN/config.toml (the tasks' held-out documents)
-        evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
+        evaluator.prepare(run_dir, last_step, env.rank, env.world_size, model_config)
     if resumed is not None:
         after: list[str] = []  # said after "nothing to do"
         if resumed >= last_step and not checkpointer.resumed_here:
