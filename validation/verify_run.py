@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.base_record import BASE_JSON, check_kept_base
+from training.checkpoint.base_source import is_hub_commit
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import (
     ExportError,
@@ -46,6 +47,7 @@ from training.checkpoint.record import (
     CheckpointError,
     newest_base_record,
     read_complete_record,
+    resume_model_record,
 )
 from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DatasetError
@@ -224,10 +226,17 @@ def _base_row(run_dir: Path) -> list[tuple]:
     folder = run_dir / BASE_DIR
     if not _from_base(run_dir):
         return []
+    base = str((resume_model_record(run_dir) or {}).get("init_from"))
+    # as export does: a hub commit names its bytes, so step 0 needs no record of them (RV69e 2)
+    step0 = (
+        f"its step 0 is the hub commit {base}, exported from it"
+        if is_hub_commit(base)
+        else "its step 0 cannot be exported"
+    )
     missing = (
         f"{folder / BASE_JSON} is missing: the run started before gristmill kept its base's record, or "
         "resumed from a checkpoint outside its run directory, or it was deleted (then restore RUN/base/ "
-        "from a copy of the run); its step 0 cannot be exported"
+        f"from a copy of the run); {step0}"
     )
     try:
         kept = check_kept_base(run_dir)  # None: no record, and no checkpoint's to compare with

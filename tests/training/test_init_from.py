@@ -1058,6 +1058,15 @@ def test_a_checkpoint_outside_its_run_records_its_base_only_where_the_base_is_by
     assert "step 0 cannot be exported from this run" in note, note
     assert not (tmp_path / "other" / "base").exists()
     assert "the base is not at hand" in record_base_of_copy(tmp_path / "gone", volume, None)
+    # a checkpoint of a run that kept no RUN/base/ (itself resumed so) records none: not "an earlier
+    # gristmill" alone, which this one is not (trial RV69e 3)
+    from training.checkpoint.record import BASE_RECORD, sealed_record
+
+    complete = volume / COMPLETE_FILE
+    record = {k: v for k, v in json.loads(complete.read_text()).items() if k != BASE_RECORD}
+    complete.write_text(json.dumps(sealed_record(record), indent=1))
+    note = record_base_of_copy(tmp_path / "unkept", volume, base)
+    assert "records no base's weights (its run kept no RUN/base/, or an earlier gristmill" in note, note
 
 
 def _retrain_in_place(base: Path) -> None:
@@ -1901,7 +1910,7 @@ def _hub_train_cmd(*sets: str) -> list[str]:
 
 
 def test_a_hub_base_resumed_from_another_commit_is_refused_in_its_run_and_from_a_copied_checkpoint(
-    tmp_path, data, base, monkeypatch
+    tmp_path, data, base, monkeypatch, capsys
 ):
     """One run from a hub id (4 of 8 steps), resumed with another commit of its repository two ways.
 
@@ -2006,6 +2015,16 @@ def test_a_hub_base_resumed_from_another_commit_is_refused_in_its_run_and_from_a
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert complete_steps(new)[-1] == 8
+    # No RUN/base/ kept, and step 0 is the pinned commit all the same, as export takes it: the note said
+    # it "cannot be exported", and verify's base row beside `export 0 ok` (trial RV69e 2)
+    said = f"step 0 is the hub commit {REPO}@{commit}, exported from it"
+    assert said in " ".join(done.stdout.split()) and not (new / "base").exists(), done.stdout[-3000:]
+    from pipelines.cli import main as gristmill
+
+    capsys.readouterr()
+    assert gristmill(["verify", str(new)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(rf"base 0 unchecked .*its {said}", text) and "cannot be exported" not in text, text
 
 
 def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(

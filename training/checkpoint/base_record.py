@@ -39,6 +39,7 @@ from training.checkpoint.base_source import (
     BaseModelError,
     check_templates,
     hub_id,
+    is_hub_commit,
     kept_name,
     named_templates,
     weights_files,
@@ -210,10 +211,14 @@ def record_base_of_copy(run_dir: str | Path, checkpoint: Path, directory: Path |
     base at model.init_from, None when not at hand) is the base the checkpoint's run started from, as
     the sha256 of base.json the checkpoint recorded proves; without it step 0 was exported from a base
     edited since, unchecked (trial RV69c F1). Else the note why not (the run then keeps no record,
-    and its step 0 is refused: hf_export.export_base)."""
+    and its step 0 is refused, a hub commit's excepted: hf_export.export_base)."""
     recorded, model = base_record_of(checkpoint), recorded_model(read_complete_record(checkpoint))
     if recorded is None or not model:
-        why = f"{checkpoint / COMPLETE_FILE} records no base's weights (written by an earlier gristmill)"
+        # not "an earlier gristmill" alone: this one records none in a run that keeps no RUN/base/ (RV69e 3)
+        why = (
+            f"{checkpoint / COMPLETE_FILE} records no base's weights (its run kept no RUN/base/, or an "
+            "earlier gristmill wrote it)"
+        )
     elif directory is None:
         why = "the base is not at hand to compare with its record"
     else:
@@ -225,10 +230,17 @@ def record_base_of_copy(run_dir: str | Path, checkpoint: Path, directory: Path |
         except (GristmillError, OSError) as e:
             why = f"{directory} cannot be compared with it ({(str(e).splitlines() or [''])[0]})"
     drop_base_record(run_dir)  # an earlier run's in this directory is not this one's base (R15d F8)
+    base = str((model or {}).get("init_from"))
+    # a hub commit names its bytes: step 0 is exported from it all the same (hf_export._unrecorded_base)
+    step0 = (
+        f"step 0 is the hub commit {base}, exported from it"
+        if is_hub_commit(base)
+        else "step 0 cannot be exported from this run"
+    )
     return (
         f"note: {checkpoint} lies in no run directory, so its run's RUN/base/ (the record of its base's "
         f"weights and special tokens) is not carried, and {why}: the exports take the dataset's tokens, and "
-        "step 0 cannot be exported from this run; resume from RUN/checkpoints/step-N of its run to carry it"
+        f"{step0}; resume from RUN/checkpoints/step-N of its run to carry it"
     )
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "named_templates",
     "fetch_hub_base",
     "hub_id",
+    "is_hub_commit",
     "locate_base",
     "weights_files",
 ]
@@ -196,6 +197,14 @@ def hub_id(init_from: str) -> tuple[str, str | None] | None:
     if match is None or Path(init_from).expanduser().is_dir():
         return None
     return match["repo"], match["revision"]
+
+
+def is_hub_commit(identity: str) -> bool:
+    """Whether base `identity` is a hub repository pinned to a commit (`org/name@<commit>`, as a run
+    records a hub base): the commit names its weights' bytes on the hub, so its step 0 is exported from
+    it without RUN/base/base.json's record of them (hf_export._unrecorded_base)."""
+    hub = hub_id(identity)
+    return hub is not None and hub[1] is not None and _COMMIT.fullmatch(hub[1]) is not None
 
 
 def locate_base(

@@ -52,7 +52,13 @@ from training.checkpoint.base_record import (
     kept_base_files,
     read_base_record,
 )
-from training.checkpoint.base_source import chat_templates, hub_id, listed_templates, locate_base
+from training.checkpoint.base_source import (
+    chat_templates,
+    hub_id,
+    is_hub_commit,
+    listed_templates,
+    locate_base,
+)
 from training.checkpoint.export_advice import export_again, export_command, export_fix, export_step_of
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
@@ -1887,8 +1893,7 @@ def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str
     if record is not None and record.get("weights_sha256"):
         return None
     was = (record if record is not None else resume_model_record(run_dir) or {}).get("init_from")
-    pinned = hub_id(identity)
-    if pinned is not None and pinned[1] and was == identity:
+    if is_hub_commit(identity) and was == identity:
         return None
     path = run_dir / BASE_DIR / BASE_JSON
     if record is not None:  # every base.json written since 73f36f0d records them
