@@ -177,6 +177,11 @@ def upload_dataset(
         try:
             put_now[rel] = store.put_file(path, rel, expect_sha256=spec["sha256"], digests=hashed.get(rel))
         except ObjectStoreError:
+            # the other upload's commit meanwhile first: its refusal, not this PUT's (review RV69d 7)
+            with contextlib.suppress(ObjectStoreError):  # the store failing: this PUT's line
+                if (store.head(DATASET_JSON) or {}).get("etag") != committed_etag:
+                    meanwhile.set()
+                    return 0
             # the store refusing the PUT: a 403 or a retry budget spent is the store's, told in its own
             # line, and a Content-MD5 refused the file's bytes changed since they were hashed; the file
             # itself says which (review RV34b F1: every refusal read "damaged")

@@ -676,6 +676,22 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
             assert "which is intact; it removed the 1 object(s) of its own it had put there" in said, said
         assert set(s3.keys(prefix)) == theirs | {DATASET_JSON}
         assert hashes(target, 4, cache=cache(tmp_path / prefix)) == hashes(other, 4)
+    # a PUT that fails once the other committed: the PUT's error hid the commit, and its objects stayed
+    # as strays that refused either rerun (review RV69d 7)
+    failed_after = []
+
+    def commit_then_fail(self, path, rel, *args, **kwargs):
+        if not failed_after and path.is_relative_to(local):
+            upload_dataset(other, s3.url("race7"), log=lambda *a: None)
+            failed_after.append(rel)
+            raise ObjectStoreError(f"{s3.url('race7')}/{rel}: PUT failed 10 time(s), last with a reset")
+        return put_file(self, path, rel, *args, **kwargs)
+
+    monkeypatch.setattr(ObjectStore, "put_file", commit_then_fail)
+    with pytest.raises(DatasetError, match=r"race7/dataset\.json changed while this upload ran"):
+        upload_dataset(local, s3.url("race7"), log=lambda *a: None)
+    monkeypatch.setattr(ObjectStore, "put_file", put_file)
+    assert set(s3.keys("race7")) == theirs | {DATASET_JSON}
 
 
 # --------------------------------------------------------------------------------------------
