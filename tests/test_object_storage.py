@@ -4220,7 +4220,7 @@ def test_requests_without_a_window_end_and_a_long_window_backs_off_without_overf
     assert random.random() == random.Random(3).random()
 
 
-def test_a_request_s_own_window_is_used_up_by_silence_not_by_answers(s3):
+def test_a_request_s_own_window_is_used_up_by_silence_not_by_answers(s3, monkeypatch):
     """A request with tries of its own (an upload's PUT, a data command's GET, a training's start): an
     answer (a reset after bytes moved, a status) pushes its window on, silence (a try's timeout) uses
     it up. From its start, a PUT of a large file that ran past the window, then was reset, had no retry,
@@ -4242,6 +4242,13 @@ def test_a_request_s_own_window_is_used_up_by_silence_not_by_answers(s3):
     cut = ConnectionClosedError(endpoint_url="http://127.0.0.1:9")
     assert store._call("PUT", "x", failing(1, cut, 0.4)) == "done"  # one try past the window, then reset
     assert store._call("GET", "x", failing(4, cut, 0.15)) == "done"  # 0.6 s of cuts, each after bytes
+    # bytes for 0.6 s, then a try's read timeout (0.1 s) of silence: 0.2 s of the window left, retried
+    from training.contract import object_store
+
+    monkeypatch.setattr(object_store, "READ_TIMEOUT_S", 0.1)
+    stalled = ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+    assert store._call("PUT", "x", failing(1, stalled, 0.6)) == "done"  # (review RV69f 1)
+    monkeypatch.undo()
     silent = ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
     said = r"kept failing for 0.[34] s \(2 tries\), no data coming for data.fetch_timeout_s = 0.3 s"
     with pytest.raises(ObjectStoreError, match=said):  # two timeouts of 0.15 s: its window's silence

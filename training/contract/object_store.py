@@ -521,6 +521,7 @@ class ObjectStore:
         down for a while is waited out)."""
         self.url = url if isinstance(url, ObjectURL) else ObjectURL.parse(url)
         self.attempts = attempts
+        self.within_given = within_s  # as it was given: None, the default of commands without the key
         self.within_s = FETCH_TIMEOUT_S if within_s is None else within_s
         # the window a message names: a training's key, or the default of commands that have no such key
         self.window_said = (
@@ -531,8 +532,7 @@ class ObjectStore:
         self.counts = counts
 
     def __getstate__(self) -> dict[str, Any]:
-        given = self.within_s if self.window_said.startswith("data.") else None  # as it was given
-        return {"url": self.url, "attempts": self.attempts, "within_s": given}
+        return {"url": self.url, "attempts": self.attempts, "within_s": self.within_given}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], attempts=state["attempts"], within_s=state["within_s"])
@@ -560,10 +560,11 @@ class ObjectStore:
                 stop_if_asked()
             self.counts.add("requests")
             wait = backoff(attempt)
+            began = time.monotonic()
             try:
                 return fn(_client(self.within_s))
             except exc.ClientError as e:
-                last, answered = (e if self._transient_code(e) else None), True
+                last, heard = (e if self._transient_code(e) else None), 0.0
                 if last is None or (not patient and attempt + 1 >= self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
@@ -573,19 +574,23 @@ class ObjectStore:
             ) as e:  # reset, cut, refused
                 last = e
                 refused += isinstance(e, exc.EndpointConnectionError)
-                answered = not isinstance(
-                    e, (exc.EndpointConnectionError, exc.ConnectTimeoutError, exc.ReadTimeoutError)
-                )
+                # when the store was last heard from, seconds ago: a cut or a reset now; a read timeout
+                # its length ago where the try outlasted it (data came before the silence); else never
+                read_s = min(READ_TIMEOUT_S, self.within_s)
+                heard = None if isinstance(e, (exc.EndpointConnectionError, exc.ConnectTimeoutError)) else 0.0
+                if isinstance(e, exc.ReadTimeoutError):
+                    heard = read_s if time.monotonic() - began > 1.5 * read_s else None
                 # `attempts` in all, or CONNECT_ATTEMPTS refused ones (counted apart: a store that
                 # answered 503 three times, then refused, was retried without end: review R24j 1)
                 if not patient and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
                     raise self._error(what, rel, e, attempt + 1) from None
-            if own and not patient and answered:
+            if own and not patient and heard is not None:
                 # a request with tries of its own: its window is used up by silence (no connection, no
                 # byte for a try's timeout), its tries bound the rest; an answer (a status, a body cut
-                # short) pushes it on, so a PUT of a large file that ran past it, then was reset, or a
-                # download cut off again and again while its bytes come, is retried (review RV69d 2)
-                window.progressed()
+                # short, bytes before a stall) pushes it on, so a PUT of a large file that ran past it,
+                # then was reset or stalled, or a download cut off again and again while its bytes
+                # come, is retried (reviews RV69d 2, RV69f 1)
+                window.progressed(ago=heard)
             # the window waited out to its end: the last wait is cut to it, and a try made there
             # (it gave up one backoff early, up to 5 s, saying the window had passed: review R24i 2)
             now = time.monotonic()
