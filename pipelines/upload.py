@@ -112,6 +112,11 @@ def upload_dataset(
     committed = _refuse_other_dataset(store, info)
     # its version now: a HEAD before each PUT compares with it (another upload's commit meanwhile)
     committed_etag = (store.head(DATASET_JSON) or {}).get("etag")
+
+    def another_commit() -> bool:
+        """Whether another dataset.json was committed into the prefix since this upload began."""
+        return (store.head(DATASET_JSON) or {}).get("etag") != committed_etag
+
     files = dataset_files(info)
     there = store.list()
     # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
@@ -171,7 +176,7 @@ def upload_dataset(
         spec, path = files[rel], root / rel
         # another upload's commit since this one began: its objects are not written over (trial RV69b F3:
         # the later upload PUT on after the other's commit, and no rerun of either could repair it)
-        if meanwhile.is_set() or (store.head(DATASET_JSON) or {}).get("etag") != committed_etag:
+        if meanwhile.is_set() or another_commit():
             meanwhile.set()
             return 0
         try:
@@ -179,7 +184,7 @@ def upload_dataset(
         except ObjectStoreError:
             # the other upload's commit meanwhile first: its refusal, not this PUT's (review RV69d 7)
             with contextlib.suppress(ObjectStoreError):  # the store failing: this PUT's line
-                if (store.head(DATASET_JSON) or {}).get("etag") != committed_etag:
+                if another_commit():
                     meanwhile.set()
                     return 0
             # the store refusing the PUT: a 403 or a retry budget spent is the store's, told in its own
@@ -234,9 +239,8 @@ def upload_dataset(
     if not in_bucket:
         listed = store.list()
         late = _strays(listed, files)
-        if (late or any(listed.get(rel) != _size(root, rel, spec) for rel, spec in files.items())) and (
-            store.head(DATASET_JSON) or {}
-        ).get("etag") != committed_etag:
+        changed = any(listed.get(rel) != _size(root, rel, spec) for rel, spec in files.items())
+        if (late or changed) and another_commit():
             # the other upload committed since the check above: "run it again", whose rerun the other's
             # dataset.json refused (trial RV69e 3)
             raise _committed_meanwhile(store, root, info, put_now)

@@ -698,14 +698,6 @@ def _no_dataset(dirs: list[str], what: str, instead: str) -> AuditError:
     )
 
 
-def _dataset_view_asked(sql: str, dirs: list[str]) -> str | None:
-    """The first dataset view query `sql` names where no root of `dirs` is a dataset or an unfinished
-    build, else None: of run directories alone, `docs` answered 0, exit 0 (trial RV69a 4)."""
-    if _has_dataset(dirs) or unfinished_builds(dirs):
-        return None
-    return next(iter(views_named(sql, DATASET_VIEWS)), None)
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.max_rows < 0:  # a negative count sliced rows off the end, with a "… more rows" note
         raise AuditError(f"--max-rows {args.max_rows}: give the rows a table shows, ≥ 1 (0: all)")
@@ -723,14 +715,18 @@ def _run(args: argparse.Namespace) -> int:
         raise _no_dataset(
             args.dirs, asked or "--plots", f"--report {' / '.join(RUN_REPORTS)} for a training run"
         )
-    if args.sql is not None and (view := _dataset_view_asked(args.sql, args.dirs)) is not None:
+    # the views --sql names, as duckdb reads it (its CTEs none of them)
+    named = [] if args.sql is None else views_named(args.sql, [*DATASET_VIEWS, *RUN_VIEWS])
+    view = next((v for v in named if v in DATASET_VIEWS), None)
+    if view and not (_has_dataset(args.dirs) or unfinished_builds(args.dirs)):
+        # of run directories alone, `docs` answered 0, exit 0 (trial RV69a 4)
         runs = f"query a training run's views alone ({', '.join(RUN_VIEWS)})"
         raise _no_dataset(args.dirs, f"--sql's view {view}", runs)
     _note_other_builds(args.dirs)
     # of datasets alone, a run's table would be empty: "(no rows)" and exit 0 said nothing of why
     # (review R18a F5; a --sql of one: trial RV69e 4)
     of_run = f"--report {args.report}" if args.report in RUN_REPORTS else None
-    if args.sql is not None and (view := next(iter(views_named(args.sql, RUN_VIEWS)), None)) is not None:
+    if (view := next((v for v in named if v in RUN_VIEWS), None)) is not None:
         of_run = f"--sql's view {view}"
     if of_run and not any(is_training_run(r) or (Path(r) / EVAL_PARQUET).is_file() for r in args.dirs):
         raise AuditError(
@@ -746,7 +742,7 @@ def _run(args: argparse.Namespace) -> int:
     gone: list[Path] = []  # recorded stats files of a stage before the build's pass, missing: a note
     # the roots' files, hashed once where the views are made twice; a run's plan and ledger where read
     record_read = args.db is not None or (
-        bool(views_named(args.sql, RECORD_VIEWS))
+        any(v in RECORD_VIEWS for v in named)
         if args.sql is not None
         else args.report in (None, "all", *RUN_REPORTS)
     )

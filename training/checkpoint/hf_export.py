@@ -1817,11 +1817,9 @@ def export_base(
         # where the directory a resume named since may hold another commit of the same shape; and
         # that directory gone, the commit is where the recorded weights are (review R25e 5)
         init_from, gone = pinned, False
-    if (why := _unrecorded_base(run_dir, record, init_from)) is not None:
-        if record is None:
-            raise UnrecordedBase(f"step 0 of {run_dir} cannot be exported: {why}")
-        if log is not None:
-            log(f"note: {why}")
+    note = _unrecorded_base(run_dir, record, init_from, f"step 0 of {run_dir} cannot be exported")
+    if note and log is not None:
+        log(note)
     if gone:  # export takes no settings: the run's own resume sets it (trial RV69c F2)
         raise ExportError(
             f"step 0 of {run_dir} is its base model, and model.init_from = {init_from} in "
@@ -1882,14 +1880,14 @@ class UnrecordedBase(ExportError):
     """Step 0 of a run that keeps no record of its base's weights: nothing shows it is that base."""
 
 
-def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str) -> str | None:
+def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str, refused: str) -> str | None:
     """Why step 0 of `run_dir`, the base `identity`, cannot be shown to be the base the run started
-    from: RUN/base/base.json missing (refused, with the fix: a run resumed from a checkpoint outside its
-    run directory exported and scored a base edited in place as step 0, a note blaming the run's age:
-    trial RV69c F1), or an older gristmill's, which records no sha256 of its weights (a note: only the
-    base's config and weights index are checked; such a run can show no more, and refused, its step 0
-    could never be scored: review RV69d 5). None where it records them, or the base is the hub commit
-    the run recorded (the commit names its bytes)."""
+    from: RUN/base/base.json missing (UnrecordedBase, `refused` its start, with the fix: a run resumed
+    from a checkpoint outside its run directory exported and scored a base edited in place as step 0,
+    a note blaming the run's age: trial RV69c F1), or an older gristmill's, which records no sha256 of
+    its weights (its note: only the base's config and weights index are checked; such a run can show
+    no more, and refused, its step 0 could never be scored: review RV69d 5). None where it records
+    them, or the base is the hub commit the run recorded (the commit names its bytes)."""
     if record is not None and record.get("weights_sha256"):
         return None
     was = (record if record is not None else resume_model_record(run_dir) or {}).get("init_from")
@@ -1898,14 +1896,14 @@ def _unrecorded_base(run_dir: Path, record: dict[str, Any] | None, identity: str
     path = run_dir / BASE_DIR / BASE_JSON
     if record is not None:  # every base.json written since 73f36f0d records them
         return (
-            f"{run_dir} started before gristmill recorded its base's weights ({path} holds none): the "
+            f"note: {run_dir} started before gristmill recorded its base's weights ({path} holds none): the "
             "weight bytes are not checked, only the base's config and weights index"
         )
-    return (
-        f"nothing records the weights of the base it started from ({path} is missing: the run resumed "
-        "from a checkpoint outside its run directory, or it was deleted), so its base's files cannot be "
-        "shown to be that base; export step 0 of the run whose checkpoint this one resumed (`gristmill "
-        "export THAT_RUN --step 0`), or restore RUN/base/"
+    raise UnrecordedBase(
+        f"{refused}: nothing records the weights of the base it started from ({path} is missing: the run "
+        "resumed from a checkpoint outside its run directory, or it was deleted), so its base's files "
+        "cannot be shown to be that base; export step 0 of the run whose checkpoint this one resumed "
+        "(`gristmill export THAT_RUN --step 0`), or restore RUN/base/"
     )
 
 
@@ -1940,11 +1938,9 @@ def check_base_export(export: Path, run_dir: Path) -> str | None:
                 f"{export} holds another base than {run_dir} started from ({key} differs from "
                 f"{run_dir / BASE_DIR / BASE_JSON}); {export_fix(export, None)}"
             )
-    if (why := _unrecorded_base(run_dir, record, str(meta.get("base")))) is not None:
-        if record is None:
-            raise UnrecordedBase(f"{export} cannot be shown to hold step 0 of {run_dir}: {why}")
-        return f"note: {why}"
-    return None
+    return _unrecorded_base(
+        run_dir, record, str(meta.get("base")), f"{export} cannot be shown to hold step 0 of {run_dir}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

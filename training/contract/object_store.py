@@ -596,7 +596,7 @@ class ObjectStore:
             now = time.monotonic()
             if now >= window.until:
                 tried = (now - first, late)
-                raise self._error(what, rel, last, attempt + 1, self.within_s, tried) from None
+                raise self._error(what, rel, last, attempt + 1, tried) from None
             wait = min(wait, window.until - now)
             if now - first >= WAITING_NOTE_AFTER_S:
                 self._say_waiting(rel, last, now - first, window.until - now)
@@ -647,12 +647,13 @@ class ObjectStore:
         rel: str | None,
         e: Exception,
         tries: int,
-        seconds: float | None = None,
-        tried: tuple[float, float] = (0.0, 0.0),
+        tried: tuple[float, float] | None = None,
     ) -> ObjectStoreError:
+        """The line of a request that failed; `tried` (its tries' seconds, how late in its window they
+        began): its window ran out."""
         _, exc = _botocore()
         where = self.url.child(rel) if rel else str(self.url)
-        if seconds is not None:  # no data came for data.fetch_timeout_s
+        if tried is not None:  # no data came within the window
             # A window counts from when the data was first waited for (CachedBlocks.fetch), or its
             # group's last sample fetched (Window): a waiter's tries began late in it, and a sample
             # of a group tried for longer than one window. The time said is the tries' own (it said
