@@ -154,6 +154,17 @@ def vocab_size_of(tokenizer: Tokenizer) -> int:
     return max(len(vocab), max(vocab.values(), default=-1) + 1)
 
 
+def added_ids_taken(tokenizer: Tokenizer) -> list[tuple[int, list[str]]]:
+    """The ids `tokenizer` gives an added token and, in its model's vocab, another token (as shared_ids
+    says them): text spelling the vocab token would encode to the added one's id."""
+    vocab = tokenizer.model
+    return [
+        (i, sorted([token.content, held]))
+        for i, token in sorted(tokenizer.get_added_tokens_decoder().items())
+        if (held := vocab.id_to_token(i)) is not None and held != token.content
+    ]
+
+
 class SharedIdsError(TokenizerError):
     """A vocab that gives one id to several tokens (`shared`: shared_ids' answer); a caller whose data
     was already encoded with it says its own fix (validation/eval_data.py heldout_texts)."""
@@ -196,6 +207,17 @@ class DocumentEncoder:
                 f"and decode as one text; give each id of model.vocab one token in "
                 f"{path or 'its tokenizer.json'}",
                 shared,
+            )
+        # tokenizers numbers an added token model.vocab lacks after model.vocab's count of tokens, never
+        # by its added_tokens entry's id: a vocab with a gap in its ids gives it a vocab token's id, and
+        # the separator's id became an ordinary token's too (trial RV70c 3)
+        if clash := added_ids_taken(tokenizer):
+            raise SharedIdsError(
+                f"{source}: as tokenizers loads it, its vocabulary {shared_ids_said(clash)} (an added token "
+                "model.vocab lacks takes the id after model.vocab's count of tokens, not its added_tokens "
+                f"id); add each added token to model.vocab at an id of its own in "
+                f"{path or 'its tokenizer.json'}",
+                clash,
             )
         self.tokenizer = Tokenizer.from_str(encoded)
         self.tokenizer.encode_special_tokens = True

@@ -65,6 +65,31 @@ def test_a_vocab_giving_one_id_to_two_tokens_stops_the_build_before_any_task(
     assert not out.exists()
 
 
+def test_an_added_token_loaded_at_a_vocab_tokens_id_stops_the_build_before_any_task(
+    build_fixture, tmp_path, capsys
+):
+    """The separator dropped from model.vocab, its added_tokens entry kept (at any id): tokenizers gives
+    it the id after model.vocab's count, which, the vocab's ids having a gap, is another token's. The
+    build started, and its first task stopped on plain text encoding to the separator, advising the
+    special token it already was (trial RV70c 3). One line naming the id, its tokens and the file."""
+    _, tokenizer, config = build_fixture
+    spec = json.loads(Path(tokenizer).read_text())
+    del spec["model"]["vocab"][SEP]
+    next(t for t in spec["added_tokens"] if t["content"] == SEP)["id"] = 70000
+    edited = tmp_path / "tokenizer.json"
+    edited.write_text(json.dumps(spec))
+    out = tmp_path / "o"
+    msg = one_error(capsys, build_argv(config, out, f"tokenizer.path={json.dumps(str(edited))}"))
+    last = max(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
+    assert msg.startswith(
+        f"error: tokenizer {edited}: as tokenizers loads it, its vocabulary gives one id to several tokens "
+        f"(id {len(spec['model']['vocab'])}: "
+    ), msg
+    assert repr(SEP) in msg and repr(last) in msg, msg
+    assert msg.endswith(f"add each added token to model.vocab at an id of its own in {edited}"), msg
+    assert not out.exists()
+
+
 def test_local_directory_without_tokenizer_json_is_one_line(build_fixture, tmp_path, capsys, monkeypatch):
     _, _, config = build_fixture
     monkeypatch.chdir(tmp_path)
