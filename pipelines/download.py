@@ -76,6 +76,7 @@ class DownloadReport:
     bytes_fetched: int = 0
     failed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # an earlier download's files no longer listed
+    damaged: list[str] = field(default_factory=list)  # recorded files whose bytes differed: fetched again
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +116,12 @@ def run(args: argparse.Namespace) -> int:
         f"{report.files} files: {report.downloaded} downloaded ({report.resumed} resumed), "
         f"{report.skipped} already complete, {fmt_bytes(report.bytes_fetched)} fetched → {args.to}"
     )
+    if report.damaged:
+        said = sorted(report.damaged)
+        print(
+            f"fetched again {len(said)} file(s) whose bytes on disk were not those downloaded "
+            f"(damaged since): {', '.join(said[:3])}{' …' if len(said) > 3 else ''}"
+        )
     if report.removed:
         print(
             f"removed {len(report.removed)} file(s) an earlier download put there that {args.subset} no "
@@ -392,8 +399,11 @@ def fetch_files(
     )
 
     def one(f: RemoteFile) -> None:
-        final = dest / f.path
-        digest = _complete(final, f, record.get(f.path), local)
+        final, rec = dest / f.path, record.get(f.path)
+        digest = _complete(final, f, rec, local)
+        if digest is None and final.is_file() and rec is not None and rec.get("version") == f.version:
+            with lock:  # the source unchanged since: damaged on disk (trial RV70c 5 had it unnamed)
+                report.damaged.append(f.path)
         if digest:
             record.set(f.path, f.size, digest, source_of(root), f.version)
             with lock:

@@ -81,6 +81,7 @@ def test_download_resume_and_skip(remote, tmp_path):
     target.write_bytes(b"x" * len(data))
     rep = download(str(remote), "sample/10BT", dest, progress=False)
     assert (rep.downloaded, rep.skipped) == (1, 2) and target.read_bytes() == data
+    assert rep.damaged == [str(files[0])]  # named as such: the report counted it downloaded (RV70c 5)
 
     # The subset re-sharded upstream (same documents, new names): the old files go, the user's stay;
     # kept, a build of the folder read every document twice.
@@ -155,6 +156,7 @@ def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_p
     new = change()
     rep = download(str(remote), "sample/10BT", dest, progress=False)
     assert (rep.downloaded, rep.skipped) == (1, 2) and (dest / rel).read_bytes() == new
+    assert rep.damaged == []  # changed upstream, not on disk
 
     (dest / rel).unlink()
     cut_short(remote, rel, dest, 5000)  # 5,000 bytes of `new` in the .part
@@ -217,6 +219,13 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     argv = ["data", "download", "--from", str(remote), "--subset", "sample/10BT", "--to", str(dest)]
     assert main(argv) == 0
     assert "3 files: 3 downloaded" in capsys.readouterr().out
+    damaged = sorted(dest.rglob("*.parquet"))[0]
+    damaged.write_bytes(bytes(damaged.stat().st_size))
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"fetched again 1 file(s) whose bytes on disk were not those downloaded (damaged since): "
+        f"{damaged.relative_to(dest)}"
+    )
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert main(["data", "download", "--subset", "sample/10BT", "--to", str(tmp_path / "hub")]) == 2
     err = capsys.readouterr().err.strip()
