@@ -273,9 +273,10 @@ def mix_notes(spec: RunSpec) -> list[str]:
     """A line per phase whose mix weights do not sum to 1: the plan trains their shares, so say them."""
     notes = []
     for ph in spec.phases:
-        total = sum(ph.mix.values())
-        if not math.isclose(total, 1.0, rel_tol=1e-9):
-            shares = ", ".join(f"{name} {w:g}→{w / total:.3g}" for name, w in ph.mix.items())
+        if not math.isclose(sum(ph.mix.values()), 1.0, rel_tol=1e-9):
+            top = max(ph.mix.values())  # weights near the largest float sum to inf (trial RV70b 4)
+            total = sum(w / top for w in ph.mix.values())
+            shares = ", ".join(f"{name} {w:g}→{w / top / total:.3g}" for name, w in ph.mix.items())
             notes.append(f"mix of phase {ph.name!r} normalised: {shares}")
     return notes
 

@@ -181,9 +181,12 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
                 f"{key}.seq_len" if ph.seq_len is not None else batch_at,
             )
         steps = ph.steps if ph.steps is not None else int(ph.tokens // batch)
-        if steps < 1:
+        if steps < 1:  # by its keys: a budget in tokens rounds down to whole steps (trial RV70b 3)
+            given = f"{key}.tokens = {ph.tokens:,g} rounds down to 0 steps" if ph.tokens is not None else ""
             raise ConfigError(
-                f"{key} ({name}) has a budget of {steps} steps; it needs ≥ 1 step of {batch} tokens", key
+                f"{key} ({name}) has a budget of {steps} steps{f' ({given})' if given else ''}; it needs ≥ 1 "
+                f"step of {batch_at} = {batch} tokens",
+                key,
             )
         mix = dict(ph.mix) or ({names[0]: 1.0} if len(names) == 1 else {})
         if not mix:
@@ -204,7 +207,9 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
             if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
                 raise ConfigError(f"{key}.mix.{src} = {w!r} must be a number ≥ 0", f"{key}.mix.{src}")
         if sum(mix.values()) <= 0:
-            raise ConfigError(f"{key}.mix gives every source weight 0", f"{key}.mix")
+            raise ConfigError(
+                f"{key}.mix gives every source weight 0: give at least one source a weight > 0", f"{key}.mix"
+            )
         lr = ph.lr
         if lr.warmup_steps is not None and lr.warmup_tokens is not None:
             raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
@@ -235,8 +240,14 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
         micro = d.micro_batch if ph.micro_batch is None else ph.micro_batch
         out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, global_batch_tokens=batch,
                                        seq_len=seq_len, micro_batch=micro, mix=mix, lr=lr))  # fmt: skip
-    if len({ph.name for ph in out}) < len(out):
-        raise ConfigError(f"phase names must be unique, got {[ph.name for ph in out]}", "phase")
+    names_given = [ph.name for ph in out]
+    for i, name in enumerate(names_given):
+        if name in names_given[:i]:  # the later one is the one to rename, as a source's (trial RV70b 3)
+            raise ConfigError(
+                f"phase[{i}].name = {name!r} is also phase[{names_given.index(name)}].name: every phase "
+                "needs its own name",
+                f"phase[{i}].name",
+            )
     return out
 
 

@@ -52,7 +52,7 @@ from training.contract.config_loader import (
 from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.loader import LoaderConfigError
-from training.data.plan import PlanError
+from training.data.plan import VAL_FRACTION_KEYS, PlanError
 from training.data.reader import DocumentTable
 from training.data.recipe import build_plan, open_sources, recorded_plan
 from training.data.remote import dataset_info
@@ -339,7 +339,9 @@ def check_held_out(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) ->
     except LoaderConfigError as e:  # its cause: the loader's advice is the trainer's (turning
         # validation off is none of a proxy's)
         raise ConfigError(
-            f"{in_search_keys(e.cause, cfg)}; lower proxy.val_batches or raise data.val_fraction",
+            # by its keys: a source's own val_fraction wins over data.val_fraction (trial RV70b 2)
+            f"{in_search_keys(e.cause, cfg)}; lower proxy.val_batches or raise its held-out fraction "
+            f"({VAL_FRACTION_KEYS})",
             key="proxy.val_batches",
         ) from None
 

@@ -402,6 +402,14 @@ def test_config_errors_name_the_key(sources, tmp_path):
         (head + "steps = 2\nseq_len = 48\nmix = { web = 1.0 }\n", "", "must divide"),
         (head + "steps = 2\nmix = { web = 1.0 }\n", "[schedule]\nsteps = 9\n", "remove .schedule."),
         (head + "mix = { web = 1.0 }\n", "", "steps or tokens"),
+        # a budget in tokens below one step, a name given twice, no weight: by their keys (trial RV70b 3)
+        (head + "tokens = 500\nmix = { web = 1.0 }\n", "", "phase.0..tokens = 500 rounds down to 0 steps"),
+        (head + "steps = 2\nmix = { web = 0 }\n", "", "give at least one source a weight > 0"),
+        (
+            2 * (head + "steps = 2\nmix = { web = 1.0 }\n"),
+            "",
+            "^phase.1..name = .a. is also phase.0..name: every phase needs its own name",
+        ),
     ]:
         path = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=extra)
         with pytest.raises(ConfigError, match=match.replace("'", ".")):

@@ -457,6 +457,14 @@ def test_the_plan_says_when_a_mix_is_normalised_and_the_header_names_every_datas
     out = capsys.readouterr().out
     assert "mix of phase 'main' normalised: web 0.6→0.667, code 0.3→0.333" in out, out
     assert "mix of phase 'long' normalised: web 0.2→0.333, code 0.4→0.667" in out
+    # weights whose sum is past the largest float: their shares, not 0 (trial RV70b 4)
+    assert (
+        gristmill(
+            ["train", "--config", str(config), "--plan", "--set", "phase[0].mix={web=1e308, code=1e308}"]
+        )
+        == 0
+    )
+    assert "mix of phase 'main' normalised: web 1e+308→0.5, code 1e+308→0.5" in capsys.readouterr().out
     sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
     out = capsys.readouterr().out

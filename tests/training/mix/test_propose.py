@@ -655,7 +655,11 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
         # every proxy's trainer refused it, once the search had started (trial RV57a F3)
         (["proxy.val_batches=100000"], "source 'web': proxy.val_batches = 100000: split 'val' of "),
-        (["proxy.val_batches=100000"], "; lower proxy.val_batches or raise data.val_fraction"),
+        (
+            ["proxy.val_batches=100000"],
+            "; lower proxy.val_batches or raise its held-out fraction (its [[data.sources]] val_fraction, "
+            "else data.val_fraction)",
+        ),
         # the held-out check's plan, at a mixture outside the bounds, refused it first in the trainer's
         # keys (review RV57c 1)
         (
