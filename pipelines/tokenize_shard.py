@@ -20,6 +20,7 @@ import errno
 import json
 import mmap
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,9 @@ class TokenizeShard(PipelineStep):
         # its exclusions too: a redo that excludes nothing writes no file, and an earlier attempt's rows
         # (of an input since replaced) were counted as read and excluded
         own += [*shards.glob(f"{rank:05d}_*"), *(root / EXCLUDED_DIR).glob(f"{rank:05d}_*")]
-        for path in [*own, shards / f"{SPILL_PREFIX}{rank:05d}.tmp"]:
+        # every attempt's spill (each has a name of its own, _build): a killed one's stays behind
+        spills = [shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{SPILL_PREFIX}{rank:05d}-*.tmp")]
+        for path in [*own, *spills]:
             with contextlib.suppress(OSError):
                 path.unlink()
 
@@ -190,7 +193,11 @@ class TokenizeShard(PipelineStep):
         self._remove_own_output(rank)
         shards = os.path.join(root, SHARDS_DIR)
         os.makedirs(shards, exist_ok=True)
-        spill_path = os.path.join(shards, f"{SPILL_PREFIX}{rank:05d}.tmp")
+        # A name of this attempt's own: two copies of a task at once (a Slurm chain submitted twice) shared
+        # one, truncated each other's and one died reading an empty map (trial RV70c 1).
+        spill_path = os.path.join(
+            shards, f"{SPILL_PREFIX}{rank:05d}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        )
         # Per document: where its ids and its metadata JSON sit in the spill file.
         ids_off: list[int] = []
         ids_len: list[int] = []
@@ -202,96 +209,102 @@ class TokenizeShard(PipelineStep):
         # zero-width spaces, control characters) would be a document of the separator alone: two
         # separators back to back in the stream. Excluded, with its reason, like the filters' drops.
         no_tokens = ExcludedWriter(self.output, FILTER_NAME, per_task=self.upload is not None)
-        with open(spill_path, "wb", buffering=1 << 20) as spill, no_tokens:
+        # Read back through the handle that wrote it, not by its name: a copy of this task started
+        # beside it removes every attempt's spill of the task, this one's too.
+        with open(spill_path, "w+b", buffering=1 << 20) as spill:
+            with no_tokens:
 
-            def encode(batch: list) -> None:
-                nonlocal pos, tokens
-                with self.track_time("batch"):
-                    encoded = encoder.encode_batch([d.text for d in batch])
-                docs_before, tokens_before = len(ids_off), tokens
-                for doc, ids in zip(batch, encoded):
-                    if len(ids) == 1:  # the separator alone
-                        drop(
-                            doc, FILTER_NAME, "the text encodes to no token (the tokenizer deletes all of it)"
+                def encode(batch: list) -> None:
+                    nonlocal pos, tokens
+                    with self.track_time("batch"):
+                        encoded = encoder.encode_batch([d.text for d in batch])
+                    docs_before, tokens_before = len(ids_off), tokens
+                    for doc, ids in zip(batch, encoded):
+                        if len(ids) == 1:  # the separator alone
+                            drop(
+                                doc,
+                                FILTER_NAME,
+                                "the text encodes to no token (the tokenizer deletes all of it)",
+                            )
+                            no_tokens.write(doc, rank)
+                            self.stat_update("no_tokens")
+                            continue
+                        data_bytes = ids.astype(dtype, copy=False).tobytes()
+                        m = doc.metadata
+                        meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
+                        meta["id"] = doc.id
+                        meta_bytes = json.dumps(meta, ensure_ascii=False).encode()  # spilled beside the ids
+                        provenance.append(
+                            {
+                                SOURCE_FILE: m.get(SOURCE_FILE),
+                                SOURCE_ROW: m.get(SOURCE_ROW),
+                                TEXT_HASH: text_hash_hex(doc.text),
+                            }
                         )
-                        no_tokens.write(doc, rank)
-                        self.stat_update("no_tokens")
-                        continue
-                    data_bytes = ids.astype(dtype, copy=False).tobytes()
-                    m = doc.metadata
-                    meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
-                    meta["id"] = doc.id
-                    meta_bytes = json.dumps(meta, ensure_ascii=False).encode()  # spilled beside the ids
-                    provenance.append(
-                        {
-                            SOURCE_FILE: m.get(SOURCE_FILE),
-                            SOURCE_ROW: m.get(SOURCE_ROW),
-                            TEXT_HASH: text_hash_hex(doc.text),
-                        }
-                    )
-                    spill.write(data_bytes)
-                    spill.write(meta_bytes)
-                    ids_off.append(pos)
-                    ids_len.append(len(data_bytes))
-                    meta_len.append(len(meta_bytes))
-                    pos += len(data_bytes) + len(meta_bytes)
-                    tokens += len(ids)
-                kept = len(ids_off) - docs_before
-                self.stat_update("documents", value=kept)
-                self.stat_update("tokens", value=tokens - tokens_before)
-                if progress:
-                    progress.kept += kept
-                    progress.tokens = tokens
-                    progress.tick()
+                        spill.write(data_bytes)
+                        spill.write(meta_bytes)
+                        ids_off.append(pos)
+                        ids_len.append(len(data_bytes))
+                        meta_len.append(len(meta_bytes))
+                        pos += len(data_bytes) + len(meta_bytes)
+                        tokens += len(ids)
+                    kept = len(ids_off) - docs_before
+                    self.stat_update("documents", value=kept)
+                    self.stat_update("tokens", value=tokens - tokens_before)
+                    if progress:
+                        progress.kept += kept
+                        progress.tokens = tokens
+                        progress.tick()
 
-            batch: list = []
-            chars = 0
-            for doc in data:
-                batch.append(doc)
-                chars += len(doc.text)
-                if chars >= self.batch_chars:
+                batch: list = []
+                chars = 0
+                for doc in data:
+                    batch.append(doc)
+                    chars += len(doc.text)
+                    if chars >= self.batch_chars:
+                        encode(batch)
+                        batch, chars = [], 0
+                if batch:
                     encode(batch)
-                    batch, chars = [], 0
-            if batch:
-                encode(batch)
 
-        n = len(ids_off)
-        if progress:
-            progress.phase = "writing shards"
-            progress.flush()
-        need = pos + n * TAR_OVERHEAD_PER_DOC
-        if uploader is not None and n:  # each shard is deleted once uploaded: one at a time on disk
-            need = min(need, self.target_bytes + SAMPLE_DOCS * (max(ids_len) + TAR_OVERHEAD_PER_DOC))
-        check_free_space(root, need, self.min_free_gb, f"write the shards of task {rank}")
-        order = np.random.default_rng([self.seed, rank]).permutation(n) if self.shuffle else np.arange(n)
+            n = len(ids_off)
+            if progress:
+                progress.phase = "writing shards"
+                progress.flush()
+            need = pos + n * TAR_OVERHEAD_PER_DOC
+            if uploader is not None and n:  # each shard is deleted once uploaded: one at a time on disk
+                need = min(need, self.target_bytes + SAMPLE_DOCS * (max(ids_len) + TAR_OVERHEAD_PER_DOC))
+            check_free_space(root, need, self.min_free_gb, f"write the shards of task {rank}")
+            order = np.random.default_rng([self.seed, rank]).permutation(n) if self.shuffle else np.arange(n)
 
-        def upload_shard(path: Path, rows: list[dict[str, Any]]) -> None:
-            assert uploader is not None
-            info = (encoder.vocab_size, dtype_name(encoder.vocab_size), encoder.separator_info())
-            uploader.shard(path, rows, writer.written[path.name], *info)
+            def upload_shard(path: Path, rows: list[dict[str, Any]]) -> None:
+                assert uploader is not None
+                info = (encoder.vocab_size, dtype_name(encoder.vocab_size), encoder.separator_info())
+                uploader.shard(path, rows, writer.written[path.name], *info)
 
-        writer = ShardWriter(
-            root,
-            rank,
-            encoder.vocab_size,
-            target_bytes=self.target_bytes,
-            on_shard=upload_shard if uploader is not None else None,
-        )
-        with open(spill_path, "rb") as spill_file:
-            spill = mmap.mmap(spill_file.fileno(), 0, access=mmap.ACCESS_READ) if pos else None
+            writer = ShardWriter(
+                root,
+                rank,
+                encoder.vocab_size,
+                target_bytes=self.target_bytes,
+                on_shard=upload_shard if uploader is not None else None,
+            )
+            spill.flush()
+            spilled = mmap.mmap(spill.fileno(), 0, access=mmap.ACCESS_READ) if pos else None
             try:
                 for i, j in enumerate(order):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
                     # A copy, not a view of the map: a frame kept alive by an exception caught deeper
                     # down (a retried request) would keep a view, and the map could not be closed.
-                    ids = np.frombuffer(spill[a:b], dtype)
-                    meta_bytes = spill[b : b + meta_len[j]]
+                    ids = np.frombuffer(spilled[a:b], dtype)
+                    meta_bytes = spilled[b : b + meta_len[j]]
                     writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), provenance[j])
             finally:
-                if spill is not None:
-                    spill.close()
-        writer.close()
-        os.remove(spill_path)
+                if spilled is not None:
+                    spilled.close()
+            writer.close()
+        with contextlib.suppress(FileNotFoundError):  # removed by a copy of this task started later
+            os.remove(spill_path)
         if uploader is not None:
             self._upload_rest(uploader, root)
         else:

@@ -379,6 +379,36 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     assert re.search(r"iB free, \d+\.\d\d [KM]iB needed", str(e.value)), str(e.value)
 
 
+def test_two_copies_of_a_task_at_once_do_not_crash_each_other(build_fixture, tmp_path):
+    """A Slurm chain submitted twice ran each task twice at once: both spilled to one name, truncated
+    each other's, and one died (`cannot mmap an empty file`, trial RV70c 1). A copy started and finished
+    while another encodes leaves the other to finish the same shards; killed attempts' spills go."""
+    _, tokenizer, _ = build_fixture
+    tok = TokenizerFile(tokenizer.read_bytes(), str(tokenizer))
+    step = lambda out: TokenizeShard(out, tok, SeparatorPolicy(SEP), 1 << 12, batch_chars=2000)
+    docs = [Document(text=t, id=f"d{i}") for i, t in enumerate(fixture_texts(30))]
+    shards = tmp_path / "o" / "shards"
+    shards.mkdir(parents=True)
+    for leftover in (".spill-00001.tmp", ".spill-00001-7-0a0b0c0d.tmp"):  # of killed attempts
+        (shards / leftover).write_bytes(b"x")
+    (shards / ".spill-100001-7-0a0b0c0d.tmp").write_bytes(b"x")  # task 100001's
+
+    def with_a_second_copy():
+        yield from docs[:15]
+        list(step(tmp_path / "o").run(iter(docs), rank=1))  # starts and ends while the first encodes
+        yield from docs[15:]
+
+    list(step(tmp_path / "o").run(with_a_second_copy(), rank=1))
+    list(step(tmp_path / "alone").run(iter(docs), rank=1))
+    names = sorted(p.name for p in shards.iterdir())
+    assert names == [
+        ".spill-100001-7-0a0b0c0d.tmp",
+        *sorted(p.name for p in (tmp_path / "alone/shards").iterdir()),
+    ]
+    for p in (tmp_path / "alone" / "shards").iterdir():
+        assert (shards / p.name).read_bytes() == p.read_bytes(), p.name
+
+
 def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path, capsys):
     # Called directly: datatrove's loguru sinks from earlier capsys tests make stderr noisy here.
     _, _, config = build_fixture
