@@ -84,7 +84,7 @@ from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
 from pipelines.progress import Monitor, TaskProgress, build_table, input_size_note
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
-from pipelines.slurm_executor import submit_slurm
+from pipelines.slurm_executor import refuse_if_queued, submit_slurm
 from pipelines.sources import (
     SourceFiles,
     first_json_lines,
@@ -576,6 +576,8 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     if store is not None and _complete_in_bucket(p, store, log):
         return BuildResult(p.out, "complete")
     with discard_staged(p.decontam), dataset_lock(p.out, "this build"):
+        if p.cfg.build.executor == "slurm":  # before anything here changes what its queued jobs read
+            refuse_if_queued(p.out)
         # Into a bucket, a task is finished when its record is there (the work directory's
         # completion markers say nothing of the bucket, and nothing of other nodes).
         finished = _recorded_tasks(store, p.cfg.build.tasks) if store else finished_tasks(p.out)

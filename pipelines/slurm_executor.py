@@ -18,6 +18,8 @@ one, the finalize job after the build's. A stage whose tasks are all complete is
 from __future__ import annotations
 
 import copy
+import getpass
+import json
 import os
 import re
 import shlex
@@ -36,6 +38,8 @@ from pipelines.dedup import Stage
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
 from training.contract.object_store import is_url
+
+SLURM_JOBS = "slurm_jobs.json"  # in OUTPUT/logs/: {"jobs": [id, …]}, what the last submission queued
 
 
 def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
@@ -89,6 +93,45 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             f"build.slurm.venv_path = {sc.venv_path!r} is {what}: name the venv's activate script, which "
             f"every job sources (the path the compute nodes see, shared with this node){fix}"
         )
+
+
+def refuse_if_queued(out: Path) -> None:
+    """Refuse a submission while a job of the last one is still queued or running (squeue): a second
+    chain ran every task twice at once, over the same files, and the finalize never ran (trial RV70c 1).
+    The ids are those submit_slurm recorded in OUTPUT/logs/slurm_jobs.json."""
+    record = out / LOGS_DIR / SLURM_JOBS
+    try:
+        jobs = [str(job) for job in json.loads(record.read_text())["jobs"]]
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BuildError(
+            f"{record} cannot be read ({type(e).__name__}): it holds the ids of the jobs this build last "
+            "submitted; once none of them is queued or running (squeue --me), delete it and rerun"
+        ) from None
+    ids = " ".join(jobs)
+    command = ["squeue", "--noheader", "--format=%i", f"--user={getpass.getuser()}"]
+    try:  # an array's line is ID_[0-9%2] or ID_3, while pending or running
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+    except subprocess.CalledProcessError as e:
+        why = f"squeue exited {e.returncode}: {(e.stderr.strip().splitlines() or [''])[-1]}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    else:
+        queued = [job for job in jobs if job in re.findall(r"^\s*(\d+)", listed, re.M)]
+        if not queued:
+            return
+        held = " ".join(queued)
+        raise BuildError(
+            f"jobs {held} of this build's last submission are still queued or running (squeue), and a second "
+            f"submission would run each task twice at once; wait for them to end, or cancel them (scancel "
+            f"{held}), then rerun"
+        )
+    raise BuildError(
+        f"cannot ask squeue whether jobs {ids} of this build's last submission are still queued or running "
+        f"({why}), and a second submission beside them would run each task twice at once: run it where "
+        f"squeue works, or, once none of them is left (squeue --me; scancel {ids}), delete {record} and rerun"
+    )
 
 
 def _dry_run_lines(submitted: list[tuple[str, list[str]]], scripts: list[Path]) -> list[str]:
@@ -187,14 +230,20 @@ def submit_slurm(
     write_atomic(logs / "finalize.slurm", finalize)
 
     submitted: list[tuple[str, list[str]]] = []
+    accepted: list[str] = []  # the ids sbatch gave, recorded as it gives them (refuse_if_queued)
     real_launch = dt_slurm.launch_slurm_job
 
     def record(contents: str, job_id_retriever, *args) -> str:
         submitted.append((contents, list(args)))
         return f"$J{len(submitted)}"  # the shell variable the dry run's command for it sets
 
-    if not sc.submit:
-        dt_slurm.launch_slurm_job = record
+    def launch(contents: str, job_id_retriever, *args) -> str:
+        job = real_launch(contents, job_id_retriever, *args)
+        accepted.append(str(job))
+        write_atomic(logs / SLURM_JOBS, json.dumps({"jobs": accepted}) + "\n")
+        return job
+
+    dt_slurm.launch_slurm_job = launch if sc.submit else record
     try:
         executor.run()
     except FileNotFoundError as e:
@@ -203,9 +252,11 @@ def submit_slurm(
             'build.slurm.submit = false to only write the scripts, or run with build.executor = "local"'
         ) from None
     except subprocess.CalledProcessError as e:  # sbatch said why on the terminal (its stderr)
+        held = " ".join(accepted)  # named: the line said to cancel them, not which (trial RV70c 4)
+        queued = f"jobs {held} it accepted before stay queued: cancel them (scancel {held}), " if held else ""
         raise BuildError(
-            f"sbatch refused a job of this build (exit {e.returncode}, its reason above); jobs it accepted "
-            "before stay queued (squeue --me): cancel them (scancel), fix [build.slurm], and rerun"
+            f"sbatch refused a job of this build (exit {e.returncode}, its reason above); {queued}fix "
+            "[build.slurm] and rerun"
         ) from None
     finally:
         dt_slurm.launch_slurm_job = real_launch
@@ -226,9 +277,7 @@ def submit_slurm(
         )
         return "written"
     try:
-        job = dt_slurm.launch_slurm_job(
-            finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}"
-        )
+        job = launch(finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}")
     except subprocess.CalledProcessError as e:  # a traceback, the array job queued without a word (RV62c)
         raise BuildError(
             f"sbatch refused the finalize job (exit {e.returncode}, its reason above) after array job "

@@ -182,12 +182,71 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
         "sbatch refused the finalize job (exit 1, its reason above) after array job 101 was queued; submit "
         f"it yourself once sbatch takes it: sbatch --dependency=afterok:101 {logs / 'finalize.slurm'}"
     )
+    assert json.loads((logs / "slurm_jobs.json").read_text()) == {"jobs": ["101", "102"]}
     monkeypatch.setenv("REFUSE", "launch_pickled_pipeline")
     with pytest.raises(BuildError) as e:
         build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'other'}"]), log=lambda *a: None)
-    assert str(e.value).startswith(
-        "sbatch refused a job of this build (exit 1, its reason above); jobs it "
-    ), e
+    assert (
+        str(e.value)
+        == "sbatch refused a job of this build (exit 1, its reason above); fix [build.slurm] and rerun"
+    )
+    # a later job refused: the ones queued before are named, to cancel (trial RV70c 4)
+    monkeypatch.setenv("REFUSE", "merge_stats")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'third'}"]), log=lambda *a: None)
+    assert str(e.value) == (
+        "sbatch refused a job of this build (exit 1, its reason above); jobs 105 it accepted before stay "
+        "queued: cancel them (scancel 105), fix [build.slurm] and rerun"
+    )
+
+
+def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixture, tmp_path, monkeypatch):
+    """A build submitted again while its chain was queued submitted a second chain without a word; both
+    ran each task at once over the same files, one died, and the finalize never ran (trial RV70c 1). The
+    ids a submission got are recorded and looked up in squeue before the next one."""
+    _, _, config = build_fixture
+    bin_dir, calls = tmp_path / "slurm-bin", tmp_path / "sbatch-calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\necho "Submitted batch job $((100 + $(wc -l < {calls})))"\n'
+    )
+    # squeue lists $QUEUED, or fails as on a node that cannot reach the controller
+    (bin_dir / "squeue").write_text(
+        '#!/bin/bash\n[[ "$*" == "--noheader --format=%i --user="* ]] || exit 2\n'
+        'if [ -n "$DOWN" ]; then echo "slurm_load_jobs error: $DOWN" >&2; exit 1; fi\nprintf "%b" "$QUEUED"\n'
+    )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "ds"
+    sets = [f"output={out}", "build.executor=slurm"]
+    assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "submitted"
+    record = out / "logs" / "slurm_jobs.json"
+    assert json.loads(record.read_text()) == {"jobs": ["101", "102", "103"]}  # array, stats, finalize
+    monkeypatch.setenv("QUEUED", "  101_[1%2]\n 101_0\n 103\n 999_[0-3]\n")
+    for dry in ([], ["build.slurm.submit=false"]):  # a dry run rewrites the scripts and ranks they read
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, [*sets, *dry]), log=lambda *a: None)
+        assert str(e.value) == (
+            "jobs 101 103 of this build's last submission are still queued or running (squeue), and a second "
+            "submission would run each task twice at once; wait for them to end, or cancel them (scancel 101 "
+            "103), then rerun"
+        )
+    monkeypatch.setenv("DOWN", "Unable to contact slurm controller (connect failure)")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    assert str(e.value) == (
+        "cannot ask squeue whether jobs 101 102 103 of this build's last submission are still queued or "
+        "running (squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller (connect "
+        "failure)), and a second submission beside them would run each task twice at once: run it where "
+        f"squeue works, or, once none of them is left (squeue --me; scancel 101 102 103), delete {record} "
+        "and rerun"
+    )
+    assert len(calls.read_text().splitlines()) == 3  # nothing submitted again
+    monkeypatch.delenv("DOWN")
+    monkeypatch.setenv("QUEUED", "999_[0-3]\n")  # the chain ended: submitted again, its ids recorded
+    assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "submitted"
+    assert json.loads(record.read_text()) == {"jobs": ["104", "105", "106"]}
 
 
 def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path, monkeypatch):
