@@ -40,6 +40,15 @@ from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
 from training.contract.object_store import is_url
 
 SLURM_JOBS = "slurm_jobs.json"  # in OUTPUT/logs/: {"jobs": [id, …]}, what the last submission queued
+# set for each job by gristmill (datatrove): one of build.slurm.sbatch_args replaced it, and an `array`
+# of its own ran only some of the tasks (trial RV70c 2)
+RESERVED = {
+    "array": "the array of the tasks",
+    "output": "the jobs' logs under OUTPUT/logs/",
+    "error": "the jobs' logs under OUTPUT/logs/",
+    "job-name": "from build.slurm.job_name",
+    "dependency": "the order of the chain",
+}
 
 
 def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
@@ -79,6 +88,30 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             raise BuildError(f"build.slurm.{key} = {value}: set it ≥ 1")
     if not sc.time.strip():
         raise BuildError('build.slurm.time = "": set the jobs\' time limit, e.g. "12:00:00"')
+    # written into the #SBATCH lines as they are: `--partition=gpu part` (sbatch reads `gpu`), and a line
+    # break put what follows among the directives (trial RV70c 2)
+    values = {"partition": sc.partition, "qos": sc.qos, "time": sc.time}
+    values.update((f"sbatch_args.{k}", v) for k, v in sc.sbatch_args.items())
+    for key, value in values.items():
+        if " " in str(value) or not str(value).isprintable():
+            several = " (several partitions: join them with commas)" if key == "partition" else ""
+            raise BuildError(
+                f"build.slurm.{key} = {value!r}: a space, line break or control character in an #SBATCH "
+                f"line splits it or starts another; remove it{several}"
+            )
+    for key in sc.sbatch_args:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", key):
+            raise BuildError(
+                f"build.slurm.sbatch_args: {key!r} is no sbatch option; name one as sbatch --help spells it, "
+                'without its dashes, e.g. account = "myacct"'
+            )
+        # sbatch takes an abbreviation of an option too (`--arr` is `--array`)
+        name = next((name for name in RESERVED if name.startswith(key)), None)
+        if name is not None:
+            raise BuildError(
+                f"build.slurm.sbatch_args.{key}: gristmill sets --{name} of each job itself "
+                f"({RESERVED[name]}); remove {key} from build.slurm.sbatch_args"
+            )
     # sourced by every job: a venv's folder, or a path that is not there, failed each job on the
     # cluster once queued (`launch_pickled_pipeline: not found`, trial RV62c)
     venv = Path(sc.venv_path).expanduser() if sc.venv_path else None

@@ -309,6 +309,36 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
             build(load_config(DataConfig, config, sets), log=lambda *a: None)
         assert said in str(e.value), e.value
     assert not list(tmp_path.glob("ds-named/logs/*.slurm")) and not list(tmp_path.glob("ds%u/logs/*.slurm"))
+    # values pasted into the #SBATCH lines as written (a line break put a command among them), and
+    # directives gristmill sets (an `array` of its own ran only some of the tasks): trial RV70c 2
+    split = (
+        ": a space, line break or control character in an #SBATCH line splits it or starts another; remove it"
+    )
+    for bad, said in (
+        (
+            'build.slurm.partition="gpu part"',
+            f"build.slurm.partition = 'gpu part'{split} (several partitions: ",
+        ),
+        ('build.slurm.partition="cpu\\necho hi"', f"build.slurm.partition = 'cpu\\necho hi'{split} ("),
+        ('build.slurm.qos="high prio"', f"build.slurm.qos = 'high prio'{split}"),
+        ('build.slurm.time="1:00:00 extra"', f"build.slurm.time = '1:00:00 extra'{split}"),
+        ('build.slurm.sbatch_args={account = "a b"}', f"build.slurm.sbatch_args.account = 'a b'{split}"),
+        ('build.slurm.sbatch_args={"a b" = "x"}', "build.slurm.sbatch_args: 'a b' is no sbatch option; "),
+        (
+            'build.slurm.sbatch_args={array = "0-1"}',
+            "build.slurm.sbatch_args.array: gristmill sets --array of each job itself (the array of the "
+            "tasks); remove array from build.slurm.sbatch_args",
+        ),
+        ('build.slurm.sbatch_args={arr = "0"}', "sbatch_args.arr: gristmill sets --array of each job"),
+        ('build.slurm.sbatch_args={out = "x"}', "sbatch_args.out: gristmill sets --output of each job"),
+        ('build.slurm.sbatch_args={"job-name" = "x"}', "sbatch_args.job-name: gristmill sets --job-name"),
+        ('build.slurm.sbatch_args={dependency = "x"}', "sbatch_args.dependency: gristmill sets --dependency"),
+    ):
+        sets = [f"output={tmp_path / 'ds-sbatch'}", "build.executor=slurm", "build.slurm.submit=false", bad]
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, sets), log=lambda *a: None)
+        assert said in str(e.value) and "\n" not in str(e.value), e.value
+    assert not list(tmp_path.glob("ds-sbatch/logs/*.slurm"))
     sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
     monkeypatch.chdir(tmp_path)  # a relative one, as this node resolves it (it was sourced as written)
     sets.append("build.slurm.venv_path=venv/bin/activate")
