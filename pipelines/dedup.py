@@ -58,7 +58,7 @@ from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
 from pipelines.progress import TaskProgress
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import LOGS_DIR, finished_tasks
+from training.contract.dataset_format import COMPLETIONS_DIR, LOGS_DIR, finished_tasks
 from training.contract.errors import GristmillError
 
 DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
@@ -68,6 +68,8 @@ FILTER_NAME = "dedup"  # the excluded/ rows' filter, the end table's and the aud
 DOCS_SCHEMA = pa.schema([("id", pa.string()), ("hash_hi", pa.uint64()), ("hash_lo", pa.uint64())])
 DROP_SCHEMA = pa.schema([("position", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())])
 DOCUMENTS_KEY = b"documents"  # drop/ tables' metadata: documents the task's first pass counted
+FIRST_PASS = {"exact": "hashes", "minhash": "signatures"}  # the stage that reads the input (docs/)
+CLUSTERS = "clusters"  # the stage that writes drop/ (one task)
 
 
 class DedupError(GristmillError):
@@ -146,13 +148,24 @@ def _write_table(path: Path, table: pa.Table) -> None:
         pq.write_table(table, tmp)
 
 
-def _read_table(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
-    return _read(path, what, lambda p: pq.read_table(p, columns=columns))
+def _read_table(
+    path: Path, what: str, made_by: tuple[str, int], columns: list[str] | None = None
+) -> pa.Table:
+    return _read(path, what, made_by, lambda p: pq.read_table(p, columns=columns))
 
 
-def _read(path: Path, what: str, read):
-    """`read(path)` of a dedup working table; one line where it is missing or cannot be read."""
+def _read(path: Path, what: str, made_by: tuple[str, int], read):
+    """`read(path)` of a dedup working table that stage `made_by` (its name, its tasks) writes; one line
+    where it is missing or cannot be read."""
     if not path.is_file():
+        stage, tasks = made_by
+        done = len(finished_tasks(stage_logs(path.parents[2], stage) / COMPLETIONS_DIR) & set(range(tasks)))
+        if done < tasks:  # run before it (by hand, or a job outside its chain), not removed (trial RV70c 3)
+            raise DedupError(
+                f"{path} is missing ({what}): the dedup stage {stage} that writes it has not finished "
+                f"(tasks done: {done} of {tasks}); run or await that stage's tasks first (its Slurm chain "
+                "orders them: each stage's job starts after the one before succeeded), then this one"
+            )
         raise _redo_stages(path, what, "is missing", "dedup files were removed after their stage finished")
     try:
         return read(path)
@@ -222,7 +235,12 @@ class DocRecord(PipelineStep):
 
 
 def _write_drops(
-    root: Path, tasks: int, task: np.ndarray, position: np.ndarray, group: np.ndarray, rank: int
+    root: Path,
+    first_pass: tuple[str, int],
+    task: np.ndarray,
+    position: np.ndarray,
+    group: np.ndarray,
+    rank: int,
 ) -> int:
     """Given every duplicated document as (task, position) with its group (an equal hash, or a
     MinHash cluster), keep the first of each group in input order and write every task's drop
@@ -231,6 +249,7 @@ def _write_drops(
     written the ids of every kept copy it names (in tasks ≤ r) are known. Returns the number of
     documents dropped."""
     (root / DECISIONS_JSON).unlink(missing_ok=True)  # none beside tables it does not describe, if killed
+    tasks = first_pass[1]
     decided = hashlib.sha256()  # of the tables' content, not their bytes (pyarrow's version is in them)
     order = np.lexsort((position, task, group))
     task, position, group = task[order], position[order], group[order]
@@ -241,7 +260,7 @@ def _write_drops(
     kept_ids = np.empty(len(task_d), dtype=object)
     tables: dict[str, str] = {}
     for r in range(tasks):
-        docs = _read_table(_table_path(root / "docs", r), f"the ids of task {r}")
+        docs = _read_table(_table_path(root / "docs", r), f"the ids of task {r}", first_pass)
         ids = docs.column("id")
         # the text the first pass read, too: a text rewritten that made no other drop left the digest as
         # it was, and a finished task of the old text was kept by its record (trial RV56a 1)
@@ -274,6 +293,12 @@ class _KeepFirst(PipelineStep):
     OUTPUT/dedup/drop/ (every task's table, empty ones too)."""
 
     type = "🫂 - DEDUP"
+    kind: str  # the dedup.kind whose stages it ends
+
+    @property
+    def first_pass(self) -> tuple[str, int]:
+        """The stage that writes docs/, and its tasks (named where a table of it is missing)."""
+        return FIRST_PASS[self.kind], self.tasks
 
     def __init__(self, root: str | Path, tasks: int):
         super().__init__()
@@ -286,7 +311,7 @@ class _KeepFirst(PipelineStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> None:
         with self.track_time():
             task, position, group = self.groups(Path(self.root))
-            dropped = _write_drops(Path(self.root), self.tasks, task, position, group, rank)
+            dropped = _write_drops(Path(self.root), self.first_pass, task, position, group, rank)
         self.stat_update("duplicated", value=len(task))
         self.stat_update("dropped", value=dropped)
 
@@ -295,12 +320,13 @@ class ExactClusters(_KeepFirst):
     """Exact dedup's groups: documents with equal text hashes (from the first pass's tables)."""
 
     name = "exact clusters"
+    kind = "exact"
 
     def groups(self, root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         hashes, task, position = [], [], []
         for r in range(self.tasks):
             path = _table_path(root / "docs", r)
-            t = _read_table(path, f"the text hashes of task {r}", ["hash_hi", "hash_lo"])
+            t = _read_table(path, f"the text hashes of task {r}", self.first_pass, ["hash_hi", "hash_lo"])
             hashes.append(np.stack([t.column("hash_hi").to_numpy(), t.column("hash_lo").to_numpy()], axis=1))
             task.append(np.full(len(t), r, dtype=np.int64))
             position.append(np.arange(len(t), dtype=np.int64))
@@ -317,6 +343,7 @@ class MinhashClusters(_KeepFirst):
     rule as exact dedup's, which says something to whoever reads the drops."""
 
     name = "minhash kept copies"
+    kind = "minhash"
 
     def groups(self, root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         task, position, cluster = [], [], []
@@ -348,7 +375,7 @@ class DedupFilter(BaseFilter):
             _table_path(Path(self.root) / "drop", rank),
             f"the documents task {rank} drops as duplicates",
         )
-        table = _read_table(path, what)
+        table = _read_table(path, what, (CLUSTERS, 1))
         # (decisions.json of a gristmill from before "tables": its tables go unchecked)
         tables = (_decisions(Path(self.root).parent) or {}).get("tables")
         if isinstance(tables, dict):
@@ -364,8 +391,9 @@ class DedupFilter(BaseFilter):
         self._drops = table.to_pydict()
         docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"
         # (a first pass of an older gristmill recorded no hash for MinHash: its build goes on unchecked)
-        if not docs.is_file() or "hash_hi" in _read(docs, what, pq.read_schema).names:
-            t = _read_table(docs, what, ["hash_hi", "hash_lo"])  # 16 bytes a document
+        first = (FIRST_PASS[self.kind], world_size)
+        if not docs.is_file() or "hash_hi" in _read(docs, what, first, pq.read_schema).names:
+            t = _read_table(docs, what, first, ["hash_hi", "hash_lo"])  # 16 bytes a document
             self._hashes = t.column("hash_hi").to_numpy(), t.column("hash_lo").to_numpy()
         self._rank, self._next, self._seen = rank, 0, 0
         yield from super().run(data, rank, world_size)
@@ -420,9 +448,6 @@ def check_config(cfg: DedupConfig) -> None:
                              "hashes_per_bucket 8)")  # fmt: skip
 
 
-FIRST_PASS = {"exact": "hashes", "minhash": "signatures"}  # the stage that reads the input
-
-
 def stage_logs(out: Path, name: str) -> Path:
     """A dedup stage's datatrove logging dir (completion markers, stats, task logs)."""
     return out / LOGS_DIR / DEDUP_DIR / name
@@ -462,7 +487,7 @@ def dedup_stages(
                 logs("hashes"),
                 True,
             ),
-            Stage("clusters", [ExactClusters(root, tasks)], 1, logs("clusters"), False),
+            Stage(CLUSTERS, [ExactClusters(root, tasks)], 1, logs(CLUSTERS), False),
         ]
     if cfg.kind == "minhash":
         mc = minhash_config(cfg)
@@ -483,7 +508,7 @@ def dedup_stages(
                 False,
             ),
             Stage(
-                "clusters",
+                CLUSTERS,
                 [
                     MinhashDedupCluster(
                         str(root / "buckets"), str(root / "clusters"), config=mc, save_cluster_id=True
@@ -491,7 +516,7 @@ def dedup_stages(
                     MinhashClusters(root, tasks),
                 ],
                 1,
-                logs("clusters"),
+                logs(CLUSTERS),
                 False,
             ),
         ]

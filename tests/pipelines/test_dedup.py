@@ -151,6 +151,39 @@ def test_missing_dedup_files_are_one_error_and_the_advice_works(built, dup_fixtu
             assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
 
 
+def test_a_task_run_before_the_stage_it_reads_has_finished_says_so(tmp_path):
+    """A dedup or build task run before the stage that writes its input had finished was told the files
+    were removed after their stage finished, and to delete logs/dedup, throwing the finished tasks away
+    (trial RV70c 3). The stage's completion markers tell the two apart."""
+    from pipelines.dedup import DedupFilter, ExactClusters
+
+    out = tmp_path / "ds"
+    completions = lambda stage: out / "logs" / "dedup" / stage / "completions"
+    completions("hashes").mkdir(parents=True)
+    (completions("hashes") / "00001").write_text("")
+    early = (
+        "has not finished (tasks done: {}); run or await that stage's tasks first (its Slurm chain orders "
+        "them: each stage's job starts after the one before succeeded), then this one"
+    )
+    with pytest.raises(DedupError) as e:
+        ExactClusters(out / "dedup", 2).run()
+    docs = out / "dedup" / "docs" / "00000.parquet"
+    assert str(e.value) == (
+        f"{docs} is missing (the text hashes of task 0): the dedup stage hashes that writes it "
+        + early.format("1 of 2")
+    )
+    build_task = lambda: list(DedupFilter(out / "dedup", "exact").run(iter([]), rank=1, world_size=2))
+    with pytest.raises(DedupError) as e:
+        build_task()
+    drop = out / "dedup" / "drop" / "00001.parquet"
+    said = f"{drop} is missing (the documents task 1 drops as duplicates): the dedup stage clusters that "
+    assert str(e.value) == said + "writes it " + early.format("0 of 1")
+    completions("clusters").mkdir(parents=True)
+    (completions("clusters") / "00000").write_text("")  # it finished: the table was removed since
+    with pytest.raises(DedupError, match=r"dedup files were removed after their stage finished; delete "):
+        build_task()
+
+
 def test_a_drop_table_changed_or_damaged_after_the_stages_is_one_error_and_the_advice_works(
     built, dup_fixture, tmp_path
 ):
