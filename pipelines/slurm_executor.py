@@ -143,15 +143,16 @@ def refuse_if_queued(out: Path) -> None:
             "submitted; once none of them is queued or running (squeue --me), delete it and rerun"
         ) from None
     ids = " ".join(jobs)
-    command = ["squeue", "--noheader", "--format=%i", f"--user={getpass.getuser()}"]
-    try:  # an array's line is ID_[0-9%2] or ID_3, while pending or running
+    try:
+        command = ["squeue", "--noheader", "--format=%i", f"--user={getpass.getuser()}"]
         listed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     except subprocess.CalledProcessError as e:
         why = f"squeue exited {e.returncode}: {(e.stderr.strip().splitlines() or [''])[-1]}"
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except (OSError, KeyError, subprocess.TimeoutExpired) as e:  # KeyError: getuser, no such user
         why = str(e)
-    else:
-        queued = [job for job in jobs if job in re.findall(r"^\s*(\d+)", listed, re.M)]
+    else:  # an array's line is ID_[0-9%2] while pending, ID_3 for a task running
+        listed_ids = set(re.findall(r"^\s*(\d+)", listed, re.M))
+        queued = [job for job in jobs if job in listed_ids]
         if not queued:
             return
         held = " ".join(queued)
