@@ -221,7 +221,14 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         )
     check_number("checkpoint.min_free_factor", c.min_free_factor, note=" (0: no free-space check)")
     check_rewind(cfg)  # after checkpoint.interval's own check: a negative one is not "saves none"
-    if c.export_interval and (not c.interval or c.export_interval % c.interval):
+    if c.export_interval and not c.interval:  # "a multiple of 0" is no fix (trial RV70a 2)
+        raise ConfigError(
+            f"checkpoint.export_interval = {c.export_interval} exports the checkpoints of its steps, but "
+            "checkpoint.interval = 0 saves one only at a SIGTERM or SIGINT: set checkpoint.interval to a "
+            f"divisor of {c.export_interval}, or checkpoint.export_interval = 0",
+            "checkpoint.export_interval",
+        )
+    if c.export_interval and c.export_interval % c.interval:
         raise ConfigError(
             f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
             f"{c.interval} (an export is made from the checkpoint of its step)"
@@ -296,10 +303,11 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "steps: remove merge.decay, or set merge.kind = 'ema'",
                 "merge.decay",
             )
-        if m.window < 1:
+        if m.window < 1:  # 0, its default, is "not set": said so, not as a value given (trial RV70a 1)
+            unset = " (not set)" if m.window == MergeSection.window else ""
             raise ConfigError(
-                f"merge.window = {m.window} must be ≥ 1: the steps averaged at each merge point (1 to "
-                f"merge.every = {m.every})",
+                f"merge.window = {m.window}{unset} must be ≥ 1: merge.kind = 'window' averages the steps of "
+                f"merge.window at each merge point (1 to merge.every = {m.every})",
                 "merge.window",
             )
         if m.window > m.every:
@@ -316,12 +324,21 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.window",
             )
         if not (math.isfinite(m.decay) and 0.0 < m.decay < 1.0):
+            unset = " (not set)" if m.decay == MergeSection.decay else ""
             raise ConfigError(
-                f"merge.decay = {m.decay} must be in (0, 1): after each step ema ← decay · ema + "
-                "(1 − decay) · weights (e.g. 0.999)",
+                f"merge.decay = {m.decay}{unset} must be in (0, 1): merge.kind = 'ema' sets, after each "
+                "step, ema ← decay · ema + (1 − decay) · weights (e.g. 0.999)",
                 "merge.decay",
             )
-    if m.export and (checkpoint_interval < 1 or m.every % checkpoint_interval):
+    if m.export and checkpoint_interval < 1:  # "a multiple of 0" is no fix (trial RV70a 2)
+        raise ConfigError(
+            f"merge.export = true exports each merge point's checkpoint, but checkpoint.interval = "
+            f"{checkpoint_interval} saves one only at a SIGTERM or SIGINT: set checkpoint.interval to a "
+            f"divisor of merge.every = {m.every}, or merge.export = false (its merge points are then kept by "
+            "no checkpoint)",
+            "merge.export",
+        )
+    if m.export and m.every % checkpoint_interval:
         # not "set merge.export = false and export later": those merge points are kept by no checkpoint
         # either, and a later export of one refuses (trial RV68b F4)
         raise ConfigError(
