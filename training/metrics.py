@@ -216,9 +216,14 @@ class TrainingMetrics:
 
     def start(self) -> None:
         """Start the run's clock and the throughput window (at the loop's first step)."""
-        self.started = self.window_started = time.perf_counter()
+        self.started = self.window_started = self.paced = time.perf_counter()
         self.window_tokens = 0
         self.steps_trained = 0  # by this invocation, for the ETA
+
+    def pace_from_here(self) -> None:
+        """The ETA's pace counts from now: a resume's catch-up row (its validation and eval, done once
+        before the first step) made the first ETA several times the rest's (trial RV70a 3)."""
+        self.paced = time.perf_counter()
 
     def count(self, tokens: int) -> None:
         """Tokens of a step just trained, towards the throughput of the next logged row."""
@@ -246,12 +251,13 @@ class TrainingMetrics:
 
     def timed(self, row: dict[str, Any]) -> dict[str, Any]:
         """A row's elapsed time and, with a last step, the ETA at this invocation's pace so far
-        (evals and validation included)."""
+        (evals and validation included, but for a resume's catch-up: pace_from_here)."""
         row["elapsed_s"] = self.elapsed()
         if self.last_step is not None:
             row["last_step"] = self.last_step
             if self.steps_trained:
-                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - row["step"], 0)
+                paced = row["elapsed_s"] - (self.paced - self.started)
+                row["eta_s"] = paced / self.steps_trained * max(self.last_step - row["step"], 0)
         return row
 
     def restart_window(self) -> None:

@@ -329,9 +329,11 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
             # stop agreed while data was awaited, they retried through an outage for their window (RV45a
             # F1). `batches` as it is then: a rewind takes a new one.
             inside.callback(lambda: _end_loader(batches))
-            _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
+            caught_up = _write_pending(run, resumed=True)  # a resumed checkpoint's row a kill cut off
             if run.merge is not None:  # after that row: it may read the checkpoint's merged weights
                 run.merge.resume(state.step, lambda k: run.timeline.skipped(k - 1, k) > 0)
+            if caught_up:  # its validation and eval are done once: the ETA's pace leaves them out
+                run.metrics.pace_from_here()
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
@@ -648,10 +650,11 @@ def _record_batches(run: Run) -> dict[int, str]:
     return dict(digests)
 
 
-def _write_pending(run: Run, resumed: bool = False) -> None:
+def _write_pending(run: Run, resumed: bool = False) -> bool:
     """The pending row written, after its step's validation and eval when due (collectives): a
     step's own, after its checkpoint; the final weights' after a rewind's skip reached the run's
-    last step; or, on a resume (`resumed`), the checkpoint's step whose row a kill cut off."""
+    last step; or, on a resume (`resumed`), the checkpoint's step whose row a kill cut off. Whether
+    there was one."""
     pending = run.record.take_pending()
     if pending is not None:
         # A resume may turn validation or eval off (run.val_every = 0, eval.interval = 0 without lm-eval):
@@ -671,6 +674,7 @@ def _write_pending(run: Run, resumed: bool = False) -> None:
             )
         checkpoint_timings = run.checkpointer.take_timings()
         _log(run, pending.row, checkpoint_timings, validate=validate, evaluate=evaluate)
+    return pending is not None
 
 
 def _log(
