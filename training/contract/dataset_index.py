@@ -375,12 +375,16 @@ def wrong_sum(
     )
 
 
-def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any], *also: Any) -> str | None:
+def sum_doc_hashes_file(
+    root: str | Path, entry: dict[str, Any], *also: Any, keep: list[np.ndarray] | None = None
+) -> str | None:
     """DOCUMENTS_SUM of the documents of the index at `root` whose dataset.json "index" entry is
     `entry`, summed from its doc_sha256.bin (read _SUM_READ bytes at a time, hashed as it is summed)
     where that file is as the entry records it (its sha256); None where it is not (its content is
     never trusted unchecked: `gristmill data validate` names a damaged one) or the index has none.
-    `also`: hashlib objects fed the same bytes (the upload's MD5: one read, review RV33e L4)."""
+    `also`: hashlib objects fed the same bytes (the upload's MD5: one read, review RV33e L4). `keep`:
+    given each piece's records (the open's comparison of sources, from this one read; trusted only
+    where the sum is returned)."""
     spec = entry["files"].get(DOC_HASHES)
     path = Path(root) / INDEX_DIR / DOC_HASHES
     if spec is None or not path.is_file() or path.stat().st_size != spec["bytes"]:
@@ -393,8 +397,43 @@ def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any], *also: Any) -> 
             digest.update(chunk)
             for h in also:
                 h.update(chunk)
-            total = sum_hashes(np.frombuffer(chunk, _DTYPES["sha256"]), total)
+            records = np.frombuffer(chunk, _DTYPES["sha256"])
+            total = sum_hashes(records, total)
+            if keep is not None:
+                keep.append(records)
     return f"{total:064x}" if digest.hexdigest() == spec["sha256"] else None
+
+
+_NO_HASHES = np.zeros(0, _DTYPES["sha256"])
+
+
+def rows_among(a: np.ndarray, b: np.ndarray, rows_a: np.ndarray, rows_b: np.ndarray) -> np.ndarray:
+    """Those of rows `rows_a` of `a` whose sha256 is that of one of rows `rows_b` of `b`, in row order
+    (`a`, `b`: two datasets' doc_sha256.bin records by manifest row). The first 8 bytes pick the
+    candidates, by sorts (np.isin's stable sort of 32-byte records took ~7 s at 2M documents a side);
+    all HASH_BYTES of a candidate decide."""
+    words_a, words_b = (h.view(np.uint64).reshape(-1, HASH_BYTES // 8) for h in (a, b))
+    head_a, head_b = words_a[rows_a, 0], words_b[rows_b, 0]
+    keys = np.sort(head_b)
+    common = _found(keys, np.sort(head_a))  # sorted queries: one walk of the keys
+    if not common.any():  # sources that share nothing: a sort a side
+        return rows_a[:0]
+    candidates = np.argsort(head_a)[common]  # their heads in order, as np.sort gave them
+    order_b = np.argsort(head_b)
+    lo = np.searchsorted(keys, head_a[candidates], "left")
+    hi = np.searchsorted(keys, head_a[candidates], "right")
+    rows = rows_a[candidates]
+    same = (words_a[rows] == words_b[rows_b[order_b[lo]]]).all(axis=1)
+    for k in np.flatnonzero(~same & (hi - lo > 1)):  # b holds another document of those first 8 bytes
+        same[k] = (words_b[rows_b[order_b[lo[k] : hi[k]]]] == words_a[rows[k]]).all(axis=1).any()
+    return np.sort(rows[same])
+
+
+def _found(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Which of `queries` are among sorted `keys` (sorted queries read the keys in order: fast)."""
+    if not len(keys):
+        return np.zeros(len(queries), bool)
+    return keys[np.searchsorted(keys, queries).clip(max=len(keys) - 1)] == queries
 
 
 def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: str) -> dict[str, Any]:
@@ -594,8 +633,21 @@ class DocIndex:
 
     @functools.cached_property
     def _file_sum(self) -> str | None:
-        """sum_doc_hashes_file of this index, read once per open."""
-        return sum_doc_hashes_file(self.root, self.entry)
+        """sum_doc_hashes_file of this index, read once per open; the records read are kept for
+        take_summed_hashes."""
+        pieces: list[np.ndarray] = []
+        summed = sum_doc_hashes_file(self.root, self.entry, keep=pieces)
+        if summed is not None:
+            self._summed_hashes = pieces[0] if len(pieces) == 1 else np.concatenate(pieces or [_NO_HASHES])
+        return summed
+
+    def take_summed_hashes(self) -> np.ndarray | None:
+        """The documents' sha256 by manifest row (HASH_BYTES-byte records) as documents_sha256_sum read
+        them from doc_sha256.bin, handed over once and let go (up to MAX_SUM_BYTES: held only until the
+        open compares its sources, recipe.check_same_documents); None where the sum was not read from
+        the file (a bucket's, a larger one, one never summed) or they were taken already."""
+        hashes, self._summed_hashes = self._summed_hashes, None
+        return hashes
 
     @property
     def fix(self) -> str:
@@ -692,6 +744,7 @@ class DocIndex:
         self.sample_tokens = _mapped(*files[SAMPLE_TOKENS], fix)
         self.sample_digest = _mapped(*files[SAMPLE_DIGEST], fix) if SAMPLE_DIGEST in files else None
         self._doc_hashes: np.ndarray | None = None  # doc_sha256.bin, mapped at its first use (doc_sha256)
+        self._summed_hashes: np.ndarray | None = None  # doc_sha256.bin as _file_sum read it
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
     def __getstate__(self) -> dict[str, Any]:
@@ -705,6 +758,7 @@ class DocIndex:
             "sample_first",
             "read_range",
             "_doc_hashes",
+            "_summed_hashes",
         )
         return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "read_range": None}
 

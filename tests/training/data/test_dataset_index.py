@@ -37,6 +37,7 @@ from training.contract.dataset_index import (
     HELDOUT,
     INDEX_DIR,
     DocIndex,
+    rows_among,
     sum_doc_hashes_file,
     sum_hashes,
     write_index,
@@ -611,6 +612,30 @@ def test_the_documents_sum_is_of_the_documents_not_their_order(corpus):
     assert sum_hashes(hashes[::-1]) == sum_hashes(hashes[:100], sum_hashes(hashes[100:])) == plain
     twice = sum_hashes(np.concatenate([hashes[:1], hashes[:1]]))
     assert twice == 2 * int.from_bytes(hashes[0].tobytes(), "big") % (1 << 256) != 0
+
+
+def test_shared_documents_are_told_by_all_32_bytes_of_their_sha256(corpus):
+    """Sources that share some documents (trial RV70b 1) are compared on the records the sum's one read
+    of doc_sha256.bin kept: a first 8 bytes in common picks a candidate, all 32 decide, and a document
+    held twice beside another of its first 8 bytes is still found."""
+    root = corpus[0]
+    hashes = np.fromfile(root / INDEX_DIR / DOC_HASHES, np.dtype(("V", 32)))
+    pieces: list[np.ndarray] = []
+    assert sum_doc_hashes_file(root, read_dataset_info(root)["index"], keep=pieces) is not None
+    assert np.concatenate(pieces).tobytes() == hashes.tobytes()
+    rng = np.random.default_rng(3)
+    decoys = hashes[:40].copy()  # the same first 8 bytes, another last one
+    decoys.view(np.uint8).reshape(-1, 32)[:, 31] ^= 1
+    other = np.concatenate([hashes[rng.permutation(len(hashes))[:50]], decoys, hashes[30:32]])
+    every = [np.arange(len(h)) for h in (hashes, other)]
+    held = {h.tobytes() for h in other}
+    want = [r for r, h in enumerate(hashes) if h.tobytes() in held]
+    assert 0 < len(want) < 40 + 50 and rows_among(hashes, other, *every).tolist() == want
+    some = np.arange(0, len(other), 2)  # of given rows only
+    want = [r for r, h in enumerate(hashes) if h.tobytes() in {other[k].tobytes() for k in some}]
+    assert rows_among(hashes, other, every[0], some).tolist() == want
+    unlike = np.frombuffer(rng.bytes(32 * 9), np.dtype(("V", 32)))
+    assert rows_among(hashes, unlike, every[0], np.arange(9)).size == 0
 
 
 def test_a_doc_sha256_bin_not_as_recorded_is_never_summed(corpus, tmp_path):
