@@ -161,12 +161,48 @@ def test_a_recorded_sum_not_its_documents_is_refused_and_data_index_records_it_a
 
 
 def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, capsys):
-    """The sum is of the documents' sha256: one token changed in one document is another dataset."""
+    """The sum is of the documents' sha256: one token changed in one document is another dataset. Its
+    other 199 documents both hold, held out by manifest row in each, so each trains on most of what the
+    other holds out: `train --plan` and `train` say so in one warning, with the counts (trial RV70b 1),
+    here counted from the documents' tokens as each split reads them."""
     a, b = same_documents["one apart"]
     sums = [read_dataset_info(root)["index"][DOCUMENTS_SUM] for root in (a, b)]
     assert sums[0] != sums[1]
+    split = {}
+    for root in (a, b):
+        for name in ("train", "val"):
+            t = DocumentTable(root, split=name, val_fraction=0.1)  # the recipe's data.val_fraction
+            split[root, name] = [t.document(int(r)).tobytes() for r in t.split_rows(np.arange(t.documents))]
+    held = {x: sum(d in split[y, "train"] for d in split[x, "val"]) for x, y in ((a, b), (b, a))}
+    assert all(held.values())  # the case of the finding: each val/NAME scores text the other trains on
+    shared = sum(d in split[b, "train"] + split[b, "val"] for d in split[a, "train"] + split[a, "val"])
+    assert shared == 199
+    head = (
+        f"warning: sources 'web' and 'code' share documents ({a} and {b}): {shared} of the 200 of 'web' are "
+        "among the 200 of 'code', each read by both; "
+    )
+    warning = (
+        f"{head}val/web holds out {len(split[a, 'val'])} documents, {held[a]} of them in the training split "
+        f"of 'code'; val/code holds out {len(split[b, 'val'])} documents, {held[b]} of them in the training "
+        "split of 'web', so val/web and val/code score text the run trains on; build the sources disjoint "
+        "(filter the shared documents out of one), or set data.sources[0].val_fraction=0 and "
+        "data.sources[1].val_fraction=0, or accept it\n"
+    )
     config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, tmp_path / "run")
-    assert gristmill(["train", "--config", str(config), "--plan"]) == 0, capsys.readouterr().err
+    once = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    for extra in (["--plan"], ["--set", *once]):
+        assert gristmill(["train", "--config", str(config), *extra]) == 0
+        out, err = capsys.readouterr()
+        said = out + err
+        assert said.count(warning) == 1 and said.count("warning: sources") == 1, (extra, out, err)
+    # nothing held out: documents read twice, an upsampling if meant
+    unheld = ["data.sources[0].val_fraction=0", "data.sources[1].val_fraction=0", "run.val_every=0"]
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *unheld]) == 0
+    out, err = capsys.readouterr()
+    assert (
+        f"{head}neither trains on a document the other holds out: an upsampling, if meant; else build the "
+        "sources disjoint (filter the shared documents out of one)\n" in out
+    ), (out, err)
 
 
 def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
