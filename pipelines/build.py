@@ -566,6 +566,14 @@ def make_dedup_stages(p: Prepared) -> list[Stage]:
     return dedup_stages(p.cfg.dedup, p.out, first, p.cfg.build.tasks, progress)
 
 
+def _says_complete(path: Path) -> bool:
+    """Whether dataset.json `path` says its build finished (read as it is: the build checks it later)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
     on the terminal too, not only under OUTPUT/logs/."""
@@ -576,7 +584,9 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     if store is not None and _complete_in_bucket(p, store, log):
         return BuildResult(p.out, "complete")
     with discard_staged(p.decontam), dataset_lock(p.out, "this build"):
-        if p.cfg.build.executor == "slurm":  # before anything here changes what its queued jobs read
+        # before anything here changes what queued jobs read, whatever the executor (a local build beside
+        # a queued chain is two writers of each task: review RV70e 2); a complete one has none to run
+        if not _says_complete(p.out / DATASET_JSON):
             refuse_if_queued(p.out)
         # Into a bucket, a task is finished when its record is there (the work directory's
         # completion markers say nothing of the bucket, and nothing of other nodes).

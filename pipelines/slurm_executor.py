@@ -49,6 +49,15 @@ RESERVED = {
     "job-name": "from build.slurm.job_name",
     "dependency": "the order of the chain",
 }
+# set from a build.slurm field of its own, which an sbatch_args entry silently replaced (`cpus-per-task`
+# beside a RAYON_NUM_THREADS of build.slurm.cpus_per_task: review RV70e 7)
+OWN_FIELDS = {
+    "partition": "partition",
+    "time": "time",
+    "cpus-per-task": "cpus_per_task",
+    "mem-per-cpu": "mem_per_cpu_gb",
+    "qos": "qos",
+}
 
 
 def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
@@ -99,11 +108,12 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
                 f"build.slurm.{key} = {value!r}: a space, line break or control character in an #SBATCH "
                 f"line splits it or starts another; remove it{several}"
             )
-    for key in sc.sbatch_args:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", key):
+    for key, value in sc.sbatch_args.items():
+        # long options only: a letter is written `--A=x` (which sbatch refuses) or is a prefix of several
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]+", key):
             raise BuildError(
-                f"build.slurm.sbatch_args: {key!r} is no sbatch option; name one as sbatch --help spells it, "
-                'without its dashes, e.g. account = "myacct"'
+                f"build.slurm.sbatch_args: {key!r} is no sbatch long option; name one as sbatch --help "
+                'spells it, without its dashes, e.g. account = "myacct" (not A)'
             )
         # sbatch takes an abbreviation of an option too (`--arr` is `--array`)
         name = next((name for name in RESERVED if name.startswith(key)), None)
@@ -111,6 +121,20 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             raise BuildError(
                 f"build.slurm.sbatch_args.{key}: gristmill sets --{name} of each job itself "
                 f"({RESERVED[name]}); remove {key} from build.slurm.sbatch_args"
+            )
+        if key in OWN_FIELDS:
+            raise BuildError(
+                f"build.slurm.sbatch_args.{key}: --{key} is build.slurm.{OWN_FIELDS[key]}'s; set that "
+                "instead and remove it from build.slurm.sbatch_args"
+            )
+        # datatrove writes a value that is false as the bare flag: `exclusive = false` was `--exclusive`,
+        # `mem = 0` a `--mem` with no value, and `true` a `--exclusive=True` sbatch refuses (RV70e 5)
+        if not isinstance(value, str) and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value
+        ):
+            raise BuildError(
+                f"build.slurm.sbatch_args.{key} = {json.dumps(value)}: give each value as a string, and a "
+                f'flag without a value as "" ({key} = ""); leave the key out to leave the flag out'
             )
     # sourced by every job: a venv's folder, or a path that is not there, failed each job on the
     # cluster once queued (`launch_pickled_pipeline: not found`, trial RV62c)
@@ -144,18 +168,26 @@ def refuse_if_queued(out: Path) -> None:
         ) from None
     ids = " ".join(jobs)
     try:
-        command = ["squeue", "--noheader", "--format=%i", f"--user={getpass.getuser()}"]
+        command = ["squeue", "--noheader", "--format=%i %r", f"--user={getpass.getuser()}"]
         listed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     except subprocess.CalledProcessError as e:
         why = f"squeue exited {e.returncode}: {(e.stderr.strip().splitlines() or [''])[-1]}"
     except (OSError, KeyError, subprocess.TimeoutExpired) as e:  # KeyError: getuser, no such user
         why = str(e)
-    else:  # an array's line is ID_[0-9%2] while pending, ID_3 for a task running
-        listed_ids = set(re.findall(r"^\s*(\d+)", listed, re.M))
-        queued = [job for job in jobs if job in listed_ids]
+    else:  # an array's line is ID_[0-9%2] while pending, ID_3 for a task running; then the reason
+        reasons: dict[str, set[str]] = {}
+        for job, reason in re.findall(r"^\s*(\d+)\S*\s*(\S*)", listed, re.M):
+            reasons.setdefault(job, set()).add(reason)
+        queued = [job for job in jobs if job in reasons]
         if not queued:
             return
         held = " ".join(queued)
+        if all(reasons[job] == {"DependencyNeverSatisfied"} for job in queued):
+            # a task before them failed: they never run, so waiting was no fix (review RV70e 8)
+            raise BuildError(
+                f"jobs {held} of this build's last submission wait on a job that failed "
+                f"(DependencyNeverSatisfied) and will never run; cancel them (scancel {held}), then rerun"
+            )
         raise BuildError(
             f"jobs {held} of this build's last submission are still queued or running (squeue), and a second "
             f"submission would run each task twice at once; wait for them to end, or cancel them (scancel "

@@ -212,7 +212,7 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
     )
     # squeue lists $QUEUED, or fails as on a node that cannot reach the controller
     (bin_dir / "squeue").write_text(
-        '#!/bin/bash\n[[ "$*" == "--noheader --format=%i --user="* ]] || exit 2\n'
+        '#!/bin/bash\n[[ "$*" == "--noheader --format=%i %r --user="* ]] || exit 2\n'
         'if [ -n "$DOWN" ]; then echo "slurm_load_jobs error: $DOWN" >&2; exit 1; fi\nprintf "%b" "$QUEUED"\n'
     )
     for f in bin_dir.iterdir():
@@ -223,10 +223,14 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
     assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "submitted"
     record = out / "logs" / "slurm_jobs.json"
     assert json.loads(record.read_text()) == {"jobs": ["101", "102", "103"]}  # array, stats, finalize
-    monkeypatch.setenv("QUEUED", "  101_[1%2]\n 101_0\n 103\n 999_[0-3]\n")
-    for dry in ([], ["build.slurm.submit=false"]):  # a dry run rewrites the scripts and ranks they read
+    monkeypatch.setenv(
+        "QUEUED", "  101_[1%2] JobArrayTaskLimit\n 101_0 None\n 103 Dependency\n 999_[0-3] None\n"
+    )
+    # a dry run rewrites the scripts and ranks they read; a local build beside them writes each task's
+    # files too (review RV70e 2)
+    for other in ([], ["build.slurm.submit=false"], ["build.executor=local"]):
         with pytest.raises(BuildError) as e:
-            build(load_config(DataConfig, config, [*sets, *dry]), log=lambda *a: None)
+            build(load_config(DataConfig, config, [*sets, *other]), log=lambda *a: None)
         assert str(e.value) == (
             "jobs 101 103 of this build's last submission are still queued or running (squeue), and a second "
             "submission would run each task twice at once; wait for them to end, or cancel them (scancel 101 "
@@ -244,6 +248,14 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
     )
     assert len(calls.read_text().splitlines()) == 3  # nothing submitted again
     monkeypatch.delenv("DOWN")
+    # a task failed: the jobs after it wait for ever, and "wait for them to end" was no fix (RV70e 8)
+    monkeypatch.setenv("QUEUED", "102 DependencyNeverSatisfied\n103 DependencyNeverSatisfied\n")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    assert str(e.value) == (
+        "jobs 102 103 of this build's last submission wait on a job that failed (DependencyNeverSatisfied) "
+        "and will never run; cancel them (scancel 102 103), then rerun"
+    )
     monkeypatch.setenv("QUEUED", "999_[0-3]\n")  # the chain ended: submitted again, its ids recorded
     assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "submitted"
     assert json.loads(record.read_text()) == {"jobs": ["104", "105", "106"]}
@@ -323,7 +335,23 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         ('build.slurm.qos="high prio"', f"build.slurm.qos = 'high prio'{split}"),
         ('build.slurm.time="1:00:00 extra"', f"build.slurm.time = '1:00:00 extra'{split}"),
         ('build.slurm.sbatch_args={account = "a b"}', f"build.slurm.sbatch_args.account = 'a b'{split}"),
-        ('build.slurm.sbatch_args={"a b" = "x"}', "build.slurm.sbatch_args: 'a b' is no sbatch option; "),
+        (
+            'build.slurm.sbatch_args={"a b" = "x"}',
+            "build.slurm.sbatch_args: 'a b' is no sbatch long option; ",
+        ),
+        # a letter was written `--A=x` or named a prefix of several options; build.slurm's own fields
+        # were replaced; a false value was written as the bare flag (review RV70e 5, 7)
+        ('build.slurm.sbatch_args={A = "x"}', "build.slurm.sbatch_args: 'A' is no sbatch long option; "),
+        (
+            'build.slurm.sbatch_args={"cpus-per-task" = "8"}',
+            "build.slurm.sbatch_args.cpus-per-task: --cpus-per-task is build.slurm.cpus_per_task's; set that",
+        ),
+        (
+            "build.slurm.sbatch_args={exclusive = false}",
+            "build.slurm.sbatch_args.exclusive = false: give each value as a string, and a flag without a "
+            'value as "" (exclusive = "")',
+        ),
+        ("build.slurm.sbatch_args={mem = 0}", "build.slurm.sbatch_args.mem = 0: give each value as a string"),
         (
             'build.slurm.sbatch_args={array = "0-1"}',
             "build.slurm.sbatch_args.array: gristmill sets --array of each job itself (the array of the "
@@ -340,13 +368,19 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         assert said in str(e.value) and "\n" not in str(e.value), e.value
     assert not list(tmp_path.glob("ds-sbatch/logs/*.slurm"))
     sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
+    sets.append('build.slurm.sbatch_args={exclusive = "", nodes = 1, gres = "gpu:1", mem = "0"}')
     monkeypatch.chdir(tmp_path)  # a relative one, as this node resolves it (it was sourced as written)
     sets.append("build.slurm.venv_path=venv/bin/activate")
     assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "written"
-    assert (
-        f"source {venv / 'bin' / 'activate'}"
-        in (tmp_path / "ds-ok" / "logs" / "launch_script.slurm").read_text()
-    )
+    script = (tmp_path / "ds-ok" / "logs" / "launch_script.slurm").read_text()
+    assert f"source {venv / 'bin' / 'activate'}" in script
+    for line in (
+        "#SBATCH --exclusive\n",
+        "#SBATCH --nodes=1\n",
+        "#SBATCH --gres=gpu:1\n",
+        "#SBATCH --mem=0\n",
+    ):
+        assert line in script, script
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
