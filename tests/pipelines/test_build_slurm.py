@@ -228,18 +228,20 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
     )
     # a dry run rewrites the scripts and ranks they read; a local build beside them writes each task's
     # files too (review RV70e 2)
-    for other in ([], ["build.slurm.submit=false"], ["build.executor=local"]):
+
+    def refused(*other: str) -> str:
         with pytest.raises(BuildError) as e:
             build(load_config(DataConfig, config, [*sets, *other]), log=lambda *a: None)
-        assert str(e.value) == (
+        return str(e.value)
+
+    for other in ([], ["build.slurm.submit=false"], ["build.executor=local"]):
+        assert refused(*other) == (
             "jobs 101 103 of this build's last submission are still queued or running (squeue), and a second "
             "submission would run each task twice at once; wait for them to end, or cancel them (scancel 101 "
             "103), then rerun"
         )
     monkeypatch.setenv("DOWN", "Unable to contact slurm controller (connect failure)")
-    with pytest.raises(BuildError) as e:
-        build(load_config(DataConfig, config, sets), log=lambda *a: None)
-    assert str(e.value) == (
+    assert refused() == (
         "cannot ask squeue whether jobs 101 102 103 of this build's last submission are still queued or "
         "running (squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller (connect "
         "failure)), and a second submission beside them would run each task twice at once: run it where "
@@ -250,9 +252,7 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
     monkeypatch.delenv("DOWN")
     # a task failed: the jobs after it wait for ever, and "wait for them to end" was no fix (RV70e 8)
     monkeypatch.setenv("QUEUED", "102 DependencyNeverSatisfied\n103 DependencyNeverSatisfied\n")
-    with pytest.raises(BuildError) as e:
-        build(load_config(DataConfig, config, sets), log=lambda *a: None)
-    assert str(e.value) == (
+    assert refused() == (
         "jobs 102 103 of this build's last submission wait on a job that failed (DependencyNeverSatisfied) "
         "and will never run; cancel them (scancel 102 103), then rerun"
     )
