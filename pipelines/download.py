@@ -401,7 +401,7 @@ def fetch_files(
     def one(f: RemoteFile) -> None:
         final, rec = dest / f.path, record.get(f.path)
         digest = _complete(final, f, rec, local)
-        if digest is None and final.is_file() and rec is not None and rec.get("version") == f.version:
+        if digest is None and final.is_file() and _same_upstream(f, rec):
             with lock:  # the source unchanged since: damaged on disk (trial RV70c 5 had it unnamed)
                 report.damaged.append(f.path)
         if digest:
@@ -451,6 +451,17 @@ def fetch_files(
     finally:
         bar.close()
     return report
+
+
+def _same_upstream(f: RemoteFile, rec: dict | None) -> bool:
+    """Whether the source's `f` is the file `rec` records as downloaded: the same sha256 where the
+    listing gives one (a hub LFS file, which has no version: review RV70f 1), else the same size and a
+    version that names its content."""
+    if rec is None:
+        return False
+    if f.sha256 is not None:
+        return rec.get("sha256") == f.sha256
+    return f.version is not None and rec.get("version") == f.version and rec.get("size") == f.size
 
 
 def _complete(final: Path, f: RemoteFile, rec: dict | None, local: Path | None) -> str | None:

@@ -206,6 +206,16 @@ def test_checksums_as_the_hub_gives_them(remote, tmp_path):
     (dest / (with_sha[0].path + PART)).write_bytes(data[: len(data) // 3])
     rep = fetch_files(fs, root, with_sha[:1], dest, progress=False)
     assert (rep.resumed, rep.bytes_fetched) == (1, len(data) - len(data) // 3) and final.read_bytes() == data
+    # A hub LFS file has a sha256 and no version: one changed upstream is not "damaged on disk" (review
+    # RV70f 1 found it said so); one whose bytes on disk changed under the same sha256 is
+    upstream = remote / with_sha[0].path
+    upstream.write_bytes(data[::-1])
+    changed = [RemoteFile(with_sha[0].path, len(data), sha(upstream))]
+    rep = fetch_files(fs, root, changed, dest, progress=False)
+    assert (rep.downloaded, rep.damaged) == (1, []) and final.read_bytes() == data[::-1]
+    final.write_bytes(data)
+    rep = fetch_files(fs, root, changed, dest, progress=False)
+    assert (rep.downloaded, rep.damaged) == (1, [with_sha[0].path]) and final.read_bytes() == data[::-1]
 
     wrong = [RemoteFile(files[2].path, files[2].size, "0" * 64)]
     (dest / files[2].path).unlink()
