@@ -293,8 +293,10 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 )
         return
     if not isinstance(m.every, int) or m.every < 1:
+        unset = " (its default)" if m.every == MergeSection.every else ""  # left out (review RV70e 9)
         raise ConfigError(
-            f"merge.every = {m.every!r} must be an integer ≥ 1 (steps between merge points)", "merge.every"
+            f"merge.every = {m.every!r}{unset} must be an integer ≥ 1 (steps between merge points)",
+            "merge.every",
         )
     if m.kind == "window":
         if m.decay != MergeSection.decay:
@@ -304,7 +306,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.decay",
             )
         if m.window < 1:  # 0, its default, is "not set": said so, not as a value given (trial RV70a 1)
-            unset = " (not set)" if m.window == MergeSection.window else ""
+            unset = " (its default)" if m.window == MergeSection.window else ""
             raise ConfigError(
                 f"merge.window = {m.window}{unset} must be ≥ 1: merge.kind = 'window' averages the steps of "
                 f"merge.window at each merge point (1 to merge.every = {m.every})",
@@ -324,7 +326,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.window",
             )
         if not (math.isfinite(m.decay) and 0.0 < m.decay < 1.0):
-            unset = " (not set)" if m.decay == MergeSection.decay else ""
+            unset = " (its default)" if m.decay == MergeSection.decay else ""
             raise ConfigError(
                 f"merge.decay = {m.decay}{unset} must be in (0, 1): merge.kind = 'ema' sets, after each "
                 "step, ema ← decay · ema + (1 − decay) · weights (e.g. 0.999)",

@@ -197,7 +197,12 @@ def partly_shared(names: Sequence[str], tables: Sequence[DocumentTable]) -> None
 
 
 def _held_trained(
-    x: int, y: int, shares: np.ndarray, other: np.ndarray, tables: Sequence[DocumentTable], hashes: list
+    x: int,
+    y: int,
+    shares: np.ndarray,
+    other: np.ndarray,
+    tables: Sequence[DocumentTable],
+    hashes: list[np.ndarray | None],
 ) -> int:
     """How many documents source `x` holds out (of its rows `shares` that `y` holds) source `y` trains
     on (of its rows `other` that `x` holds): held-out documents are the rows heldout_rows picks."""
@@ -233,7 +238,8 @@ def _partly_shared_line(
         for x in scored
     )
     vals = " and ".join(f"val/{names[x]}" for x in scored)
-    zero = " and ".join(f"data.sources[{x}].val_fraction=0" for x in scored)
+    # both: one alone holding nothing out trains what the other holds out (review RV70f 5)
+    zero = " and ".join(f"data.sources[{x}].val_fraction=0" for x in pair)
     return (
         f"{head}; {held}, so {vals} {'scores' if len(scored) == 1 else 'score'} text the run trains on; "
         f"build the sources disjoint (filter the shared documents out of one), or set {zero}, or accept it"

@@ -34,7 +34,7 @@ from training.config_checks import (
     check_parallel_section,
     check_training,
 )
-from training.contract.config_loader import ConfigError, naming_override, override_of, to_dict
+from training.contract.config_loader import ConfigError, naming_override, override_of, to_dict, tokens_shown
 from training.contract.object_store import refuse_url
 from training.data.remote import CacheSettings
 
@@ -182,7 +182,11 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
             )
         steps = ph.steps if ph.steps is not None else int(ph.tokens // batch)
         if steps < 1:  # by its keys: a budget in tokens rounds down to whole steps (trial RV70b 3)
-            given = f"{key}.tokens = {ph.tokens:,g} rounds down to 0 steps" if ph.tokens is not None else ""
+            given = (
+                f"{key}.tokens = {tokens_shown(ph.tokens)} rounds down to 0 steps"
+                if ph.tokens is not None
+                else ""
+            )
             raise ConfigError(
                 f"{key} ({name}) has a budget of {steps} steps{f' ({given})' if given else ''}; it needs ≥ 1 "
                 f"step of {batch_at} = {batch} tokens",
@@ -243,9 +247,13 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
     names_given = [ph.name for ph in out]
     for i, name in enumerate(names_given):
         if name in names_given[:i]:  # the later one is the one to rename, as a source's (trial RV70b 3)
+            first = names_given.index(name)
+            # a phase without a name is phase{i + 1}: said so, not as a name it was given (RV70e 10)
+            unnamed = [f"phase[{k}]" for k in (first, i) if not cfg.phase[k].name]
+            how = f" ({' and '.join(unnamed)} by default: phase[k] without a name is phase{{k + 1}})"
             raise ConfigError(
-                f"phase[{i}].name = {name!r} is also phase[{names_given.index(name)}].name: every phase "
-                "needs its own name",
+                f"phase[{i}] and phase[{first}] are both named {name!r}{how if unnamed else ''}: every phase "
+                f"needs its own name; set phase[{i}].name",
                 f"phase[{i}].name",
             )
     return out

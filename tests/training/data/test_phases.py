@@ -408,7 +408,18 @@ def test_config_errors_name_the_key(sources, tmp_path):
         (
             2 * (head + "steps = 2\nmix = { web = 1.0 }\n"),
             "",
-            "^phase.1..name = .a. is also phase.0..name: every phase needs its own name",
+            r"^phase.1. and phase.0. are both named .a.: every phase needs its own name; set phase.1..name",
+        ),
+        (  # a phase without a name is phase{k + 1} by default (review RV70e 10)
+            head.replace('"a"', '"phase2"')
+            + "steps = 2\nmix = { web = 1.0 }\n[[phase]]\nsteps = 2\nmix = { web = 1.0 }\n",
+            "",
+            r"^phase.1. and phase.0. are both named .phase2. \(phase.1. by default: phase.k. without a name",
+        ),
+        (
+            head + "tokens = 1234567\nglobal_batch_tokens = 2048000\nmix = { web = 1.0 }\n",
+            "",
+            "phase.0..tokens = 1234567 rounds down to 0 steps",
         ),
     ]:
         path = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=extra)
