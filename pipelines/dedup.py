@@ -158,19 +158,46 @@ def _read(path: Path, what: str, made_by: tuple[str, int], read):
     """`read(path)` of a dedup working table that stage `made_by` (its name, its tasks) writes; one line
     where it is missing or cannot be read."""
     if not path.is_file():
-        stage, tasks = made_by
-        done = len(finished_tasks(stage_logs(path.parents[2], stage) / COMPLETIONS_DIR) & set(range(tasks)))
-        if done < tasks:  # run before it (by hand, or a job outside its chain), not removed (trial RV70c 3)
-            raise DedupError(
-                f"{path} is missing ({what}): the dedup stage {stage} that writes it has not finished "
-                f"(tasks done: {done} of {tasks}); run or await that stage's tasks first (its Slurm chain "
-                "orders them: each stage's job starts after the one before succeeded), then this one"
-            )
+        # run before it (by hand, or a job outside its chain), not removed (trial RV70c 3)
+        if (why := unfinished_stage(path.parents[2], *made_by, "that writes it ")) is not None:
+            raise DedupError(f"{path} is missing ({what}): {why}")
         raise _redo_stages(path, what, "is missing", "dedup files were removed after their stage finished")
     try:
         return read(path)
     except (OSError, pa.ArrowException) as e:  # a zero-byte table gave a task's traceback, rerun after rerun
         raise _redo_stages(path, what, f"cannot be read: {str(e).splitlines()[0]}", "damaged") from None
+
+
+def unfinished_stage(out: Path, stage: str, tasks: int, which: str = "") -> str | None:
+    """Why what reads dedup stage `stage`'s files (its `tasks`; `which` follows its name) cannot run
+    yet: it has not finished; None once every task of it completed."""
+    done = len(finished_tasks(stage_logs(out, stage) / COMPLETIONS_DIR) & set(range(tasks)))
+    if done == tasks:
+        return None
+    return (
+        f"the dedup stage {stage} {which}has not finished (tasks done: {done} of {tasks}); run or await "
+        "that stage's tasks first (its Slurm chain orders them: each stage's job starts after the one "
+        "before succeeded), then this one"
+    )
+
+
+class AfterStage(PipelineStep):
+    """A dedup stage's first step: its tasks read the stage before's files, so none starts before that
+    stage finished (datatrove's MinHash buckets, run early, read the signatures there were and found no
+    duplicate without a word, and its clusters stopped on an assertion: re-trial RV70e 4)."""
+
+    type = "🫂 - DEDUP"
+    name = "after the stage before"
+
+    def __init__(self, out: Path, stage: str, tasks: int):
+        super().__init__()
+        self.out, self.stage, self.tasks = Path(out), stage, tasks
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        # not a generator: checked as the task starts (the steps after it do not read `data`)
+        if (why := unfinished_stage(self.out, self.stage, self.tasks)) is not None:
+            raise DedupError(f"task {rank} of a dedup stage cannot start: {why}")
+        return data
 
 
 def _redo_stages(path: Path, what: str, state: str, why: str) -> DedupError:
@@ -476,6 +503,15 @@ def dedup_stages(
 ) -> list[Stage]:
     """The stages that run before the build's pass; `first_steps` are the reader and the filters
     (recording nothing: the build's pass records the drops), `progress` the first pass's."""
+    stages = _stages(cfg, out, first_steps, tasks, progress)
+    for before, stage in zip(stages, stages[1:]):  # each reads the files of the one before
+        stage.pipeline.insert(0, AfterStage(out, before.name, before.tasks))
+    return stages
+
+
+def _stages(
+    cfg: DedupConfig, out: Path, first_steps: list, tasks: int, progress: TaskProgress
+) -> list[Stage]:
     root = out / DEDUP_DIR
     logs = lambda name: stage_logs(out, name)
     if cfg.kind == "exact":

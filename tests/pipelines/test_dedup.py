@@ -155,7 +155,7 @@ def test_a_task_run_before_the_stage_it_reads_has_finished_says_so(tmp_path):
     """A dedup or build task run before the stage that writes its input had finished was told the files
     were removed after their stage finished, and to delete logs/dedup, throwing the finished tasks away
     (trial RV70c 3). The stage's completion markers tell the two apart."""
-    from pipelines.dedup import DedupFilter, ExactClusters
+    from pipelines.dedup import DedupFilter, DocRecord, ExactClusters
 
     out = tmp_path / "ds"
     completions = lambda stage: out / "logs" / "dedup" / stage / "completions"
@@ -182,6 +182,22 @@ def test_a_task_run_before_the_stage_it_reads_has_finished_says_so(tmp_path):
     (completions("clusters") / "00000").write_text("")  # it finished: the table was removed since
     with pytest.raises(DedupError, match=r"dedup files were removed after their stage finished; delete "):
         build_task()
+    # every stage after the first starts with that check: datatrove's MinHash buckets, run before the
+    # signatures finished, found no duplicate without a word (re-trial RV70e 4)
+    from pipelines.config import DedupConfig
+    from pipelines.dedup import AfterStage, dedup_stages
+
+    stages = dedup_stages(DedupConfig(kind="minhash"), out, [], 2, None)
+    assert [type(st.pipeline[0]) for st in stages] == [DocRecord, AfterStage, AfterStage], stages
+    completions("signatures").mkdir(parents=True)
+    (completions("signatures") / "00000").write_text("")
+    with pytest.raises(DedupError) as e:
+        stages[1].pipeline[0](None, rank=3, world_size=8)  # as datatrove's executor calls a step
+    assert str(e.value) == "task 3 of a dedup stage cannot start: the dedup stage signatures " + early.format(
+        "1 of 2"
+    )
+    (completions("signatures") / "00001").write_text("")
+    assert stages[1].pipeline[0](None, rank=3, world_size=8) is None
 
 
 def test_a_drop_table_changed_or_damaged_after_the_stages_is_one_error_and_the_advice_works(
