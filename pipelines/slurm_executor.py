@@ -336,10 +336,14 @@ def submit_slurm(
         scripts = [st.logs / "launch_script.slurm" for st, _ in launched] + [script]
         lines = _dry_run_lines(submitted, scripts)
         what = f"the {len(launched)} dedup stages' scripts, " if launched else ""
+        # the ids recorded as a submission's are (refuse_if_queued): by hand, a second chain beside the
+        # first went unnoticed (re-trial RV70e 1)
+        ids = ", ".join(f'\\"$J{i}\\"' for i in range(1, len(lines) + 2))
         log(
             f"dry run: wrote {what}{script} and {logs / 'finalize.slurm'} (nothing submitted). Submit with:\n"
             + "".join(line + "\n" for line in lines)
-            + f"  sbatch --dependency=afterok:{executor.job_id} {logs / 'finalize.slurm'}"
+            + f"  J{len(lines) + 1}=$(sbatch --parsable --dependency=afterok:{executor.job_id} "
+            f"{logs / 'finalize.slurm'})\n" + f'  echo "{{\\"jobs\\": [{ids}]}}" > {logs / SLURM_JOBS}'
         )
         return "written"
     try:

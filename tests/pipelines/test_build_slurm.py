@@ -94,7 +94,8 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     assert lines[-1].endswith(
         f"  J1=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {logs / 'launch_script.slurm'})\n"
         f"  J2=$(sbatch --parsable --dependency=afterok:$J1 {logs / 'merge_stats.slurm'})\n"
-        f"  sbatch --dependency=afterok:$J1 {logs / 'finalize.slurm'}"
+        f"  J3=$(sbatch --parsable --dependency=afterok:$J1 {logs / 'finalize.slurm'})\n"
+        f'  echo "{{\\"jobs\\": [\\"$J1\\", \\"$J2\\", \\"$J3\\"]}}" > {logs / "slurm_jobs.json"}'
     ), lines[-1]
     assert "#SBATCH --dependency" not in (logs / "merge_stats.slurm").read_text()  # on the command line
     script = (logs / "launch_script.slurm").read_text()
@@ -154,8 +155,10 @@ def test_a_dry_run_of_more_tasks_than_one_array_job_prints_every_array_job(build
         ["--parsable", "--export=ALL,RUN_OFFSET=0", script],
         ["--parsable", "--export=ALL,RUN_OFFSET=1", "--dependency=afterany:101", script],
         ["--parsable", "--dependency=afterok:102", str(logs / "merge_stats.slurm")],
-        ["--dependency=afterok:102", str(logs / "finalize.slurm")],
+        ["--parsable", "--dependency=afterok:102", str(logs / "finalize.slurm")],
     ], calls
+    # recorded as a submission's ids are: the next build asks squeue for them (re-trial RV70e 1)
+    assert json.loads((logs / "slurm_jobs.json").read_text()) == {"jobs": ["101", "102", "103", "104"]}
     assert sbatch_directives(Path(script).read_text())["array"] == "0-1000%2"
 
 
@@ -383,7 +386,7 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         assert line in script, script
 
 
-def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
+def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path, monkeypatch):
     # [dedup]: each stage is an array job of its own (its own logging dir and script), submitted
     # afterok the one before; the build's array job after the last. The stages' scripts, run in
     # that order, leave what a local build then finishes into the local executor's dataset (the
@@ -411,7 +414,7 @@ def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
             str(logs / "launch_script.slurm"),
         ],
         ["--parsable", "--dependency=afterok:105", str(logs / "merge_stats.slurm")],
-        ["--dependency=afterok:105", str(logs / "finalize.slurm")],
+        ["--parsable", "--dependency=afterok:105", str(logs / "finalize.slurm")],
     ], calls
     for script, array, name in ((hashes, "0-1", "hashes"), (clusters, "0-0", "clusters")):
         d = sbatch_directives(script.read_text())
@@ -423,6 +426,10 @@ def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
     run_array(hashes, 2, env)
     run_array(clusters, 1, env)
     lines.clear()
+    # the printed commands recorded their jobs' ids: the local build asks squeue, which lists none now
+    (tmp_path / "bin" / "squeue").write_text("#!/bin/bash\n")
+    (tmp_path / "bin" / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     assert build(load_config(DataConfig, config, overrides), log=lines.append).ok
     assert "[dedup hashes] already complete" in lines and "[dedup clusters] already complete" in lines
     local = tmp_path / "local"
