@@ -1040,11 +1040,11 @@ def damaged_task_files(out_dir: str | Path, names: Sequence[str] | None = None) 
     ]
 
 
-def task_data_problem(out_dir: str | Path) -> str:
-    """What is wrong with the local tasks' data under `out_dir` where damaged_task_files found files:
-    the folder gone, its data.json gone or unreadable, or files not as it records them. Each in its
-    own words: a failed eval's line said "<task>.jsonl not as data.json recorded" of an unreadable
-    data.json, and "failed again" once the whole folder was gone (trial RV57b F4)."""
+def task_data_problem(out_dir: str | Path, damaged: Sequence[Path] = ()) -> str:
+    """What is wrong with the local tasks' data under `out_dir` where damaged_task_files found files
+    (`damaged`): the folder gone, its data.json gone or unreadable, or files not as it records them.
+    Each in its own words: a failed eval's line said "<task>.jsonl not as data.json recorded" of an
+    unreadable data.json, and "failed again" once the whole folder was gone (trial RV57b F4)."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return f"{out_dir} is gone (deleted since it was built)"
@@ -1054,10 +1054,9 @@ def task_data_problem(out_dir: str | Path) -> str:
         return f"{out_dir}/{DATA_META} is gone (deleted since it was built)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{out_dir}/{DATA_META} is damaged (not the record its build wrote)"
-    return (
-        f"{out_dir}/<task>.jsonl not as {out_dir.name}/{DATA_META} recorded (changed or deleted since it "
-        "was built)"
-    )
+    # the files by name (the line said `<task>.jsonl`: trial RV70d 5)
+    named = ", ".join(str(out_dir / p.name) for p in damaged) or f"{out_dir}/<task>.jsonl"
+    return f"{named} not as {out_dir.name}/{DATA_META} recorded (changed or deleted since it was built)"
 
 
 def task_data_settings(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> dict[str, Any]:

@@ -257,7 +257,7 @@ class TrainingEval:
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
         # One reason per folder: `_failed` says it once for all its tasks (review RV26b 4).
         damaged = damaged_task_files(self.plan.data_dir, self.plan.local)
-        why = task_data_problem(self.plan.data_dir) if damaged else ""
+        why = task_data_problem(self.plan.data_dir, damaged) if damaged else ""
         failed = {p.stem: why for p in damaged}
         plan = self.plan.without(list(failed))  # this eval's: the next one tries every task again
         if not plan.names:

@@ -207,7 +207,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
         f"[eval] step {s}{w}" for s in (2, 4) for w in ("", " (merged weights)")
     ], out.out + out.err
     assert "Traceback" not in out.err
-    assert f"{eval_data(run)}/<task>.jsonl not as" in lines[0], lines[0]
+    assert f"{eval_data(run)}/heldout_cloze.jsonl not as" in lines[0], lines[0]  # by name (RV70d 5)
     assert all("the next eval tries it again" in line for line in lines[:2]), lines
     assert all("it was this run's last eval step" in line for line in lines[2:]), lines
     assert (
