@@ -186,9 +186,10 @@ class Trackers:
                     else f"steps {held[name] + 1}–{resume_step}"
                 )
                 holds = f"holds steps through {held[name]}" if held[name] else "holds no step"
+                # "rows of": a step of the gap may have none (log_every; a stop's step: trial RV70d 2)
                 say(
-                    f"note: {name}'s run {t.id} {holds}; {gap} (trained without it, or not taken before a "
-                    "stop) are not in it: metrics.jsonl has them"
+                    f"note: {name}'s run {t.id} {holds}; the rows of {gap} (trained without it, or not "
+                    "taken before a stop) are not in it: metrics.jsonl has them"
                 )
         # Each record says how far its tracker was sent ("sent_through": the highest step it took,
         # kept current while an invocation has it open, so a kill leaves it short, never ahead: rows

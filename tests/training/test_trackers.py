@@ -372,8 +372,8 @@ def test_steps_trained_without_wandb_are_named_at_the_resume_that_takes_it_back(
     out = capsys.readouterr().out
     assert f"wandb tracker: continued run {wandb_id}" in out, out
     assert (
-        f"note: wandb's run {wandb_id} holds steps through 4; steps 5–8 (trained without it, or not taken "
-        "before a stop) are not in it: metrics.jsonl has them"
+        f"note: wandb's run {wandb_id} holds steps through 4; the rows of steps 5–8 (trained without it, or "
+        "not taken before a stop) are not in it: metrics.jsonl has them"
     ) in out, out
 
 
@@ -598,7 +598,7 @@ def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
         storage.TRACKIO_DIR = original
         step_4 = json.dumps(str(run / "checkpoints" / "step-000004"))
         assert run_training(dataset, run, ["trackio"], f"checkpoint.resume={step_4}") == 0
-        assert "holds no step; steps 1–4 (trained without it" in capsys.readouterr().out
+        assert "holds no step; the rows of steps 1–4 (trained without it" in capsys.readouterr().out
 
 
 # its writer thread's exception, kept and raised again at the next flush, is no thread's unhandled one
