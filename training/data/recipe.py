@@ -698,6 +698,16 @@ def check_trained_on(
                 f"source {source!r}: {location}{working_directory_note(location)} is not the dataset this "
                 f"run trained on (fingerprint {now}… now, {then}… in {path}){unknown}; {consequence}"
             )
+    elif tokenizer and info.get("tokenizer_sha256") != tokenizer:
+        # the same shards under another tokenizer's record: dataset.json edited with its tokenizer.json
+        # (a rebuild with another tokenizer writes other ids), and an export shipped the edited one
+        # (trial RV70d 6)
+        theirs = str(info.get("tokenizer_sha256"))[:12]
+        raise DatasetError(
+            f"source {source!r}: {location}{working_directory_note(location)} records tokenizer sha256 "
+            f"{theirs}… for the shards this run trained on, tokenized with {tokenizer[:12]}… ({path}): its "
+            f"tokenizer.json and dataset.json were edited after the build; restore them; {consequence}"
+        )
     held_out = trained.get("val_fraction")
     if val_fraction is not None and held_out is not None and val_fraction != held_out:
         raise DatasetError(

@@ -127,6 +127,15 @@ def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset,
         ExportError, match=rf"tokenized with tokenizer sha256 {ours}…, not the run's \(eeeeeeeeeeee… in "
     ):
         export_checkpoint(run, 10)
+    # the same shards under another tokenizer's record: dataset.json edited with its tokenizer.json, and
+    # the export shipped the edited one (trial RV70d 6)
+    recorded(fingerprint=info["fingerprint"], tokenizer_sha256="e" * 64)
+    with pytest.raises(
+        ExportError, match=rf"records tokenizer sha256 {ours}… for the shards this run trained on, tokenized "
+        r"with eeeeeeeeeeee… \(.*data_plan.json\): its tokenizer.json and dataset.json were edited after the "
+        "build; restore them; the export would ship another tokenizer"
+    ):  # fmt: skip
+        export_checkpoint(run, 10)
     recorded(fingerprint="f" * 64, tokenizer_sha256=info["tokenizer_sha256"])  # rebuilt, same tokenizer
     assert export_checkpoint(run, 10) == export_dir(run, 10)
     # its record names both: the data trained on, and the dataset whose tokenizer it ships (the latter
