@@ -110,6 +110,7 @@ from training.contract.dataset_format import (
     source_disagreement,
     tar_padded,
     task_of_file,
+    two_hashes,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index, index_format
 from training.contract.errors import GristmillError
@@ -1373,11 +1374,11 @@ def _check_dataset_json(
     root: Path, info: dict[str, Any], results: list[ShardResult], problems: list[Problem]
 ):
     written = info.get("fingerprint")
-    if fingerprint(info) != written:
+    if (own := fingerprint(info)) != written:
+        shown, own = two_hashes(str(written), own, 16)
         problems.append(
             Problem(
-                f"fingerprint {str(written)[:16]}… does not match its own fields "
-                f"({fingerprint(info)[:16]}…): dataset.json was edited",
+                f"fingerprint {shown} does not match its own fields ({own}): dataset.json was edited",
                 DATASET_JSON,
             )
         )
@@ -1385,10 +1386,11 @@ def _check_dataset_json(
     if set(by_name) == set(info["shard_files"]) and all(r.sha256 for r in results):
         actual = fingerprint({**info, "shard_files": {n: {"sha256": r.sha256} for n, r in by_name.items()}})
         if actual != written:
+            actual, shown = two_hashes(actual, str(written), 16)
             problems.append(
                 Problem(
-                    f"fingerprint recomputed from the shard files ({actual[:16]}…) differs from dataset.json "
-                    f"({str(written)[:16]}…)",
+                    f"fingerprint recomputed from the shard files ({actual}) differs from dataset.json "
+                    f"({shown})",
                     DATASET_JSON,
                 )
             )

@@ -564,14 +564,22 @@ def fingerprint(info: dict[str, Any]) -> str:
     return json_sha256(ident, compact=False)
 
 
+def two_hashes(a: str, b: str, shown: int = 12) -> tuple[str, str]:
+    """Hex digests `a` and `b` as a line shows two that differ: `shown` characters, or up to where they
+    differ (the same 12 characters twice read as no difference: trial RV70g 5)."""
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    n = max(shown, same + 1)
+    return tuple(h[:n] + ("…" if n < len(h) else "") for h in (a, b))  # type: ignore[return-value]
+
+
 def check_fingerprint(root: str | Path, info: dict[str, Any], fix: str = "rebuild the dataset") -> None:
     """Refuse a dataset.json whose recorded fingerprint is not the one its fields give (edited); `fix`:
     what repairs it (a bucket's: rewrite_bucket_dataset_json)."""
-    if fingerprint(info) != info["fingerprint"]:
+    if (computed := fingerprint(info)) != info["fingerprint"]:
+        recorded, computed = two_hashes(str(info["fingerprint"]), computed)
         raise DatasetError(
             f"{os.path.join(root, DATASET_JSON)}: the recorded fingerprint does not match the file's "
-            f"contents ({info['fingerprint'][:12]}… recorded, {fingerprint(info)[:12]}… computed): "
-            f"dataset.json was edited; {fix}"
+            f"contents ({recorded} recorded, {computed} computed): dataset.json was edited; {fix}"
         )
 
 

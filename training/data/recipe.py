@@ -33,6 +33,7 @@ from training.contract.dataset_format import (
     data_identities,
     same_data,
     tokenizer_differences,
+    two_hashes,
     working_directory_note,
 )
 from training.contract.dataset_index import DOC_HASHES, rows_among
@@ -693,10 +694,10 @@ def check_trained_on(
             )
         else:
             unknown = " (the run recorded no tokenizer hash to tell a rebuild by)" if tokenizer_only else ""
-            now, then = str(info.get("fingerprint"))[:12], str(trained["fingerprint"])[:12]
+            now, then = two_hashes(str(info.get("fingerprint")), str(trained["fingerprint"]))
             raise DatasetError(
                 f"source {source!r}: {location}{working_directory_note(location)} is not the dataset this "
-                f"run trained on (fingerprint {now}… now, {then}… in {path}){unknown}; {consequence}"
+                f"run trained on (fingerprint {now} now, {then} in {path}){unknown}; {consequence}"
             )
     elif tokenizer and info.get("tokenizer_sha256") != tokenizer:
         # the same shards under another tokenizer's record: dataset.json edited with its tokenizer.json

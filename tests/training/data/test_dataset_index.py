@@ -437,6 +437,12 @@ def test_fingerprint_before_index_is_recomputed_never_trusted(corpus, tmp_path):
     (root / DATASET_JSON).write_text(json.dumps({**info, "fingerprint": "f" * 64}))
     with pytest.raises(DatasetError, match="recorded fingerprint does not match"):
         cli_index(root)
+    # its last digit edited: both shown to where they differ, not as the same 12 characters (RV70g 5)
+    last = "0" if info["fingerprint"][-1] != "0" else "1"
+    (root / DATASET_JSON).write_text(json.dumps({**info, "fingerprint": info["fingerprint"][:-1] + last}))
+    with pytest.raises(DatasetError) as e:
+        cli_index(root)
+    assert f"({info['fingerprint'][:-1] + last} recorded, {info['fingerprint']} computed)" in str(e.value)
     (root / DATASET_JSON).write_text(json.dumps(info))
     cli_index(root)
     trained = _loader(root)
