@@ -42,6 +42,7 @@ from training.contract.dataset_index import (
     write_index,
     wrong_sum,
 )
+from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import is_url
 
 
@@ -113,7 +114,7 @@ def _index(root: Path, log) -> dict[str, Any]:
     docs = new["files"][DOC_TOKENS]["count"]
     size = sum(f["bytes"] for f in new["files"].values())
     log(
-        f"indexed {root}: {docs:,} documents, {size / 2**20:,.1f} MiB in {INDEX_DIR}/; fingerprint "
+        f"indexed {root}: {docs:,} documents, {fmt_bytes(size)} in {INDEX_DIR}/; fingerprint "
         f"{info['fingerprint_before_index'][:12]}… → {info['fingerprint'][:12]}… (runs that recorded the old "
         f"one resume unchanged); {_kept(root)}; `gristmill data validate {root}` re-checks everything"
     )
