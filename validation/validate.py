@@ -1196,12 +1196,9 @@ def _blame_damaged_manifests(
     (review RV32e F4). `bucket_fix`: a bucket's dataset's repair (remote.repair_advice), its files'
     fix instead of a local build's (trial RV65a F3: two fixes in one line, one of them wrong)."""
 
-    def of_the_file(p: Problem) -> bool:  # not one document's (a duplicate key)
-        return (
-            p.key is None
-            and (p.shard or "").startswith(f"{MANIFEST_DIR}/")
-            and task_of_file(p.shard) is not None
-        )
+    def of_the_file(p: Problem) -> bool:  # not one document's (a duplicate key); a stray of no task's
+        # name too (`00001 copy.parquet`: listed last, after the duplicate keys it made: trial RV70g 3)
+        return p.key is None and (p.shard or "").startswith(f"{MANIFEST_DIR}/")
 
     files, rest = [], []
     for p in problems:
@@ -1238,7 +1235,11 @@ def _blamed(
     """A manifest file's `problem` with its fix and the intact shards of its task (above)."""
     task = task_of_file(problem.shard)
     recorded, tasks = info.get("files") or {}, info.get("tasks")
-    if (recorded and problem.shard not in recorded) or (isinstance(tasks, int) and task >= tasks):
+    if (
+        task is None
+        or (recorded and problem.shard not in recorded)
+        or (isinstance(tasks, int) and task >= tasks)
+    ):
         stray = f"{problem.message}; no build task wrote it: delete it"
         return Problem(stray, problem.shard, kind=problem.kind)
     listed = info["shard_files"]

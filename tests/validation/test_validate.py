@@ -448,6 +448,14 @@ def test_edited_manifest_metadata(ds):
         for r in rows
     ], found
     assert found[-1].startswith("index: cannot derive the index from the manifest: "), found
+    # a stray of no task's name: listed first too, with a stray's fix (it was last: trial RV70g 3)
+    copy = stray.with_name("00000 copy.parquet")
+    stray.rename(copy)
+    found = problems(ds)
+    assert found[0] == (
+        f"{copy.relative_to(ds)}: not recorded in dataset.json (added since the build?): the audit reads "
+        "it; no build task wrote it: delete it"
+    ), found
 
 
 def test_a_file_dataset_json_does_not_record_or_its_record_deleted_is_a_problem(ds):
