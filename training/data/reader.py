@@ -247,13 +247,20 @@ class DocumentTable:
                     except ValueError:
                         size = -1
                     if at < TAR_BLOCK or not name.endswith(b"." + ext.encode()) or size != nbytes:
+                        # an index hashed as recorded at open is not at fault: `data index` repaired
+                        # nothing, "index is complete" (trial RV70g 6)
+                        cause = (
+                            "the shard was replaced or rebuilt after the build (the index hashes as "
+                            f"{DATASET_JSON} records): `gristmill data validate {self.location}` names it"
+                            if self.index.content_checked
+                            else "the shard was rebuilt after the manifest and dataset.json were written, "
+                            f"or the index was damaged since (`gristmill data index {self.location}` "
+                            f"repairs that); `gristmill data validate {self.location}` names which"
+                        )
                         raise DatasetError(
                             f"{path}: no {nbytes}-byte .{ext} member at byte {at} where the index puts "
                             f"manifest row {row}'s sample (the tar header there reads {name!r}, {size} "
-                            "bytes): the shard was rebuilt after the manifest and dataset.json were "
-                            "written, or the index was damaged since (`gristmill data index "
-                            f"{self.location}` repairs that); `gristmill data validate {self.location}` "
-                            "names which"
+                            f"bytes): {cause}"
                         )
 
     def split_rows(self, docs: np.ndarray) -> np.ndarray:
