@@ -129,7 +129,9 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     # checkpoints out of reach (a link to storage not mounted): "0 damaged", exit 0 (trial RV67a F1, F2)
     away = checkpoints_out_of_reach(run_dir, recorded=False)  # checkpoints deleted once exported: no damage
     lost = [] if away is None else [("checkpoints", 0, "DAMAGED", 0, fmt_bytes(0), away)]
-    return rows + base + lost + ([] if only is not None else _record_row(run_dir))
+    # the record's row first: the checkpoints' and exports' rows are read by it, and a damaged record
+    # listed last blamed every checkpoint before it said so (trial RV70g 4)
+    return ([] if only is not None else _record_row(run_dir)) + rows + base + lost
 
 
 def _row(path: Path, row: tuple) -> tuple:

@@ -1707,3 +1707,6 @@ def test_verify_names_another_run_s_record_put_in_the_run_s_place(whole, dataset
     assert gristmill(["verify", str(run)]) == 1
     text = " ".join(capsys.readouterr().out.split())
     assert "another run's record in this run's place? The checkpoints' and exports' rows follow" in text, text
+    # listed first: the rows it decides follow (it came last, after five rows blaming the checkpoints:
+    # trial RV70g 4)
+    assert text.index("another run's record in this run's place") < text.index("is another run's checkpoint")
