@@ -210,6 +210,8 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
             checked = preflight(cfg, env)
             check_tracker_timeout(cfg.metrics)  # after them: their refusals name the --set that gave them
+            if evaluator is not None:  # its tasks: refused before the run directory and its trackers
+                evaluator.check(env.rank, env.world_size, checked.model)
             # --- checks done; from here on the run does work ---
             with own_run_dir(Path(cfg.run.output_dir), env):
                 run = setup(cfg, checked, env, evaluator)

@@ -347,6 +347,31 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
+class TaskNames:
+    """Requested task names, checked without the run directory (a GristmillError names what is wrong:
+    none, a renamed local task, an unknown one, a hub task's dataset offline and not cached); `local`:
+    those that are gristmill's local tasks, `task_manager`: lm-eval's index of the others."""
+
+    def __init__(self, cfg: EvalConfig):
+        from lm_eval.tasks import TaskManager
+
+        self.names = task_names(cfg.tasks)
+        if not self.names:
+            raise EvalError("no tasks given; e.g. --tasks heldout_ppl,heldout_cloze")
+        if old := [n for n in self.names if n in RENAMED]:
+            raise EvalError(
+                "; ".join(f"task {n} is now called {RENAMED[n]}" for n in old)
+                + " (the same held-out documents): use the new name in --tasks, eval.tasks or the eval recipe"
+            )
+        check_no_local_names(cfg.include_path)  # a task of one's own named like a local one
+        local = set(local_task_names())
+        self.local = [n for n in self.names if n in local]
+        hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
+        self.task_manager = (
+            checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
+        )
+
+
 class TaskPlan:
     """Requested task names resolved into lm-eval specs, checked before any model exists.
 
@@ -358,24 +383,18 @@ class TaskPlan:
     RUN/config.toml.
     """
 
-    def __init__(self, run_dir: Path, cfg: EvalConfig, log: Callable[[str], None] | None = None):
-        """`log`: where a note on rebuilt task data goes (stderr's `[eval]` lines by default)."""
-        from lm_eval.tasks import TaskManager
-
-        local = set(local_task_names())
-        self.names = task_names(cfg.tasks)
-        if not self.names:
-            raise EvalError("no tasks given; e.g. --tasks heldout_ppl,heldout_cloze")
-        if old := [n for n in self.names if n in RENAMED]:
-            raise EvalError(
-                "; ".join(f"task {n} is now called {RENAMED[n]}" for n in old)
-                + " (the same held-out documents): use the new name in --tasks, eval.tasks or the eval recipe"
-            )
-        check_no_local_names(cfg.include_path)  # a task of one's own named like a local one
-        hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
-        self.task_manager = (
-            checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
-        )
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: EvalConfig,
+        log: Callable[[str], None] | None = None,
+        tasks: TaskNames | None = None,
+    ):
+        """`log`: where a note on rebuilt task data goes (stderr's `[eval]` lines by default); `tasks`:
+        cfg's task names as checked already (the in-training eval checks them before the run starts)."""
+        tasks = tasks or TaskNames(cfg)
+        self.names, self.task_manager = tasks.names, tasks.task_manager
+        hub = [n for n in self.names if n not in tasks.local]
         self.run_dir = run_dir
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
@@ -389,7 +408,7 @@ class TaskPlan:
         self.training_data = training_data_checks(spec, run_dir)
         self.data = run_data(spec, train_cfg.eval.source)
         self.specs: list[Any] = list(hub)
-        self.local = [n for n in self.names if n in local]
+        self.local = tasks.local
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
         self.include_path = [Path(p).resolve() for p in cfg.include_path]
         self.heldout = None  # whose held-out documents the local tasks score, when there are some
@@ -406,7 +425,7 @@ class TaskPlan:
                 self.data.cache,
                 self.local,
             )
-            self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
+            self.specs = [local_task_config(n, self.data_dir) if n in self.local else n for n in self.names]
             documents = tuple(sorted(task_documents(self.data_dir).items()))
             self.heldout = dataclasses.replace(self.heldout, documents=documents)
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)

@@ -68,6 +68,7 @@ from training.train import main as train_main
 from validation.eval import (
     SCORE_SETTINGS,
     EvalConfig,
+    TaskNames,
     TaskPlan,
     evaluate_lm,
     label_results,
@@ -115,6 +116,7 @@ class TrainingEval:
         self.merge_export = cfg.merge.export  # the merged weights kept for good, or with their checkpoint
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
+        self.tasks: TaskNames | None = None  # rank 0's, checked by `check`
         self.plan: TaskPlan | None = None
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
         self.max_length = 0
@@ -127,9 +129,28 @@ class TrainingEval:
     def _say(self, text: str) -> None:
         say(f"[eval] {text}")
 
+    def check(self, rank: int, world_size: int, mcfg: ModelConfig) -> None:
+        """Rank 0 checks the task names (unknown, renamed, hub data offline) and eval.max_length against
+        the model `mcfg`, before the run directory is touched: a refusal stops every rank before any
+        tracker starts (it left a wandb run and an event file behind: trial RV70d 4)."""
+        self.rank, self.world_size = rank, world_size
+        problem = None
+        if self.rank == 0:
+            try:
+                self.tasks = TaskNames(self.cfg)
+                if self.cfg.max_length > mcfg.max_seq_len:  # as `gristmill eval` refuses it
+                    raise EvalError(
+                        f"eval.max_length = {self.cfg.max_length} is longer than the model's context, "
+                        f"{mcfg.max_seq_len} tokens (model.max_seq_len): set eval.max_length ≤ "
+                        f"{mcfg.max_seq_len} (0: the model's)"
+                    )
+            except GristmillError as e:
+                problem = str(e)
+        raise_rank0_problem(problem, self.world_size)
+
     def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int, mcfg: ModelConfig) -> None:
-        """Rank 0 resolves the tasks and builds the local tasks' data and the tokenizer files; a
-        problem (unknown task, hub data offline) stops every rank before step 1. `mcfg`: the model the
+        """Rank 0 builds the checked tasks' plan (`check`), the local tasks' data and the tokenizer
+        files; a problem stops every rank before step 1. `mcfg`: the model the
         run trains, as its start resolved it: resolved again here (run_model_config) it needed the run's
         own checkpoint or its base, and a resume from a volume's checkpoint with the base gone stopped."""
         self.rank, self.world_size = rank, world_size
@@ -137,19 +158,15 @@ class TrainingEval:
         problem = None
         if self.rank == 0:
             try:
-                self.plan = TaskPlan(self.run_dir, self.cfg, log=lambda line: say(f"  {line}"))
+                self.plan = TaskPlan(
+                    self.run_dir, self.cfg, log=lambda line: say(f"  {line}"), tasks=self.tasks
+                )
                 dataset, _ = run_tokenizer_dataset(self.run_dir, resolve(run_config(self.run_dir)))
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
                 write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files
                 self.tokenizer = _load_tokenizer(tok_dir)
                 self.separator_id = int(read_dataset_info(dataset)["separator"]["id"])
-                if self.cfg.max_length > mcfg.max_seq_len:  # as `gristmill eval` refuses it
-                    raise EvalError(
-                        f"eval.max_length = {self.cfg.max_length} is longer than the model's context, "
-                        f"{mcfg.max_seq_len} tokens (model.max_seq_len): set eval.max_length ≤ "
-                        f"{mcfg.max_seq_len} (0: the model's)"
-                    )
                 self.context = mcfg.max_seq_len
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""

@@ -73,11 +73,16 @@ class StepEval(Protocol):
     """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
     validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
 
+    def check(self, rank: int, world_size: int, model_config: ModelConfig) -> None:
+        """On every rank with the run's other checks, before the run directory is touched (before any
+        tracker starts): the tasks and settings that can be checked without it (a GristmillError on
+        every rank when one is refused); `model_config`: the model the run trains."""
+
     def prepare(
         self, run_dir: Path, last_step: int, rank: int, world_size: int, model_config: ModelConfig
     ) -> None:
-        """On every rank once the run directory is owned and RUN/config.toml written: check the
-        tasks and build their data before step 1 (a GristmillError on every rank when it fails);
+        """On every rank once the run directory is owned and RUN/config.toml written: the checked
+        tasks' data built before step 1 (a GristmillError on every rank when it fails);
         `last_step`: this invocation's last step (always evaluated); `rank`, `world_size`: this
         process's place in the job (rank 0 scores); `model_config`: the model the run trains."""
 
