@@ -31,6 +31,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -84,10 +85,13 @@ class Trackers:
         self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
         self._state: dict[str, Any] = {}  # RUN/trackers.json as this invocation writes it
         self._sent: dict[str, int] = {}  # tracker -> the highest step it took from this invocation
+        made = _Made(self.run_dir)
         try:
             self._open(m, config, datasets, resume_step)
         except BaseException:
             self.close()
+            wandb = self.trackers.get("wandb") or self._wandb
+            made.undo(getattr(wandb, "id", None))
             raise
 
     def _open(
@@ -98,6 +102,7 @@ class Trackers:
         resume_step: int | None,
     ) -> None:
         names, project, notes = trackers_of(m)
+        self._wandb: Wandb | None = None  # started, for its id if a later start fails
         record = self.run_dir / TRACKERS_JSON
         # written below whatever the trackers (a fresh run's empties it): a directory there was an
         # IsADirectoryError traceback (trial RV68a F11), refused now before any tracker starts
@@ -152,6 +157,7 @@ class Trackers:
                 t = Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
                           config=tracker_config, resume_id=prev and prev.get("id"),
                           mode=prev and prev.get("mode"))  # fmt: skip
+                self._wandb = t
                 if t.mode == "disabled":  # recorded as an online run it never was, "continued" (RV68a F6)
                     t.finish()
                     say(
@@ -617,6 +623,57 @@ def provenance(datasets: dict[str, str]) -> dict[str, Any]:
     return {"git_commit": git_commit(), "datasets": sources}
 
 
+def _wandb_dir(run_dir: Path) -> Path:
+    """Where wandb keeps its files (in a folder `wandb` of it): WANDB_DIR, else the run directory."""
+    return Path(os.environ.get("WANDB_DIR") or run_dir)
+
+
+class _Made:
+    """The entries of the folders a tracker's start writes in (RUN/tensorboard; RUN/wandb or WANDB_DIR/
+    wandb), taken before the trackers start: a start that fails removes what this attempt made there
+    (an empty event file, an empty wandb run directory, each refused attempt another: trial RV70d 3)
+    and points wandb's links (latest-run, debug.log) back, never removing what was there before."""
+
+    def __init__(self, run_dir: Path):
+        self.tensorboard = run_dir / "tensorboard"
+        self.wandb = _wandb_dir(run_dir) / "wandb"
+        self.shared = self.wandb.parent != run_dir  # WANDB_DIR: other runs' directories beside this one's
+        self.before = {d: _entries(d) for d in (self.tensorboard, self.wandb)}
+
+    def undo(self, wandb_id: str | None) -> None:
+        """Removes what the trackers' start made; `wandb_id`: the wandb run it started, if one (in a
+        shared WANDB_DIR only that run's directory is this attempt's)."""
+        for folder, before in self.before.items():
+            mine = folder == self.tensorboard or not self.shared
+            if before is None:  # the folder is this attempt's
+                if mine and folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder, ignore_errors=True)
+                continue
+            now = _entries(folder) or {}
+            for name, link in now.items():
+                path = folder / name
+                with contextlib.suppress(OSError):
+                    if name in before and before[name] != link and before[name] is not None:
+                        path.unlink()  # a link of wandb's moved to this attempt's run: pointed back
+                        path.symlink_to(before[name])
+                    elif name in before:
+                        continue
+                    elif link is not None:
+                        path.unlink()
+                    elif folder == self.tensorboard or (
+                        (run := _WANDB_RUN_DIR.match(name)) and (mine or run.group(3) == wandb_id)
+                    ):
+                        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _entries(folder: Path) -> dict[str, str | None] | None:
+    """{name: where it links to, None for a file or folder} of `folder`'s entries; None: no folder."""
+    try:
+        return {e.name: os.readlink(e.path) if e.is_symlink() else None for e in os.scandir(folder)}
+    except OSError:
+        return None
+
+
 def _init_failed(tracker: str, e: Exception, fix: str) -> GristmillError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return GristmillError(
@@ -688,7 +745,7 @@ class Wandb:
         # quiet: wandb's start line with the run's place (URL or offline directory) stays, its
         # end-of-run sparkline panel goes; WANDB_QUIET / WANDB_SILENT, when set, decide instead.
         quiet = not {"WANDB_QUIET", "WANDB_SILENT"} & os.environ.keys()
-        files = Path(os.environ.get("WANDB_DIR") or run_dir)
+        files = _wandb_dir(run_dir)
         try:
             # wandb prints to sys.stderr itself, not through the console: a reader gone meanwhile (`… 2>&1
             # | head -1`) raised BrokenPipeError out of wandb.init, the run stopped before step 1 (trial

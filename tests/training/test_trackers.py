@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import re
 import shutil
 import signal
@@ -548,6 +549,49 @@ def test_a_resume_a_tracker_refuses_leaves_a_torn_metrics_line_and_says_nothing_
     assert run_training(dataset, run, ["tensorboard"], 'checkpoint.resume="auto"') == 0
     assert "cut off the torn last line" in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
+
+
+def test_a_refused_resume_leaves_nothing_of_its_trackers(env, dataset, tmp_path, capsys):
+    """A resume with an unknown eval task is refused before any tracker starts (it left a wandb run, an
+    event file and wandb's sync lines after the error: trial RV70d 4); one whose tensorboard cannot start
+    (a full disk under RUN/tensorboard) leaves no empty event file and no wandb run directory of the
+    tracker started before it, and points wandb's latest-run back (RV70d 3)."""
+    from tests.helpers.mounts import sh_quote, unshare_works
+    from validation.train_eval import main as train_eval
+
+    run = tmp_path / "run"
+    trackers = ["tensorboard", "wandb"]
+    assert run_training(dataset, run, trackers, "run.max_steps=4") == 0
+
+    def kept() -> dict[str, str | bytes]:
+        found = {str(p.relative_to(run)): str(p.readlink()) if p.is_symlink() else "" for p in run.rglob("*")}
+        trackers_files = {k: v for k, v in found.items() if k.startswith(("wandb", "tensorboard"))}
+        return {**trackers_files, **{n: (run / n).read_bytes() for n in ("trackers.json", "config.toml")}}
+
+    before = kept()
+    sets = recipe(dataset, run, "schedule.steps=8", "schedule.warmup_steps=2", "run.val_every=0")
+    sets += [f"metrics.trackers={json.dumps(trackers)}", 'metrics.project="gm-test"', "metrics.plot=false"]
+    sets += ["checkpoint.interval=4", 'checkpoint.resume="auto"']
+    capsys.readouterr()
+    assert (
+        train_eval(["--config", TINY, "--set", *sets, "eval.interval=2", 'eval.tasks=["heldout_pll"]']) == 2
+    )
+    err = capsys.readouterr().err  # the last line, no wandb line after it
+    assert err.startswith("error: unknown task heldout_pll; local tasks: ") and err.count("\n") == 1, err
+    assert kept() == before
+
+    if not unshare_works():
+        pytest.skip("no private mount namespace here (unshare -rm) for a full disk under RUN/tensorboard")
+    board = sh_quote(str(run / "tensorboard"))
+    full = f"mount -t tmpfs -o size=4k tmpfs {board} && head -c 4096 /dev/zero > {board}/fill"
+    listing = tmp_path / "listing"
+    cmd = [sys.executable, "-m", "tests.helpers.mounts", full, f"ls -A {board} > {sh_quote(str(listing))}"]
+    cmd += ["pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    failed = forked.run(cmd, cwd=ROOT, env=dict(os.environ), timeout=240)
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    assert "tensorboard could not start a run: [Errno 28]" in one_error_line(failed.stderr), failed.stderr
+    assert listing.read_text().split() == ["fill"]  # no empty event file on the full disk
+    assert kept() == before  # no wandb run directory, its links as they were, trackers.json untouched
 
 
 def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
