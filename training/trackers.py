@@ -85,6 +85,7 @@ class Trackers:
         self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
         self._state: dict[str, Any] = {}  # RUN/trackers.json as this invocation writes it
         self._sent: dict[str, int] = {}  # tracker -> the highest step it took from this invocation
+        self._wandb: Wandb | None = None  # started, for its id if a later start fails
         made = _Made(self.run_dir)
         try:
             self._open(m, config, datasets, resume_step)
@@ -102,7 +103,6 @@ class Trackers:
         resume_step: int | None,
     ) -> None:
         names, project, notes = trackers_of(m)
-        self._wandb: Wandb | None = None  # started, for its id if a later start fails
         record = self.run_dir / TRACKERS_JSON
         # written below whatever the trackers (a fresh run's empties it): a directory there was an
         # IsADirectoryError traceback (trial RV68a F11), refused now before any tracker starts
@@ -652,14 +652,17 @@ class _Made:
             now = _entries(folder) or {}
             for name, link in now.items():
                 path = folder / name
+                # a link in a shared WANDB_DIR: this attempt's where it leads into its run's directory
+                ours = mine or (link is not None and wandb_id is not None and f"-{wandb_id}" in link)
                 with contextlib.suppress(OSError):
-                    if name in before and before[name] != link and before[name] is not None:
+                    if name in before and before[name] != link and before[name] is not None and ours:
                         path.unlink()  # a link of wandb's moved to this attempt's run: pointed back
                         path.symlink_to(before[name])
                     elif name in before:
                         continue
                     elif link is not None:
-                        path.unlink()
+                        if ours:
+                            path.unlink()
                     elif folder == self.tensorboard or (
                         (run := _WANDB_RUN_DIR.match(name)) and (mine or run.group(3) == wandb_id)
                     ):
