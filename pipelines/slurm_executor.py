@@ -189,13 +189,13 @@ def refuse_if_queued(out: Path) -> None:
                 f"(DependencyNeverSatisfied) and will never run; cancel them (scancel {held}), then rerun"
             )
         raise BuildError(
-            f"jobs {held} of this build's last submission are still queued or running (squeue), and a second "
-            f"submission would run each task twice at once; wait for them to end, or cancel them (scancel "
-            f"{held}), then rerun"
+            f"jobs {held} of this build's last submission are still queued or running (squeue), and the "
+            f"build run again beside them would run each task twice at once; wait for them to end, or cancel "
+            f"them (scancel {held}), then rerun"
         )
     raise BuildError(
         f"cannot ask squeue whether jobs {ids} of this build's last submission are still queued or running "
-        f"({why}), and a second submission beside them would run each task twice at once: run it where "
+        f"({why}), and the build run again beside them would run each task twice at once: run it where "
         f"squeue works, or, once none of them is left (squeue --me; scancel {ids}), delete {record} and rerun"
     )
 

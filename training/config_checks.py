@@ -305,7 +305,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "steps: remove merge.decay, or set merge.kind = 'ema'",
                 "merge.decay",
             )
-        if m.window < 1:  # 0, its default, is "not set": said so, not as a value given (trial RV70a 1)
+        if m.window < 1:  # 0 is its default: said so, not only as a value given (trial RV70a 1)
             unset = " (its default)" if m.window == MergeSection.window else ""
             raise ConfigError(
                 f"merge.window = {m.window}{unset} must be ≥ 1: merge.kind = 'window' averages the steps of "

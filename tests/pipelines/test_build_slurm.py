@@ -239,15 +239,15 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
 
     for other in ([], ["build.slurm.submit=false"], ["build.executor=local"]):
         assert refused(*other) == (
-            "jobs 101 103 of this build's last submission are still queued or running (squeue), and a second "
-            "submission would run each task twice at once; wait for them to end, or cancel them (scancel 101 "
-            "103), then rerun"
+            "jobs 101 103 of this build's last submission are still queued or running (squeue), and the "
+            "build run again beside them would run each task twice at once; wait for them to end, or cancel "
+            "them (scancel 101 103), then rerun"
         )
     monkeypatch.setenv("DOWN", "Unable to contact slurm controller (connect failure)")
     assert refused() == (
         "cannot ask squeue whether jobs 101 102 103 of this build's last submission are still queued or "
         "running (squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller (connect "
-        "failure)), and a second submission beside them would run each task twice at once: run it where "
+        "failure)), and the build run again beside them would run each task twice at once: run it where "
         f"squeue works, or, once none of them is left (squeue --me; scancel 101 102 103), delete {record} "
         "and rerun"
     )
