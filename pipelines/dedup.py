@@ -189,14 +189,14 @@ class AfterStage(PipelineStep):
     type = "🫂 - DEDUP"
     name = "after the stage before"
 
-    def __init__(self, out: Path, stage: str, tasks: int):
+    def __init__(self, out: Path, stage: str, tasks: int, own: str):
         super().__init__()
-        self.out, self.stage, self.tasks = Path(out), stage, tasks
+        self.out, self.stage, self.tasks, self.own = Path(out), stage, tasks, own
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         # not a generator: checked as the task starts (the steps after it do not read `data`)
         if (why := unfinished_stage(self.out, self.stage, self.tasks)) is not None:
-            raise DedupError(f"task {rank} of a dedup stage cannot start: {why}")
+            raise DedupError(f"task {rank} of the dedup stage {self.own} cannot start: {why}")
         return data
 
 
@@ -505,7 +505,7 @@ def dedup_stages(
     (recording nothing: the build's pass records the drops), `progress` the first pass's."""
     stages = _stages(cfg, out, first_steps, tasks, progress)
     for before, stage in zip(stages, stages[1:]):  # each reads the files of the one before
-        stage.pipeline.insert(0, AfterStage(out, before.name, before.tasks))
+        stage.pipeline.insert(0, AfterStage(out, before.name, before.tasks, stage.name))
     return stages
 
 

@@ -91,8 +91,7 @@ class Trackers:
             self._open(m, config, datasets, resume_step)
         except BaseException:
             self.close()
-            wandb = self.trackers.get("wandb") or self._wandb
-            made.undo(getattr(wandb, "id", None))
+            made.undo(getattr(self._wandb, "id", None))
             raise
 
     def _open(
@@ -638,7 +637,10 @@ class _Made:
         self.tensorboard = run_dir / "tensorboard"
         self.wandb = _wandb_dir(run_dir) / "wandb"
         self.shared = self.wandb.parent != run_dir  # WANDB_DIR: other runs' directories beside this one's
-        self.before = {d: _entries(d) for d in (self.tensorboard, self.wandb)}
+        self.before: dict[Path, dict[str, str | None] | None] = {}
+        for folder in (self.tensorboard, self.wandb):
+            with contextlib.suppress(OSError):  # one that cannot be listed is left as it is (RV70h 2)
+                self.before[folder] = _entries(folder)
 
     def undo(self, wandb_id: str | None) -> None:
         """Removes what the trackers' start made; `wandb_id`: the wandb run it started, if one (in a
@@ -649,7 +651,10 @@ class _Made:
                 if mine and folder.is_dir() and not folder.is_symlink():
                     shutil.rmtree(folder, ignore_errors=True)
                 continue
-            now = _entries(folder) or {}
+            try:
+                now = _entries(folder) or {}
+            except OSError:
+                continue
             for name, link in now.items():
                 path = folder / name
                 # a link in a shared WANDB_DIR: this attempt's where it leads into its run's directory
@@ -670,10 +675,11 @@ class _Made:
 
 
 def _entries(folder: Path) -> dict[str, str | None] | None:
-    """{name: where it links to, None for a file or folder} of `folder`'s entries; None: no folder."""
+    """{name: where it links to, None for a file or folder} of `folder`'s entries; None: no folder (an
+    OSError for one that cannot be listed: not taken for a folder this attempt made, review RV70h 2)."""
     try:
         return {e.name: os.readlink(e.path) if e.is_symlink() else None for e in os.scandir(folder)}
-    except OSError:
+    except FileNotFoundError:
         return None
 
 

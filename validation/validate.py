@@ -1235,13 +1235,17 @@ def _blamed(
     """A manifest file's `problem` with its fix and the intact shards of its task (above)."""
     task = task_of_file(problem.shard)
     recorded, tasks = info.get("files") or {}, info.get("tasks")
-    if (
-        task is None
-        or (recorded and problem.shard not in recorded)
-        or (isinstance(tasks, int) and task >= tasks)
+    # a stray: unrecorded, or of a task the build never had; a recorded file of no task's name (a build
+    # of 100,000 tasks writes manifest/100000.parquet) is the build's (review RV70h 1)
+    if (recorded and problem.shard not in recorded) or (
+        task is not None and isinstance(tasks, int) and task >= tasks
     ):
         stray = f"{problem.message}; no build task wrote it: delete it"
         return Problem(stray, problem.shard, kind=problem.kind)
+    if task is None:
+        fix = bucket_fix or REBUILD
+        said = problem.message if problem.message.endswith(fix) else f"{problem.message}; {fix}"
+        return Problem(said, problem.shard, kind=problem.kind)
     listed = info["shard_files"]
     intact = [
         r.name

@@ -193,7 +193,9 @@ def test_a_task_run_before_the_stage_it_reads_has_finished_says_so(tmp_path):
     (completions("signatures") / "00000").write_text("")
     with pytest.raises(DedupError) as e:
         stages[1].pipeline[0](None, rank=3, world_size=8)  # as datatrove's executor calls a step
-    assert str(e.value) == "task 3 of a dedup stage cannot start: the dedup stage signatures " + early.format(
+    assert str(
+        e.value
+    ) == "task 3 of the dedup stage buckets cannot start: the dedup stage signatures " + early.format(
         "1 of 2"
     )
     (completions("signatures") / "00001").write_text("")

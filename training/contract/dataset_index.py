@@ -587,12 +587,8 @@ class DocIndex:
                 root / INDEX_DIR / name,
                 self._check_file(name, present=True, offsets=offsets),
             )
-            if url is None:
-                self._check_content(name)
-        # every file mapped hashed as recorded: a sample not where the index puts it is the shard's fault
-        self.content_checked = url is None and all(
-            self.entry["files"][name]["bytes"] <= MAX_SUM_BYTES for name in self._files
-        )
+        if url is None:
+            self._check_content()
         self._map()
         # small: one per shard
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS], self.fix), np.int64)
@@ -693,22 +689,27 @@ class DocIndex:
             )
         return _DTYPES[spec["dtype"]]
 
-    def _check_content(self, name: str) -> None:
-        """Index file `name`, where it is at most MAX_SUM_BYTES (the bound of the documents' sum, read
-        at each open too), hashed against dataset.json's sha256: an edit that keeps every document whole
-        (two rows swapped in doc_offsets/doc_tokens, a row pointed at another document of its length)
-        trained other batches than the plan's, passing the separator check at read and `verify`, which
-        read the same index (trial RV70g 1, 2). A larger one is trusted as the last validate found it."""
-        spec, path = self.entry["files"][name], self.root / INDEX_DIR / name
+    def _check_content(self) -> None:
+        """The index files mapped of at most MAX_SUM_BYTES (the bound of the documents' sum, read at
+        each open too) hashed against dataset.json's sha256 (damaged_files): an edit that keeps every
+        document whole (two rows swapped in doc_offsets/doc_tokens, a row pointed at another document
+        of its length) trained other batches than the plan's, passing the separator check at read and
+        `verify`, which read the same index (trial RV70g 1, 2). A larger one is trusted as the last
+        validate found it; `content_checked`: none was larger (a sample not where the index puts it is
+        then the shard's fault)."""
+        files = self.entry["files"]
+        small = {name: files[name] for name in self._files if files[name]["bytes"] <= MAX_SUM_BYTES}
+        self.content_checked = len(small) == len(self._files)
         try:
-            if spec["bytes"] > MAX_SUM_BYTES or (got := file_sha256(path)) == spec.get("sha256"):
-                return
+            bad = damaged_files(self.root, {"files": small})
         except OSError:  # unreadable: its map names it, with the fix (_mapped)
             return
-        raise DatasetError(
-            f"{path} has sha256 {got[:12]}…, but {self.where} records {str(spec.get('sha256'))[:12]}…: the "
-            f"index was damaged or edited after the build; {self.fix}"
-        )
+        if bad:
+            path = self.root / INDEX_DIR / min(bad)
+            raise DatasetError(
+                f"{path}: its sha256 is not the one {self.where} records: the index was damaged or edited "
+                f"after the build; {self.fix}"
+            )
 
     def heldout(self, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
         """The rows held out at `val_fraction`, in row order, and their tokens: heldout.bin's prefix

@@ -232,16 +232,17 @@ def test_damaged_index_is_named_and_repaired(corpus, tmp_path, monkeypatch):
     swap = lambda b, w: b[w : 2 * w] + b[:w] + b[2 * w :]  # rows 0 and 1
     for f, b in ((path, data), (lengths, tokens)):
         f.write_bytes(swap(b, 4))
-    edited = (
-        r"has sha256 .*…, but .*dataset.json records .*…: the index was damaged or edited after the build; "
-    )
-    with pytest.raises(DatasetError, match=rf"^{root / INDEX_DIR}/doc_.*{edited}rerun `gristmill data index"):
+    edited = r": its sha256 is not the one .*dataset.json records: the index was damaged or edited after the "
+    edited += "build; "
+    with pytest.raises(
+        DatasetError, match=rf"^{root / INDEX_DIR}/doc_[a-z]*\.bin{edited}rerun `gristmill data index"
+    ):
         _loader(root)
     lengths.write_bytes(tokens)
     path.write_bytes(data[:-4] + b"\xff\xff\xff\x7f")  # right size, wrong content
     report = validate_dataset(root, progress=False, write=False)
     assert [p.shard for p in report.problems] == [f"{INDEX_DIR}/{DOC_OFFSETS}"]
-    with pytest.raises(DatasetError, match=rf"^{path} {edited}"):
+    with pytest.raises(DatasetError, match=rf"^{path}{edited}"):
         DocumentTable(root)
     # a larger file is trusted at open, and read there: the last row's ids past its shard's end, a
     # numpy broadcast error mid-run (trial RV57d F2)
