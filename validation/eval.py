@@ -397,7 +397,7 @@ class TaskPlan:
         hub = [n for n in self.names if n not in tasks.local]
         self.run_dir = run_dir
         train_cfg = run_config(run_dir)
-        spec = resolve(train_cfg)  # once: both read the run's sources
+        spec = self.run_spec = resolve(train_cfg)  # once: both read the run's sources (and train_eval)
         # Per phase, its first step and seq_len: the longest a step's weights trained on (None for a
         # run from a base model, which trained longer).
         starts = [1 + sum(ph.steps for ph in spec.phases[:p]) for p in range(len(spec.phases))]

@@ -53,7 +53,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from training.checkpoint.base_record import base_files
-from training.checkpoint.hf_export import run_config, run_tokenizer_dataset, write_tokenizer
+from training.checkpoint.hf_export import run_tokenizer_dataset, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
 from training.console import say
@@ -61,7 +61,6 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.eval_table import read_step_results, rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
-from training.data.spec import resolve
 from training.model import ModelConfig, model_to_load
 from training.run.preflight import raise_rank0_problem
 from training.train import main as train_main
@@ -161,7 +160,7 @@ class TrainingEval:
                 self.plan = TaskPlan(
                     self.run_dir, self.cfg, log=lambda line: say(f"  {line}"), tasks=self.tasks
                 )
-                dataset, _ = run_tokenizer_dataset(self.run_dir, resolve(run_config(self.run_dir)))
+                dataset, _ = run_tokenizer_dataset(self.run_dir, self.plan.run_spec)
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
                 write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files

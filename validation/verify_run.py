@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.base_record import BASE_JSON, check_kept_base
-from training.checkpoint.base_source import is_hub_commit
+from training.checkpoint.base_source import unrecorded_step0
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import (
     ExportError,
@@ -228,17 +228,12 @@ def _base_row(run_dir: Path) -> list[tuple]:
     folder = run_dir / BASE_DIR
     if not _from_base(run_dir):
         return []
-    base = str((resume_model_record(run_dir) or {}).get("init_from"))
     # as export does: a hub commit names its bytes, so step 0 needs no record of them (RV69e 2)
-    step0 = (
-        f"its step 0 is the hub commit {base}, exported from it"
-        if is_hub_commit(base)
-        else "its step 0 cannot be exported"
-    )
+    step0 = unrecorded_step0(str((resume_model_record(run_dir) or {}).get("init_from")))
     missing = (
         f"{folder / BASE_JSON} is missing: the run started before gristmill kept its base's record, or "
         "resumed from a checkpoint outside its run directory, or it was deleted (then restore RUN/base/ "
-        f"from a copy of the run); {step0}"
+        f"from a copy of the run); its {step0}"
     )
     try:
         kept = check_kept_base(run_dir)  # None: no record, and no checkpoint's to compare with

@@ -39,9 +39,9 @@ from training.checkpoint.base_source import (
     BaseModelError,
     check_templates,
     hub_id,
-    is_hub_commit,
     kept_name,
     named_templates,
+    unrecorded_step0,
     weights_files,
 )
 from training.checkpoint.export_advice import export_fix
@@ -230,13 +230,7 @@ def record_base_of_copy(run_dir: str | Path, checkpoint: Path, directory: Path |
         except (GristmillError, OSError) as e:
             why = f"{directory} cannot be compared with it ({(str(e).splitlines() or [''])[0]})"
     drop_base_record(run_dir)  # an earlier run's in this directory is not this one's base (R15d F8)
-    base = str((model or {}).get("init_from"))
-    # a hub commit names its bytes: step 0 is exported from it all the same (hf_export._unrecorded_base)
-    step0 = (
-        f"step 0 is the hub commit {base}, exported from it"
-        if is_hub_commit(base)
-        else "step 0 cannot be exported from this run"
-    )
+    step0 = unrecorded_step0(str((model or {}).get("init_from")))
     return (
         f"note: {checkpoint} lies in no run directory, so its run's RUN/base/ (the record of its base's "
         f"weights and special tokens) is not carried, and {why}: the exports take the dataset's tokens, and "

@@ -57,6 +57,7 @@ __all__ = [
     "fetch_hub_base",
     "hub_id",
     "is_hub_commit",
+    "unrecorded_step0",
     "locate_base",
     "weights_files",
 ]
@@ -205,6 +206,14 @@ def is_hub_commit(identity: str) -> bool:
     it without RUN/base/base.json's record of them (hf_export._unrecorded_base)."""
     hub = hub_id(identity)
     return hub is not None and hub[1] is not None and _COMMIT.fullmatch(hub[1]) is not None
+
+
+def unrecorded_step0(base: str) -> str:
+    """What step 0 of a run that keeps no record of its base's weights is, as its lines say it: a hub
+    commit names its bytes, so it is exported from it (hf_export._unrecorded_base); else none can be."""
+    if is_hub_commit(base):
+        return f"step 0 is the hub commit {base}, exported from it"
+    return "step 0 cannot be exported from this run"
 
 
 def locate_base(

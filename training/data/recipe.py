@@ -703,10 +703,10 @@ def check_trained_on(
         # the same shards under another tokenizer's record: dataset.json edited with its tokenizer.json
         # (a rebuild with another tokenizer writes other ids), and an export shipped the edited one
         # (trial RV70d 6)
-        theirs = str(info.get("tokenizer_sha256"))[:12]
+        theirs, ours = two_hashes(str(info.get("tokenizer_sha256")), tokenizer)
         raise DatasetError(
             f"source {source!r}: {location}{working_directory_note(location)} records tokenizer sha256 "
-            f"{theirs}… for the shards this run trained on, tokenized with {tokenizer[:12]}… ({path}): its "
+            f"{theirs} for the shards this run trained on, tokenized with {ours} ({path}): its "
             f"tokenizer.json and dataset.json were edited after the build; restore them; {consequence}"
         )
     held_out = trained.get("val_fraction")
