@@ -690,6 +690,8 @@ def read_dataset_json(root: str | Path) -> tuple[bytes, dict[str, Any]]:
     path = root / DATASET_JSON
     if not path.is_file() and (unfinished := unfinished_build(root)) is not None:
         raise DatasetError(f"{unfinished}; read it once it is built")  # (train said "build one": R26b m2)
+    if root.name == DATASET_JSON and root.is_file():  # the record itself, not its dataset (RV70g 8)
+        raise DatasetError(f"{root} is a dataset's record: name its directory, {root.parent}")
     if not path.is_file():
         # a run's recipe keeps data.dataset as written: relative, it is read from the working directory
         relative = not root.is_absolute()

@@ -614,6 +614,13 @@ def test_a_relative_dataset_path_names_the_working_directory(tmp_path, monkeypat
         f"{tmp_path / 'demo' / DATASET_JSON} not found: {tmp_path / 'demo'} is not a gristmill dataset "
         "(build one with `gristmill data build`)"
     )
+    (tmp_path / "demo").mkdir()  # the record itself named: its directory said (RV70g 8)
+    (tmp_path / "demo" / DATASET_JSON).write_text("{}")
+    with pytest.raises(DatasetError) as record:
+        read_dataset_info(tmp_path / "demo" / DATASET_JSON)
+    assert str(record.value) == (
+        f"{tmp_path / 'demo' / DATASET_JSON} is a dataset's record: name its directory, {tmp_path / 'demo'}"
+    )
 
     # found, but another dataset: said as read from here, not only "rebuilt or replaced" (RV64a 2e)
     run = {"sources": [{"name": "data", "fingerprint": "f" * 64}]}
