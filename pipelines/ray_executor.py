@@ -26,6 +26,7 @@ import ipaddress
 import logging
 import os
 import pickle
+import socket
 import tempfile
 from collections.abc import Iterator
 
@@ -80,6 +81,19 @@ def init_local_ray(**kwargs) -> None:
         )
 
 
+def _answers(address: str, timeout_s: float = 10.0) -> None:
+    """Raise ConnectionError where nothing accepts a TCP connection at a "HOST:PORT" (or
+    "ray://HOST:PORT") address: ray.init retries such an address for ever, printing only Ray's own
+    warnings (trial RV71c 3). "auto" and other forms are Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {host}:{port}: {e.strerror or e}") from None
+
+
 @contextlib.contextmanager
 def ray_cluster(rc: RayConfig, verbose: bool, log=print) -> Iterator[str]:
     """Connect to (or start) the cluster build.ray describes unless this process already is
@@ -95,6 +109,7 @@ def ray_cluster(rc: RayConfig, verbose: bool, log=print) -> Iterator[str]:
                 # long-lived cluster (`ray start --head`) keeps its own.
                 init_local_ray(**options)
             else:
+                _answers(rc.address)
                 ray.init(address=rc.address, **options)
         except RayClusterError:
             raise

@@ -23,9 +23,10 @@ import pytest
 
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
+from pipelines.ray_executor import RayClusterError
 from tests.helpers.build_runs import assert_same_dataset, assert_task_failure_is_one_error
 from tests.helpers.dup_corpus import write_dup_config
-from tests.helpers.s3_server import BUCKET, s3_bucket
+from tests.helpers.s3_server import BUCKET, closed_port_url, s3_bucket
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import DATASET_JSON, read_dataset_info
 
@@ -227,6 +228,21 @@ def test_ray_executor_without_ray_names_the_extra(build_fixture, tmp_path, monke
     cfg = load_config(DataConfig, build_fixture[2], [f"output={tmp_path / 'o'}", "build.executor=ray"])
     with pytest.raises(BuildError, match=r"pip install 'gristmill\[ray\]'"):
         build(cfg, **QUIET)
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line(build_fixture, tmp_path, capsys):
+    # ray.init retried a closed HOST:PORT for ever with only Ray's own warnings (trial RV71c 3)
+    pytest.importorskip("ray")
+    port = closed_port_url().rsplit(":", 1)[1]
+    over = [f"output={tmp_path / 'o'}", "build.executor=ray", f"build.ray.address=127.0.0.1:{port}"]
+    with pytest.raises(RayClusterError) as refused:
+        build(load_config(DataConfig, build_fixture[2], over), **QUIET)
+    assert str(refused.value).startswith(
+        f"cannot connect to Ray at build.ray.address = '127.0.0.1:{port}' (ConnectionError: nothing "
+        f"answers at 127.0.0.1:{port}: "
+    )
+    assert "start the cluster (`ray start --head` on its head node)" in str(refused.value)
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
