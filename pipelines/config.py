@@ -184,7 +184,7 @@ class RayConfig:
     address: str = "local"
     """The Ray cluster that runs the tasks, unless the process calling build() is already connected
     to one (ray.init() before it). "local": a Ray instance started on this machine for the build
-    (all its CPUs, no dashboard, listening on 127.0.0.1 only) and stopped after it; "auto": the
+    (all its CPUs, no dashboard web server, listening on 127.0.0.1 only) and stopped after it; "auto": the
     cluster started on this machine with `ray start` (or named by RAY_ADDRESS); "HOST:PORT": a
     running cluster's head node. Every node must have gristmill and see a local source at the same
     path, and a local output directory too (an s3:// output needs none: each task uploads its own)."""
