@@ -43,7 +43,7 @@ from training.contract.dataset_format import (
     task_of_file,
 )
 from training.contract.errors import GristmillError, print_error, refuse_empty, sigterm_raises
-from training.contract.object_store import ObjectStore, is_url
+from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import (
     CONFIG_TOML,
     CONSUMPTION_PARQUET,
@@ -568,12 +568,24 @@ def run(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
     cache = cache_of(args)  # a --cache-dir that cannot be one: one line before the bucket is asked
+    _refuse_twice(args.dirs)
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
     # SIGTERM raises, so the copies' folder goes with the audit (it was left: trial RV63e 3)
     with sigterm_raises(), run_tables_read_once(args.dirs), _damaged_files_named(args.dirs):
         return _run(args)
+
+
+def _refuse_twice(dirs: list[str]) -> None:
+    """One directory (or bucket prefix) named twice, by another spelling or a link: its views held
+    its rows twice, as demo#0 and demo#1, and every count summed over them doubled (trial RV71c 8)."""
+    seen: dict[str, str] = {}
+    for d in dirs:
+        key = str(ObjectURL.parse(d)) if is_url(d) else os.path.realpath(d)
+        if key in seen:
+            raise AuditError(f"{seen[key]} and {d} are one dataset or run: name it once")
+        seen[key] = d
 
 
 def _refuse_other_file(db: Path) -> None:
@@ -685,8 +697,9 @@ def _no_dataset(dirs: list[str], what: str, instead: str) -> AuditError:
                 why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
             except DatasetError as e:  # its data_plan.json damaged: which builds it read is unknown
                 why, others = dict.fromkeys(s for s, _ in sources), [*others, str(e)]
-            relative = any(relative_location(loc) for s, loc in sources if why[s])
-            none = "none from this working directory" if relative else "none now"
+            # none: each is missing, damaged or another build than it read, as said after (a rebuilt
+            # one was "none from this working directory", though there: trial RV71c 7)
+            none = "none that is the build it read"
             runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
             others += [w for w in why.values() if w]
     return AuditError(

@@ -328,7 +328,11 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     another = f"{data} is not the dataset this run trained on (fingerprint {now[:12]}… now, {read[:12]}… in "
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"pass a dataset directory ({run}'s: none now)" in err and another in err and "\n" not in err, err
+    assert (
+        f"pass a dataset directory ({run}'s: none that is the build it read)" in err
+        and another in err
+        and "\n" not in err
+    ), err
     assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
     out, err = capsys.readouterr()
     assert out.split()[-1] == "False" and err.startswith("note: source 'data': " + another), err
@@ -336,7 +340,7 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"({run}'s: none from this working directory)" in err, err
+    assert f"({run}'s: none that is the build it read)" in err, err
     assert (
         f"source 'data': data (from this working directory: {data}; if the run started in another, run the "
         "command there) is not the dataset " in err
@@ -507,6 +511,21 @@ def test_dataset_names_are_disambiguated(tmp_path):
     b.mkdir(parents=True)
     assert dataset_names([a, b]) == ["a/demo", "b/demo"]
     assert dataset_names([a, a]) == ["demo#0", "demo#1"]
+
+
+def test_one_dataset_named_twice_is_refused(built_dataset, tmp_path, capsys):
+    # by another spelling or a link: demo#0 and demo#1, every summed count doubled (trial RV71c 8)
+    (tmp_path / "link").symlink_to(built_dataset)
+    for again in (f"{built_dataset}/", str(tmp_path / "link")):
+        assert main(["data", "audit", str(built_dataset), again, "--report", "summary"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: {built_dataset} and {again} are one dataset or run: name it once"
+        )
+    assert main(["data", "audit", "s3://b/x", "s3://b/x/", "--report", "summary"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: s3://b/x and s3://b/x/ are one dataset or run: name it once"
+    )
 
 
 def test_db_file_persists_views(built_dataset, tmp_path, capsys):
