@@ -12,7 +12,8 @@ metrics:
 read inside the dataset directories (`allowed_directories` + `enable_external_access = false`, no
 spill directory), extensions can be neither installed nor loaded, and the configuration is
 locked, so a user query cannot switch any of that back. `persist()` writes the same views into a
-database file that the duckdb CLI or Python can open.
+database file that the duckdb CLI or Python can open, those of a dataset refusing to answer once its
+files changed since (_written_files).
 """
 
 from __future__ import annotations
@@ -727,11 +728,14 @@ def _source(view: FileView, root: Path, in_place: bool = False) -> str | None:
     if not paths:
         return None
     files = "[" + ", ".join(sql_str(glob_literal(f)) for f in paths) + "]"
+    # a --db's file gone since: no rows of it, so its guard (_written_files) names what changed; duckdb
+    # said "No files found" as it bound the view, before any guard could run
+    empty = ", allow_empty = true" if in_place else ""
     if view.reader == "parquet":
-        return f"read_parquet({files}, union_by_name = true)"
+        return f"read_parquet({files}, union_by_name = true{empty})"
     if view.reader == "json":
-        return f"read_json({files}, union_by_name = true)"
-    return f"read_text({files})"
+        return f"read_json({files}, union_by_name = true{empty})"
+    return f"read_text({files}{empty})"
 
 
 # One sha256 of dataset.json `j` but the keys `data index` and `data upload` write (INDEX_WRITES,
@@ -755,7 +759,8 @@ def _identities(root: Path, con: duckdb.DuckDBPyConnection) -> str:
     given only while `j` but the keys `data index` writes is as it was here (UNINDEXED_SQL). After
     `data index` it is (the --db written before it said "another build" of the run's own data: review
     RV32g B); after a rebuild it is not, and where `j` has one before an index, null says this --db
-    cannot tell (write it again). `con`: the views' connection (another costs 0.1 s)."""
+    cannot tell (write it again); a --db's views now refuse either first (_written_files). `con`: the
+    views' connection (another costs 0.1 s)."""
     try:
         text = (root / DATASET_JSON).read_text(encoding="utf-8")
         unindexed = sql_str(fingerprint_without_index(json.loads(text)))
@@ -774,9 +779,9 @@ def _files_changed(root: Path) -> str:
     """How many of the files the last validation checked differ from the versions it recorded
     (validate.dataset_versions: a bucket's ETags, a directory's sizes and mtimes; the shards', and
     where it records them the others': dataset.json, tokenizer.json, index/, manifest/, decontam/),
-    now, as the views are made (a --db's count is of its writing); NULL where the record holds none
-    (written before versions were recorded) or cannot be read. One listing of a bucket (a request per
-    thousand)."""
+    now, as the views are made (a --db's is of its writing, and refused once not: _written_files); NULL
+    where the record holds none (written before versions were recorded) or cannot be read. One listing
+    of a bucket (a request per thousand)."""
     try:
         record = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
         recorded, beside = record.get("shard_versions"), record.get("file_versions")
@@ -801,9 +806,15 @@ def _empty_source(view: FileView) -> str | None:
 
 
 def view_sql(
-    name: str, roots: list[Path], names: list[str], con: duckdb.DuckDBPyConnection, in_place: bool = False
+    name: str,
+    roots: list[Path],
+    names: list[str],
+    con: duckdb.DuckDBPyConnection,
+    in_place: bool = False,
+    guards: dict[Path, tuple[str, str]] | None = None,
 ) -> str | None:
-    """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out."""
+    """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out. `guards`:
+    root -> the conditions its rows are read under (a --db's, _written_files)."""
     view = FILE_VIEWS[name]
     parts = []
     sources = [_source(view, r, in_place) for r in roots]
@@ -815,22 +826,33 @@ def view_sql(
             if empty is None:
                 continue
             src = empty
+        elif empty is not None and in_place:
+            # a --db's files all gone since (allow_empty, _source): duckdb's reader gives one column,
+            # `empty`, and the view's SQL did not bind, before its guard could say what changed
+            with_empty = f"(SELECT NULL::BOOLEAN AS empty, * FROM {empty})"
+            src = f"(SELECT * EXCLUDE (empty) FROM (SELECT * FROM {src} UNION ALL BY NAME {with_empty}))"
         elif empty is not None and view.schema is not None:
             # files written before a column was added read as null in it (e.g. an older manifest)
             src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
         identities = _identities(root, con) if "{identities}" in view.sql else ""
         changed = _files_changed(root) if "{changed}" in view.sql else ""
         body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities, changed=changed)
-        parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
+        # files_changed counts the shards: `validation` alone is guarded by them too
+        guard = f" WHERE {guards[root]['{changed}' in view.sql]}" if guards and root in guards else ""
+        parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body}){guard}")
     return "\nUNION ALL BY NAME\n".join(parts)
 
 
 def create_views(
-    con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[str], in_place: bool = False
+    con: duckdb.DuckDBPyConnection,
+    roots: list[Path],
+    names: list[str],
+    in_place: bool = False,
+    guards: dict[Path, tuple[str, str]] | None = None,
 ) -> list[str]:
     created = []
     for name in FILE_VIEWS:
-        sql = view_sql(name, roots, names, con, in_place)
+        sql = view_sql(name, roots, names, con, in_place, guards)
         if sql is not None:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
             created.append(name)
@@ -876,9 +898,90 @@ def persist(roots: list[str | Path], db_path: str | Path, checked: list[Path] | 
     paths = check_roots(roots) if checked is None else checked
     con = duckdb.connect(str(db_path), config=_CONFIG)
     try:
-        return create_views(con, paths, dataset_names(paths), in_place=True)  # they outlive the audit
+        con.begin()  # all or nothing: a user's table named like a view left half the views written
+        # the files as they are before the views list them: a change in between is one the guard sees
+        guards = _written_files(con, [str(r) for r in roots], paths, db_path)
+        views = create_views(con, paths, dataset_names(paths), in_place=True, guards=guards)  # outlive it
+        con.commit()
+        return views
     finally:
         con.close()
+
+
+# What a --db's views of a dataset read, and what the `validation` view's files_changed counts
+# (validate.dataset_versions: the shards, tokenizer.json, index/, manifest/, decontam/), as duckdb lists
+# them; `**` is any depth, dot files too. Only `validation` is guarded by the shards: duckdb lists 100k
+# files in ~1.4 s, at every query of a view
+_WRITTEN_FILES = tuple(
+    dict.fromkeys(
+        [
+            *(FILE_VIEWS[v].pattern for v in FILE_VIEWS if v not in RUN_VIEWS),
+            TOKENIZER_JSON,
+            f"{INDEX_DIR}/**",
+            f"{MANIFEST_DIR}/**",
+            f"{DECONTAM_DIR}/**",
+        ]
+    )
+)
+_SHARD_FILES = f"{SHARDS_DIR}/*"
+_NO_BLOB = (
+    "(SELECT NULL::BOOLEAN AS empty, NULL::VARCHAR AS filename, NULL::BIGINT AS size, "
+    "NULL::TIMESTAMP WITH TIME ZONE AS last_modified WHERE false)"
+)
+_WRITTEN_TABLE = "gristmill.written_files"  # a schema of its own: none of the user's names, nor SHOW TABLES'
+
+
+def _written_files(
+    con: duckdb.DuckDBPyConnection, given: list[str], paths: list[Path], db_path: str | Path
+) -> dict[Path, tuple[str, str]]:
+    """Records in the --db each dataset root's files (_WRITTEN_FILES, _SHARD_FILES) with their size and
+    last-modified time (microseconds), and returns root -> the conditions its views' rows are read
+    under, (without the shards, with them): true while duckdb lists the same files now, else duckdb's
+    error() in one line naming the dataset, a file that differs and the command that writes the --db
+    again. The views list the files by name as they were written but read them as they are: a dataset
+    rebuilt under its path answered other counts, one whose shard changed kept its files_changed of the
+    writing, ok, exit 0 (trial RV71c 1, 2). A training run's live tables change as it trains and are not
+    guarded; a bucket's dataset is read in the cache's copy, which is guarded (not the bucket).
+    read_blob reads no content for these columns."""
+    con.execute("CREATE SCHEMA IF NOT EXISTS gristmill")
+    con.execute(
+        f"CREATE OR REPLACE TABLE {_WRITTEN_TABLE} "
+        "(root VARCHAR, filename VARCHAR, size BIGINT, last_modified TIMESTAMP WITH TIME ZONE)"
+    )
+    shown = [origin(p) or os.path.abspath(g) for g, p in zip(given, paths)]
+    again = f"`gristmill data audit {' '.join(shown)} --db {os.path.abspath(db_path)}`"
+
+    def listed(root: Path, patterns: tuple[str, ...]) -> str:
+        files = ", ".join(sql_str(f"{glob_literal(str(root))}/{p}") for p in patterns)
+        # none matching: duckdb's reader gives one column, `empty` (the dataset removed whole)
+        read = f"SELECT * FROM read_blob([{files}], allow_empty = true) UNION ALL BY NAME {_NO_BLOB}"
+        return f"SELECT DISTINCT filename, size, last_modified FROM ({read})"
+
+    def guard(root: Path, name: str, shards: bool) -> str:
+        now = listed(root, (*_WRITTEN_FILES, _SHARD_FILES) if shards else _WRITTEN_FILES)
+        then = f"root = {sql_str(str(root))}"
+        then += "" if shards else f" AND NOT starts_with(filename, {sql_str(f'{root}/{SHARDS_DIR}/')})"
+        said = f"{name} changed since this --db was written ("
+        fix = f"): write it again with {again}"
+        return f"""(SELECT CASE WHEN count(*) = 0 THEN true ELSE error({sql_str(said)}
+            || first(substr(filename, {len(str(root)) + 2}) || ' ' || how ORDER BY filename)
+            || CASE WHEN count(*) > 1 THEN ', and ' || (count(*) - 1) || ' more' ELSE '' END
+            || {sql_str(fix)}) END FROM (
+            SELECT coalesce(n.filename, w.filename) AS filename,
+                   CASE WHEN w.filename IS NULL THEN 'added' WHEN n.filename IS NULL THEN 'removed'
+                        ELSE 'changed' END AS how
+            FROM ({now}) n
+            FULL JOIN (SELECT * FROM {_WRITTEN_TABLE} WHERE {then}) w ON n.filename = w.filename
+            WHERE n.size IS DISTINCT FROM w.size OR n.last_modified IS DISTINCT FROM w.last_modified))"""
+
+    guards = {}
+    for root, name in zip(paths, shown):
+        if is_training_run(root) or root in guards:  # (a root named twice: one record)
+            continue
+        everything = listed(root, (*_WRITTEN_FILES, _SHARD_FILES))
+        con.execute(f"INSERT INTO {_WRITTEN_TABLE} SELECT ?, * FROM ({everything})", [str(root)])
+        guards[root] = (guard(root, name, False), guard(root, name, True))
+    return guards
 
 
 def check_db_path(db_path: str | Path) -> None:

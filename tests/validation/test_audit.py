@@ -303,7 +303,13 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     out, err = capsys.readouterr()
     assert out.split()[-1] == "True" and not err, (out, err)
     db = duckdb.connect(str(tmp_path / "audit.duckdb"))
-    assert db.execute(same).fetchall() == [(True,)]  # the --db said False: "another build"
+    # the --db said False, "another build" (review RV32g B); its views of data now refuse once its files
+    # changed since it was written, `data index` too (trial RV71c 1)
+    refused = re.escape(f"{data} changed since this --db was written (dataset.json changed, and ")
+    with pytest.raises(duckdb.InvalidInputException, match=refused):
+        db.execute(same)
+    write_consumption(plan, 2, plan.consumed(2), run / "consumption.parquet")  # as the trainer rewrites it
+    assert db.execute("SELECT count(*) FROM consumption").fetchone()[0] > 0  # a run's tables: not guarded
     # The digest the --db compares: every key of dataset.json but those `data index` writes, so one a
     # future fingerprint() covers changes it too; it listed the fields fingerprint() covered, a second
     # list (and a json_each of shard_files: 47 s at 300k shards), review RV33d F2, F6.
@@ -318,13 +324,12 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     for key in {*info, *UPLOAD_WRITES, "a_field_fingerprint_may_come_to_cover"}:
         assert (digest({**info, key: "x"}) == digest(info)) == (key in skipped), key
     shutil.rmtree(data)
-    now = json.loads((small_dataset(data, seed=2) / "dataset.json").read_text())["fingerprint"]
-    # the --db's views, made before, read the new dataset.json: its fingerprints are its own, not the old's
-    assert db.execute(same).fetchall() == [(False,)]
-    without_index(data)  # rebuilt without an index, then indexed: null, the --db cannot tell
-    now = index_dataset(data, log=lambda *a: None)["fingerprint"]
-    assert db.execute(same).fetchall() == [(None,)]
+    small_dataset(data, seed=2)
+    with pytest.raises(duckdb.InvalidInputException, match=refused):  # it read the new build's files
+        db.execute(same)
     db.close()
+    without_index(data)
+    now = index_dataset(data, log=lambda *a: None)["fingerprint"]
     another = f"{data} is not the dataset this run trained on (fingerprint {now[:12]}… now, {read[:12]}… in "
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()
@@ -540,6 +545,56 @@ def test_db_file_persists_views(built_dataset, tmp_path, capsys):
     assert {"docs", "excluded", "stats", "dataset", "shards", "validation"} <= {
         r[0] for r in con.execute("SHOW TABLES").fetchall()
     }
+
+
+def test_a_db_refuses_once_its_dataset_changed(built_dataset, tmp_path, capsys):
+    """A --db's views list a dataset's files as they were when it was written but read them as they are:
+    a rebuild under the same path answered a mix of both builds, and `validation` kept the files_changed
+    of its writing (ok, 0 with a shard changed since), exit 0 (trial RV71c 1, 2). Its views now refuse in
+    one line, naming a file and the command that writes the --db again (for a shard, `validation` alone)."""
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    db = tmp_path / "audit.duckdb"
+    assert main(["data", "audit", str(root), "--db", str(db), "--report", "validation"]) == 0
+    capsys.readouterr()
+    views = ("docs", "excluded", "stats", "shards", "validation", "dataset")
+    queries = [f"SELECT count(*) FROM {v}" for v in views]
+
+    def answers() -> list:
+        with duckdb.connect(str(db), read_only=True) as con:
+            return [con.execute(q).fetchone()[0] for q in queries]
+
+    def refused(what: str, asked: list[str] = queries) -> None:
+        said = f"{root} changed since this --db was written ({what}): write it again with "
+        said += f"`gristmill data audit {root} --db {db}`"
+        with duckdb.connect(str(db), read_only=True) as con:
+            for q in asked:
+                with pytest.raises(duckdb.InvalidInputException) as e:
+                    con.execute(q)
+                assert str(e.value) == f"Invalid Input Error: {said}", q
+
+    unchanged = answers()
+    assert unchanged[0] == json.loads((root / "dataset.json").read_text())["documents"] > 0
+    assert unchanged[4:] == [1, 1]
+    manifest = root / "manifest" / "00000.parquet"
+    shutil.copy(manifest, root / "manifest" / "00002.parquet")  # a third task's, as a rebuild adds
+    refused("manifest/00002.parquet added")
+    (root / "manifest" / "00002.parquet").unlink()
+    assert answers() == unchanged  # the files as written: answered as before
+    # duckdb's "No files found"; and with none of a view's files left, its SQL did not bind
+    manifest.parent.rename(tmp_path / "away")
+    (root / "validation.json").rename(tmp_path / "validation.json")
+    refused("manifest/00000.parquet removed, and 2 more")  # the fixture's two tasks' and validation.json
+    (tmp_path / "away").rename(manifest.parent)
+    (tmp_path / "validation.json").rename(root / "validation.json")
+    assert answers() == unchanged
+    shard = sorted((root / "shards").iterdir())[-1]
+    with shard.open("ab") as f:
+        f.write(b"x")
+    # validation said ok, files_changed 0; the views that read no shard answer as they did
+    refused(f"shards/{shard.name} changed", [queries[4], "SELECT ok, files_changed FROM validation"])
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert [con.execute(q).fetchone()[0] for q in queries[:4]] == unchanged[:4]
 
 
 def test_db_inside_a_dataset_is_refused_before_it_is_written(built_dataset, tmp_path, capsys):
