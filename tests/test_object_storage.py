@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -2651,7 +2652,7 @@ def test_a_bucket_validation_keeps_each_result_as_it_finishes_not_in_order(s3, t
     assert done["report"].ok and done["report"].shards == len(shards)
 
 
-def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synthetic, capsys):
+def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synthetic, capsys, tmp_path):
     """A shard damaged in the bucket after `data validate` said ok: the audit printed "ok" from the
     bucket's record, though training refused the shard (review RV49a 2). The record holds the ETags
     the validation listed; the audit lists them again (one request) and says the record is stale."""
@@ -2660,9 +2661,15 @@ def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synth
     upload_dataset(local, url, log=lambda *a: None)
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     report = ["data", "audit", url, "--report", "validation"]
+    db = tmp_path / "audit.duckdb"
+    assert gristmill([*report, "--db", str(db)]) == 0
     capsys.readouterr()
     assert gristmill(report) == 0
     assert " ok " in capsys.readouterr().out
+    # a --db reads the cache's copy, guarded against a change since (trial RV71c 1): the audit just now
+    # fetched the same validation.json, and rewrote it, which the --db took for a change
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT ok, files_changed FROM validation").fetchall() == [(True, 0)]
     # a shard, and as well an index file (trial RV60a 8: it said ok; the synthetic dataset has no tokenizer)
     for changed in ("shards/", "index/"):
         key = "stale-record/" + next(k for k in sorted(s3.keys("stale-record")) if k.startswith(changed))
