@@ -779,7 +779,9 @@ def _run(args: argparse.Namespace) -> int:
                 f"cannot write the views into --db {args.db}: {str(e).strip().splitlines()[0]}; name a new "
                 "file, or a database only the audit wrote"
             ) from None
-        print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)
+        # the duckdb CLI is no dependency of gristmill: the Python module is (trial RV71c 5)
+        how = f"`duckdb.connect({str(args.db)!r})` in Python, or the duckdb CLI"
+        print(f"wrote {args.db}: views {', '.join(views)} (open it with {how})", file=sys.stderr)
     con, _ = connect(args.dirs, checked)
     try:
         if args.sql is not None:
