@@ -776,7 +776,11 @@ def test_the_run_lock_tells_a_removed_or_replaced_run_directory(tmp_path):
     with RunLock(run):
         assert run_dir_lost(run) is None and run_dir_lost(tmp_path / "other") is None
         shutil.rmtree(run)
-        assert run_dir_lost(run).startswith(f"{run} was removed under this run (its {LOCK_FILE} is gone): ")
+        assert run_dir_lost(run) == (  # moved, it keeps its checkpoints: not "train again" alone (RV71b 2)
+            f"{run} was removed or moved under this run (its {LOCK_FILE} is gone): this run stops and writes "
+            "nothing more there; if you moved it, resume it where it is now (--resume auto --set "
+            'run.output_dir="NEW"), else train again into a directory no other run uses'
+        )
         run.mkdir()
         with RunLock(run) as second:  # the next run's lock, a new file (here in the same process)
             assert run_dir_lost(run).startswith(f"{run} was removed or replaced under this run (its ")

@@ -120,7 +120,7 @@ class RunLock:
         try:
             now = os.stat(self.run_dir / LOCK_FILE)
         except FileNotFoundError:
-            return f"{self.run_dir} was removed under this run (its {LOCK_FILE} is gone)"
+            return f"{self.run_dir} was removed or moved under this run (its {LOCK_FILE} is gone)"
         held = os.fstat(self.file.fileno())
         if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
             return None
@@ -168,15 +168,17 @@ def _gone(raw: str) -> str:
 
 
 def run_dir_lost(run_dir: str | Path) -> str | None:
-    """What happened to `run_dir` when this process holds its lock and the directory was removed or
-    replaced under it (its lock file is no longer the one held), as the run's one-line stop: it must
+    """What happened to `run_dir` when this process holds its lock and the directory was removed, moved
+    or replaced under it (its lock file is no longer the one held), as the run's one-line stop: it must
     write nothing more there, where another run may now write. None while the directory is still this
     process's, or when this process holds no lock of it (the other ranks: rank 0 holds it)."""
     for lock in _HELD:
         if os.path.abspath(lock.run_dir) == os.path.abspath(run_dir) and (what := lock.lost()) is not None:
+            # A moved directory keeps its checkpoints: resumed where it is now, it goes on (trial RV71b 2)
             return (
-                f"{what}: this run stops and writes nothing more there (its checkpoints in it are gone "
-                "or another run's); train again into a directory no other run uses"
+                f"{what}: this run stops and writes nothing more there; if you moved it, resume it where it "
+                'is now (--resume auto --set run.output_dir="NEW"), else train again into a directory no '
+                "other run uses"
             )
     return None
 
