@@ -833,6 +833,50 @@ def test_train_plan_refuses_a_base_of_another_tokenizer_as_train_does(
     assert not run.exists()
 
 
+def test_a_resume_whose_base_tokenizer_changed_since_the_start_says_so_not_rebuild_the_data(
+    tmp_path, built_dataset, capsys
+):
+    """Trial RV71b 1: the base's tokenizer.json edited (two ids swapped) after the run started, a
+    resume and its --plan said the dataset was tokenized with another tokenizer, rebuild it: the
+    base changed, and RUN/base/ keeps the copy it was (base.json its sha256). Said so, naming the
+    copy; restored (re-saved, other bytes), the resume trains; a new run still blames the data."""
+    from pipelines.cli import main as gristmill
+
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
+    run = tmp_path / "run"
+    sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
+            "data.global_batch_tokens=512", "data.micro_batch=2", "run.val_every=0", "metrics.plot=false",
+            "checkpoint.interval=2", "run.threads=1", "run.device=cpu", "metrics.tensorboard=false",
+            "schedule.steps=4", "schedule.warmup_steps=1"]  # fmt: skip
+    assert train_main(["--config", TINY, "--set", *sets, "run.max_steps=2"]) == 0
+    tok = json.loads((base / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (base / "tokenizer.json").write_text(json.dumps(tok))
+    kept = run / "base" / "tokenizer.json"
+    for plan in (["--plan"], []):
+        capsys.readouterr()
+        assert gristmill(["train", "--config", TINY, *plan, "--resume", "auto", "--set", *sets]) == 2, plan
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(
+            f"error: {base / 'tokenizer.json'} (base model) changed since the run started: it differs from "
+            f"{kept}, the copy the run kept then (sha256 "
+        ), line
+        assert "in model.vocab; restore it from that copy, or move the base folder away" in line, line
+    assert complete_steps(run) == [2]
+    # step 0's export is the base's weights with the copy's tokenizer, as the run's steps': not refused
+    assert (export_checkpoint(run, 0) / "tokenizer.json").read_bytes() == kept.read_bytes()
+    fresh = [*sets, f"run.output_dir={tmp_path / 'fresh'}"]  # no record yet: the data is held to the base
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *fresh]) == 2
+    assert "(dataset) differs from" in one_error_line(capsys.readouterr().err)
+    (base / "tokenizer.json").write_text(json.dumps(json.loads(kept.read_text()), indent=2))  # re-saved
+    assert train_main(["--config", TINY, "--set", *sets, "checkpoint.resume=auto"]) == 0
+    assert complete_steps(run) == [2, 4]
+
+
 def test_an_eos_list_keeps_its_special_members(tmp_path, built_dataset):
     """Review RV28c F5: eos_token_id [1, 2] (1 special, 2 ordinary): the whole list was replaced and
     the note called both ordinary; 2 alone is named and dropped, the special 1 kept."""

@@ -52,7 +52,7 @@ from training.checkpoint.record import (
     recorded_model,
 )
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import file_sha256
+from training.contract.dataset_format import file_sha256, tokenizer_differences
 from training.contract.errors import GristmillError
 from training.contract.hub_cache import hub_copy_damage
 from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, exported_with_checksums
@@ -71,6 +71,7 @@ __all__ = [
     "kept_base_files",
     "base_record_sha256",
     "base_weights",
+    "base_tokenizer_changed",
     "is_export",
     "check_kept_base",
     "carry_base_record",
@@ -340,16 +341,58 @@ def with_run_base(recorded: dict[str, Any] | None, run_dir: str | Path, spec: st
     the advised `org/name@commit` then resolved against that directory instead of the run's pinned
     commit: `main` fetched, or a download refused offline (review R25e 3, 4). The checkpointer
     still holds the base to that record and checks the record itself."""
-    if not recorded or not recorded.get("init_from") or not spec:
-        return recorded
+    found = _resumed_base(recorded, run_dir, spec) if recorded and recorded.get("init_from") else None
+    return recorded if found is None else {**recorded, "init_from": found[1]["init_from"]}
+
+
+def _resumed_base(
+    recorded: dict[str, Any] | None, run_dir: str | Path, spec: str
+) -> tuple[Path, dict[str, Any]] | None:
+    """(the run, its RUN/base/base.json) of the checkpoint `--resume spec` continues from, whose model
+    record is `recorded`, where that base.json records the checkpoint's base; else None (none, another
+    base's, or unreadable: the checkpointer names it where it checks the record)."""
+    if not recorded or not spec:
+        return None
     run = Path(run_dir) if spec == "auto" else run_of_checkpoint(spec)
     try:
         kept = read_base_record(run)
-    except GristmillError:  # the checkpointer names it where it checks the record
-        return recorded
+    except GristmillError:
+        return None
     if kept is None or kept.get("init_from_sha256") != recorded.get("init_from_sha256"):
-        return recorded
-    return {**recorded, "init_from": kept["init_from"]}
+        return None
+    return run, kept
+
+
+def base_tokenizer_changed(
+    recorded: dict[str, Any] | None, run_dir: str | Path, spec: str, directory: Path
+) -> str | None:
+    """Why a resume cannot read the base in `directory`: its tokenizer.json is not, by what decides the
+    ids, the one the run kept when it started (RUN/base/tokenizer.json, held to base.json's sha256).
+    `recorded`, `run_dir`, `spec`: as with_run_base's. Compared with the dataset instead, an edit of
+    the base was blamed on the data, whose rebuild was the advice (trial RV71b 1). None: the same
+    tokenizer (a re-saved copy too), no record, or a kept copy not intact (check_kept_base says so)."""
+    found = _resumed_base(recorded, run_dir, spec)
+    sha = None if found is None else found[1].get(TOKENIZER_SHA256)
+    if found is None or not sha:  # no record of the tokenizer.json kept (a record of before it)
+        return None
+    run = found[0]
+    now, copy = directory / TOKENIZER_JSON, run / BASE_DIR / TOKENIZER_JSON
+    try:
+        if not now.is_file() or file_sha256(now) == sha or file_sha256(copy) != sha:
+            return None
+        differ = tokenizer_differences(copy, now)
+        how = f"in {', '.join(differ)}"
+    except ValueError as e:
+        differ, how = ["its content"], f"(it is no longer valid JSON: {e})"
+    except OSError:
+        return None
+    if not differ:
+        return None
+    return (
+        f"{now} (base model) changed since the run started: it differs from {copy}, the copy the run kept "
+        f"then (sha256 {sha[:12]}… in {run / BASE_DIR / BASE_JSON}), {how}; restore it from that copy, or "
+        "move the base folder away (a resume reads the base's shape from the checkpoint, never its weights)"
+    )
 
 
 def unrecorded_base_reason(checkpoint: Path, was: str, identity: str) -> str:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.base_record import base_weights, is_export, with_run_base
+from training.checkpoint.base_record import base_tokenizer_changed, base_weights, is_export, with_run_base
 from training.checkpoint.base_source import BaseSource, locate_base
-from training.checkpoint.hf_import import check_base_data
+from training.checkpoint.hf_import import BaseModelError, check_base_data
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
@@ -142,6 +142,12 @@ def model_for_data(
     model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     notes = []
     if source is not None and source.directory is not None:
+        # the base edited since the run kept its tokenizer.json: said so before the data is held to it
+        changed = base_tokenizer_changed(
+            recorded, cfg.run.output_dir, cfg.checkpoint.resume, source.directory
+        )
+        if changed is not None:
+            raise BaseModelError(changed)
         data_dir = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: fetched, checked
         notes = check_base_data(
             source.directory, data_dir, info, model_config.vocab_size, recorded is not None
