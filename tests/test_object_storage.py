@@ -103,6 +103,7 @@ from training.data.remote import (
     CacheError,
     CacheSettings,
     copy_dir,
+    dataset_info,
     local_root,
     node_lock,
     tmp_name,
@@ -1406,6 +1407,40 @@ def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, t
     assert f"bytes 512–{int(damaged[0].split('-')[1]):,} (sample " in err[0], (err[0], damaged[0])
     first_row = sum(info["shard_files"][n]["documents"] for n in sorted(info["shard_files"])[:1])
     assert not list((tmp_path / "xdg").rglob(f"{-(-first_row // 64)}.blk"))  # nothing of it in the cache
+
+
+@pytest.mark.parametrize("etags", ["md5", "opaque", "kms"])
+def test_a_dataset_json_damaged_in_transit_is_fetched_again(s3, synthetic, tmp_path, capsys, etags):
+    """One GET of a bucket's dataset.json with a bit flipped on the way, the object intact, stopped
+    every command with "not valid JSON …; delete s3://…/dataset.json", the healthy commit point (trial
+    RV71a F1). A body whose MD5 is not its ETag is fetched again; where the ETags only look like an MD5
+    ("opaque": an encrypting MinIO), the same bytes twice are the object's; where the store says they
+    are none (SSE-KMS), a dataset.json that fails its checks is fetched once more."""
+    _, url = synthetic
+    rel = f"synthetic/{DATASET_JSON}"
+    raw = s3.client.get_object(Bucket=BUCKET, Key=rel)["Body"].read()
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    argv += ["--end", "2", "--cache-dir", str(tmp_path)]
+    want, clean = dataset_info(url), (gristmill(argv), capsys.readouterr())
+    s3.proxy.kms, s3.proxy.opaque_etags = etags == "kms", etags == "opaque"
+    try:
+        s3.proxy.reset_counts()
+        assert ObjectStore(url).get(DATASET_JSON) == raw
+        assert len(s3.proxy.counts.gets(rel)) == (2 if etags == "opaque" else 1)  # the same bytes twice
+        for n, read in enumerate([lambda: dataset_info(url), lambda: (gristmill(argv), capsys.readouterr())]):
+            s3.proxy.flip_gets(rel, 1, at=0)  # its `{`: never JSON
+            s3.proxy.reset_counts()
+            before = COUNTS.snapshot()
+            assert read() == (want, clean)[n]
+            after = COUNTS.snapshot()
+            assert s3.proxy.counts.flipped == 1 and len(s3.proxy.counts.gets(rel)) >= 2
+            if etags == "kms":  # the ETag tells nothing: the failed check asks for another read
+                assert after["refetches"] - before["refetches"] == 1
+            else:  # told by the ETag: a retry
+                assert after["retries"] - before["retries"] >= 1 and after["refetches"] == before["refetches"]
+    finally:
+        s3.proxy.kms = s3.proxy.opaque_etags = False
+        s3.proxy.flip_gets("")
 
 
 def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthetic, small_blocks, tmp_path):

@@ -6,7 +6,9 @@ port, no docker; its state lives in that process) with a boto3 client for the te
 damage. `FaultProxy` is a stdlib HTTP server in a
 thread that forwards every request to it and, drawn from a seeded RNG per request, answers
 503 SlowDown instead (10%), sends the response's full headers but only part of its body, then closes
-the connection (2%, "truncated"), or resets the connection before answering (1%). The proxy logs
+the connection (2%, "truncated"), or resets the connection before answering (1%); where a test asks,
+it flips one bit of chosen GETs' bodies (`flip_gets`: a transfer damaged, the object intact) or gives
+ETags that are not the MD5 (`kms`, `opaque_etags`). The proxy logs
 every request in order (`counts.log`, with each GET's Range header in `counts.ranges`), counts the
 body bytes it sends (`counts.body_bytes`: our own count of egress, not the client's) and can answer
 slowly (`latency`). `s3_bucket` is a test module's bucket behind them, with the environment that
@@ -80,6 +82,7 @@ class ProxyCounts:
     log: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request, in order
     ranges: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header) of each GET
     body_bytes: int = 0  # response body bytes sent to clients (what a store bills as egress)
+    flipped: int = 0  # GET bodies sent with a bit flipped (FaultProxy.flip_gets)
 
     def total(self) -> int:
         return sum(self.requests.values())
@@ -97,12 +100,17 @@ def _kms_etag(etag: str) -> str:
     return hashlib.md5(f"kms:{etag}".encode()).hexdigest()
 
 
-def kms_view(headers: list[tuple[str, str]], body: bytes) -> tuple[list[tuple[str, str]], bytes]:
+def kms_view(
+    headers: list[tuple[str, str]], body: bytes, said: bool = True
+) -> tuple[list[tuple[str, str]], bytes]:
     """A response as a bucket with SSE-KMS default encryption gives it: the encryption header, and every
     ETag (headers and listings) 32 hex digits that are not the MD5 of the bytes (AWS: "objects encrypted
-    by SSE-C or SSE-KMS have ETags that are not an MD5 digest of their object data"), one per object."""
+    by SSE-C or SSE-KMS have ETags that are not an MD5 digest of their object data"), one per object.
+    `said` False: no encryption header, as a store whose ETags only look like an MD5 (an encrypting
+    MinIO) gives them."""
     out = [(k, f'"{_kms_etag(v.strip(chr(34)))}"' if k.lower() == "etag" else v) for k, v in headers]
-    out.append(("x-amz-server-side-encryption", "aws:kms"))
+    if said:
+        out.append(("x-amz-server-side-encryption", "aws:kms"))
     listed = re.sub(
         rb"<ETag>(&quot;|\")([0-9a-f]{32})(&quot;|\")</ETag>",
         lambda m: b"<ETag>" + m[1] + _kms_etag(m[2].decode()).encode() + m[3] + b"</ETag>",
@@ -136,6 +144,9 @@ class FaultProxy:
         self.kms = (
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
+        self.opaque_etags = False  # the same ETags, without the encryption header that says so
+        self._flips: tuple[str, int | None, set[int], int, int | None] | None = None  # flip_gets
+        self._flip_seen = 0
         # (method, path) → whether the store refuses it (403 AccessDenied): credentials scoped to a prefix
         self.forbidden: Callable[[str, str], bool] | None = None
         self.counts = ProxyCounts()
@@ -204,8 +215,10 @@ class FaultProxy:
                     resp_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
                 finally:
                     conn.close()
-                if proxy.kms:
-                    resp_headers, data = kms_view(resp_headers, data)
+                if proxy.kms or proxy.opaque_etags:
+                    resp_headers, data = kms_view(resp_headers, data, said=proxy.kms)
+                if self.command == "GET" and resp.status in (200, 206):
+                    data = proxy._flipped(self.path, self.headers.get("Range"), data)
                 if proxy.latency:  # done at the store, answered late
                     time.sleep(proxy.latency)
                 self.send_response(resp.status, resp.reason)
@@ -261,6 +274,37 @@ class FaultProxy:
         with self._lock:
             self.mix = mix
             self.rng = random.Random(mix.seed if mix else 0)
+
+    def flip_gets(
+        self, suffix: str, *nth: int, seed: int = 0, range_from: int | None = None, at: int | None = None
+    ) -> None:
+        """Flip one bit of the body (its length kept: nothing but a hash tells it) of the `nth` GETs (1:
+        the first, counted from now) whose path ends with `suffix`, and with `range_from` whose Range
+        starts at that byte: a transfer damaged, the object in the bucket intact. The byte (unless `at`
+        names it: an index into the body) and the bit are drawn from an RNG seeded with `seed` and the
+        GET's number. No `nth`: none flipped."""
+        with self._lock:
+            self._flips = (suffix, range_from, set(nth), seed, at) if nth else None
+            self._flip_seen = 0
+
+    def _flipped(self, path: str, range_header: str | None, data: bytes) -> bytes:
+        with self._lock:
+            if self._flips is None or not data:
+                return data
+            suffix, range_from, nth, seed, at = self._flips
+            if not path.split("?")[0].endswith(suffix):
+                return data
+            if range_from is not None and not (range_header or "").startswith(f"bytes={range_from}-"):
+                return data
+            self._flip_seen += 1
+            if self._flip_seen not in nth:
+                return data
+            self.counts.flipped += 1
+            rng = random.Random(seed * 1_000_003 + self._flip_seen)
+        body = bytearray(data)
+        at = rng.randrange(len(body)) if at is None else at
+        body[at] ^= 1 << rng.randrange(8)
+        return bytes(body)
 
     def _draw(self, method: str, path: str) -> str | None:
         with self._lock:

@@ -64,6 +64,9 @@ CHUNK = 1 << 20  # download buffer
 MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; a larger file goes up in parts (a multipart upload)
 PART_BYTES = 64 << 20  # a multipart upload's part, at least (S3: 5 MiB to 5 GiB, at most MAX_PARTS)
 MAX_PARTS = 10_000
+# The largest body `get` checks against an MD5 ETag: `get` is for small objects, and a mismatched body is
+# held to compare with the next one
+CHECKED_GET_BYTES = 64 << 20
 # Connections a process's client keeps open: data.fetch_requests at a time per loader, and the ranks'
 # walks and DataLoader workers are other processes; more requests than this open and close their own.
 POOL_CONNECTIONS = 64
@@ -733,12 +736,28 @@ class ObjectStore:
                 raise refused from None
 
     def get(self, rel: str) -> bytes:
-        """The whole object `rel` (small files: dataset.json, a manifest)."""
+        """The whole object `rel` (small files: dataset.json, a manifest). A body whose MD5 is not the
+        ETag, where the ETag is an MD5 (md5_etag), is a transfer damaged on the way (a bit flipped, the
+        length kept: nothing else tells it) and is fetched again, a retry: one damaged read of a bucket's
+        dataset.json stopped every command with advice to delete the healthy object (trial RV71a F1).
+        The ETag only asks for another read, never vouches for the content: the same bytes twice are the
+        object's, since some stores give ETags that only look like an MD5 (an encrypting MinIO)."""
+        unmatched: list[bytes] = []  # the last body that was not its ETag's
 
         def get(c):
-            body = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel))["Body"].read()
+            resp = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel))
+            body = resp["Body"].read()
             self.counts.add("bytes", len(body))
-            return body
+            md5 = md5_etag(resp.get("ETag", "").strip('"'), resp)
+            if md5 is None or len(body) > CHECKED_GET_BYTES or hashlib.md5(body).hexdigest() == md5:
+                return body
+            if unmatched and unmatched[0] == body:  # consistent bytes: the object's, whatever its ETag
+                return body
+            unmatched[:] = [body]
+            _, exc = _botocore()
+            raise exc.ResponseStreamingError(
+                error=f"{self.url.child(rel)}: the body's MD5 is not its ETag {md5} (damaged on the way)"
+            )
 
         return self._call("GET", rel, get)
 
