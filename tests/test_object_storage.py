@@ -1400,6 +1400,7 @@ def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, t
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: {url}/shards/{name}: bytes 512–") and " (sample " in err[0], err[0]
     assert "fetched twice" in err[0] and "nothing was trained on it" in err[0], err[0]
+    assert "the object in the bucket is damaged or was replaced" in err[0], err[0]  # the same bytes twice
     fetched = [r for p, r in s3.proxy.counts.range_gets(f"/flipped/shards/{name}")]
     damaged = [r for r in fetched if r.startswith("bytes=512-")]
     assert len(damaged) == 2 and len(set(fetched)) == len(fetched) - 1  # that block's range twice, no other
@@ -1407,6 +1408,35 @@ def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, t
     assert f"bytes 512–{int(damaged[0].split('-')[1]):,} (sample " in err[0], (err[0], damaged[0])
     first_row = sum(info["shard_files"][n]["documents"] for n in sorted(info["shard_files"])[:1])
     assert not list((tmp_path / "xdg").rglob(f"{-(-first_row // 64)}.blk"))  # nothing of it in the cache
+
+
+def test_a_range_damaged_in_transit_twice_is_refused_naming_the_transfer_not_the_bucket(
+    s3, synthetic, tmp_path, capsys
+):
+    """A shard's range, and a whole file, fetched twice with a bit flipped on the way each time (other
+    bytes each time, the objects intact) were refused as "the object in the bucket is damaged or was
+    replaced … upload the dataset again", a repair that changes nothing (trial RV71a F3)."""
+    local, url = synthetic
+    name = sorted(read_dataset_info(local)["shard_files"])[1]
+    s3.proxy.flip_gets(f"/synthetic/shards/{name}", 1, 2, range_from=512, at=-1)  # its last ids' byte
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    try:
+        capsys.readouterr()
+        code = gristmill([*argv, "--end", "40", "--cache-dir", str(tmp_path / "a")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and s3.proxy.counts.flipped == 2, err
+        assert err[0].startswith(f"error: {url}/shards/{name}: bytes 512–") and " (sample " in err[0], err[0]
+        assert "fetched twice, other bytes each time, neither the recorded ones (the second time " in err[0]
+        assert "the transfer damaged them, not the bucket" in err[0], err[0]
+        assert "nothing was trained on it" in err[0] and "upload" not in err[0], err[0]
+        rel = f"{INDEX_DIR}/{SAMPLE_TOKENS}"  # a whole file: the two fetches' hashes, each named
+        s3.proxy.flip_gets(f"/synthetic/{rel}", 1, 2)
+        with pytest.raises(DatasetError) as e:
+            DocumentTable(url, cache=cache(tmp_path / "b"))
+        assert str(e.value).startswith(f"{url}/{rel}: fetched twice, other bytes each time ("), str(e.value)
+        assert "the transfer damaged them, not the bucket" in str(e.value), str(e.value)
+    finally:
+        s3.proxy.flip_gets("")
 
 
 @pytest.mark.parametrize("etags", ["md5", "opaque", "kms"])

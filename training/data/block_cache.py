@@ -7,7 +7,8 @@ gristmill-shards/3 shard a sample's `.docs` records (each document's tokens and 
 before its ids, so one range GET brings all of it. The records must hash to the index's digest of the
 sample (`index/sample_digest.bin`, checked whole) and add up to its total, and every document's ids
 must hash to its record; a range that fails is fetched once more, then refused in one line naming the
-shard, the bytes and the sample. Only then is the sample written into the cache, as
+shard, the bytes and the sample (and the bucket's object, or the transfer where the two fetches gave
+different bytes). Only then is the sample written into the cache, as
 `<fingerprint>/blocks/<sample>.blk`. The held-out split's documents lie one in 1/val_fraction: each is
 a unit of its own (its sample's records, then its ids), `<fingerprint>/blocks/heldout/<row>.blk`.
 
@@ -95,6 +96,7 @@ from training.data.remote import (
     bucket_lacks,
     cache_lock,
     cache_write,
+    damaged_in_transit,
     in_the_way,
     mark_origin,
     node_lock,
@@ -607,15 +609,18 @@ class CachedBlocks:
         """Unit `u`'s sample's records, the xxh3 of its ids, and its ids (requests retried until
         `window`: fetch's), every document checked: the records against the index's digest and
         sample total, each document's ids against its record's sha256; fetched once more when one
-        differs, then refused naming the shard, the bytes and the sample. A sample is one range request
+        differs, then refused naming the shard, the bytes and the sample: the bucket's object where both
+        fetches gave the same bytes, the transfer where they differ (RV71a F3). A sample is one range request
         (its records, then its ids); a held-out document two (its sample's records, then its own ids,
         whose length must also be heldout.bin's)."""
         row, _, tokens = self._unit(u)
         s, k = self._in_sample(u)
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
+        fetched = []  # each attempt's bytes, hashed: two that differ are the transfer's damage (RV71a F3)
         for attempt in (1, 2):
             data = self._get_range(s, name, lo, hi if not self.per_doc else lo + n * DOC_RECORD, window)
+            ids = b""
             rec = np.frombuffer(data, DOC_RECORDS, n)
             lengths = rec["n_tokens"].astype(np.int64)
             sha = rec["sha256"].tobytes()
@@ -658,15 +663,23 @@ class CachedBlocks:
                         break
             if bad is None:
                 return data[: n * DOC_RECORD], _xxh3(ids), ids
+            fetched.append(hashlib.sha256(data + ids if self.per_doc else data).digest())
             if attempt == 1:
                 COUNTS.add("refetches")
         if (changed := self._index_changed()) is not None:
             raise changed
-        raise DatasetError(
+        where = (
             f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi - 1:,} (sample {s}, manifest rows "
-            f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice, and each time {bad}: the "
-            "object in the bucket is damaged or was replaced, and nothing was trained on it; "
-            + repair_advice(self.store)
+            f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice"
+        )
+        if fetched[0] != fetched[1]:
+            raise DatasetError(
+                f"{where}, other bytes each time, neither the recorded ones (the second time {bad}): "
+                + damaged_in_transit()
+            )
+        raise DatasetError(
+            f"{where}, and each time {bad}: the object in the bucket is damaged or was replaced, and nothing "
+            "was trained on it; " + repair_advice(self.store)
         )
 
     def _get_range(self, s: int, name: str, lo: int, hi: int, window) -> bytes:

@@ -5,9 +5,10 @@
 dataset.json is fetched at every open (one GET: the bucket's commit point says which dataset the URL
 holds now), and every other file on first need (`ensure`): downloaded under a temporary name,
 checked against the sha256 dataset.json records (fetched once more if it differs, then refused in
-one line naming the object), then renamed into place, so no reader ever opens a file that is not
-the dataset's. The documents are read by range, a loader block at a time, through the bounded cache
-of training/data/block_cache.py, each checked against the index's per-document sha256.
+one line naming the object, or the transfer where the two fetches differ), then renamed into place,
+so no reader ever opens a file that is not the dataset's. The documents are read by range, a loader
+block at a time, through the bounded cache of training/data/block_cache.py, each checked against the
+index's per-document sha256.
 
     .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file), after
     NAME/ = CACHE/               [data] cache_dir (default ~/.cache/gristmill/datasets)
@@ -55,6 +56,8 @@ from training.contract.object_store import (
     ObjectMissing,
     ObjectStore,
     ObjectURL,
+    endpoint,
+    endpoint_setting,
     is_url,
     refuse_url,
     user_cache_dir,
@@ -612,27 +615,48 @@ def _write_derived_shard_rows(info: dict[str, Any], dest: Path, sha256: str) -> 
 def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, sha256: str) -> None:
     """Object `rel` into `dest` only if it hashes to `sha256` (and is `size` bytes): downloaded under a
     temporary name, fetched once more when it differs (a damaged transfer), then refused naming the
-    object; the rename is the only way a file gets its final name. The caller holds node_lock."""
+    object: the bucket's when both fetches gave the same bytes, the transfer's when they differ (RV71a
+    F3); the rename is the only way a file gets its final name. The caller holds node_lock."""
     tmp = dest.with_name(tmp_name(dest.name))
+    got: list[tuple[str, int]] = []  # each fetch's (sha256, bytes)
     for attempt in (1, 2):
         try:
             try:
-                got = store.download(rel, tmp, size if size is not None else 0)
+                digest = store.download(rel, tmp, size if size is not None else 0)
             except (ObjectMissing, ObjectCutShort) as e:
                 raise bucket_lacks(store, e) from None
-            got_size = tmp.stat().st_size
-            if got == sha256 and (size is None or got_size == size):
+            got.append((digest, tmp.stat().st_size))
+            if digest == sha256 and (size is None or got[-1][1] == size):
                 move_into_place(tmp, dest)
                 return
         finally:
             tmp.unlink(missing_ok=True)  # gone already when it was moved into place
         if attempt == 1:
             COUNTS.add("refetches")
+    recorded = f"{'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…"
+    if got[0] != got[1]:
+        (a, a_size), (b, b_size) = got
+        raise DatasetError(
+            f"{store.url.child(rel)}: fetched twice, other bytes each time ({a_size:,} with sha256 "
+            f"{a[:16]}…, then {b_size:,} with {b[:16]}…), neither what {DATASET_JSON} records ({recorded}): "
+            + damaged_in_transit()
+        )
+    (digest, got_size), _ = got
     raise DatasetError(
-        f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {got[:16]}… each time, but "
-        f"{DATASET_JSON} records {'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…: "
-        "the object in "
-        f"the bucket is damaged or was replaced, and nothing was trained on it; {repair_advice(store)}"
+        f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {digest[:16]}… each time, "
+        f"but {DATASET_JSON} records {recorded}: the object in the bucket is damaged or was replaced, and "
+        f"nothing was trained on it; {repair_advice(store)}"
+    )
+
+
+def damaged_in_transit() -> str:
+    """The end of the line refusing an object whose two fetches gave different bytes, neither the
+    recorded ones: the transfer damaged them, not the bucket, whose repair (an upload) would change
+    nothing (trial RV71a F3)."""
+    return (
+        "the transfer damaged them, not the bucket (a proxy or link between here and the store), and "
+        f"nothing was trained on it; check the network to {endpoint_setting()} = {endpoint()}, then run "
+        "again (a training: resume it)"
     )
 
 
