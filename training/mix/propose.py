@@ -32,7 +32,7 @@ import numpy as np
 from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import ConfigError, add_config_arguments, save_config, tokens_shown
-from training.contract.errors import GristmillError, refuse_empty
+from training.contract.errors import GristmillError, refuse_empty, sigterm_raises
 from training.contract.run_layout import artifact_in, dataset_around
 from training.mix import fit as mix_fit
 from training.mix import simplex
@@ -190,6 +190,11 @@ def _run_assumed(cfg: MixConfig, sources: list) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    with sigterm_raises():  # a SIGTERM stops the search in one line, its running proxies too (RV70b 5)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = load_mix_config(args.config, args.overrides)
     refuse_empty({"--out": args.out}, required=True)  # "": the working directory's config.toml (R22d S1)

@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from training.contract.config_loader import (
     to_dict,
     tokens_shown,
 )
-from training.contract.errors import GristmillError, NonFiniteError
+from training.contract.errors import GristmillError, NonFiniteError, Terminated
 from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.loader import LoaderConfigError
 from training.data.plan import VAL_FRACTION_KEYS, PlanError
@@ -435,6 +436,8 @@ def _worker_start(search: int, stopped: Any) -> None:
     exit_with_parent(search)
 
 
+STOPS = (Terminated, KeyboardInterrupt)  # the search's own stop: its running proxies are stopped too
+
 # A worker's reply: a source changed, the run refused, or it diverged (its cause, without the trainer's
 # advice: `gristmill train` commands that set optim.lr, where the search's key is proxy.lr)
 CHANGED, REFUSED, DIVERGED, STOPPED = "changed", "refused", "diverged", "stopped"
@@ -492,6 +495,13 @@ class Pool:
     def __exit__(self, *exc) -> None:
         if self._stopped is not None and exc[0] is not None:
             self._stopped.set()  # jobs the pool handed its workers already: cancel_futures cannot
+        if self._executor is not None and exc[0] is not None and issubclass(exc[0], STOPS):
+            # the search alone stopped (`kill PID`, a scheduler's SIGTERM to its process): its running
+            # proxies stop too, as a terminal's Ctrl-C stops them all; waited for, they trained to their
+            # end before the search said a word (trial RV70b 5)
+            for worker in list(self._executor._processes.values()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGTERM)
         if self._executor is not None:
             # Waited for on an error too: the workers' running proxies end as they would at the
             # interpreter's exit, whose own wake of the pool's thread raced that thread's close of its

@@ -22,6 +22,7 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from training.contract.dataset_format import read_dataset_info
+from training.contract.errors import interrupted
 from training.mix.propose import RUN_TOKENS, SEARCH, _on_bound, bounds, epoch_caps
 from training.mix.proxies import Proxy, check_supply, open_mix_sources
 from training.mix.recipe import load_mix_config, names
@@ -825,6 +826,24 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
             proc.kill()
     logs = {p.parent.name[:3]: p.read_text() for p in out.glob("swarm/*/train.log")}
     assert list(logs) == ["p00"], logs  # p01, queued to the worker, never started
+    # a SIGTERM to the search alone (`kill PID`, a scheduler's) ended it with exit 143 and no word, its
+    # running proxy killed with it or, waited for, trained to its end (trial RV70b 5)
+    out = tmp_path / "terminated"
+    argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _started_training(proc, out)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.splitlines()[-1] == interrupted("SIGTERM"), err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    logs = {p.parent.name[:3]: p.read_text() for p in out.glob("swarm/*/train.log")}
+    assert list(logs) == ["p00"] and "SIGTERM" in logs["p00"], logs  # stopped by it, p01 never started
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived its search"
     out = tmp_path / "again"
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
