@@ -243,6 +243,17 @@ class DocumentEncoder:
         unk = model.get("unk_token")
         if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
             unk = model["vocab"][model["unk_id"]][0]
+        # A Unigram's vocab is a list of pieces, which may hold one twice: tokenizers' own trainer, on a
+        # corpus quoting "</s>", learned it as a piece beside the special entry, and the refusal below
+        # then said no special token could be the separator, naming them all special (trial RV71e 2)
+        pieces = model.get("vocab") if isinstance(model.get("vocab"), list) else []
+        at = [i for i, p in enumerate(pieces) if isinstance(p, list) and p and p[0] == policy.token]
+        if len(at) > 1:
+            raise TokenizerError(
+                f"{source}: its model.vocab lists tokenizer.separator {policy.token!r} {len(at)} times (ids "
+                f"{', '.join(map(str, at))}: a piece its training learned from text that spells it), so text "
+                f"encodes to the separator; train the tokenizer again on text that does not spell it"
+            )
         # The separator must be one of the tokenizer's special added tokens: only those are kept
         # out of ordinary text by encode_special_tokens=True. An ordinary vocabulary token ("." or
         # "the"), or an added token with special=False, is what plain text encodes to.
@@ -284,14 +295,15 @@ class DocumentEncoder:
         return {"token": self.policy.token, "id": self.separator_id, "position": self.policy.position}
 
     def encode(self, text: str) -> np.ndarray:
-        return self._frame([self.tokenizer.encode(text, add_special_tokens=False).ids])[0]
+        return self._frame([self.tokenizer.encode(text, add_special_tokens=False).ids], [text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         encs = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return self._frame([e.ids for e in encs])
+        return self._frame([e.ids for e in encs], texts)
 
-    def _frame(self, docs: list[list[int]]) -> list[np.ndarray]:
-        """Each document's ids with the separator added at the policy's end, as views of one array."""
+    def _frame(self, docs: list[list[int]], texts: list[str] | None = None) -> list[np.ndarray]:
+        """Each document's ids with the separator added at the policy's end, as views of one array;
+        `texts`, the documents', name one that breaks the contract."""
         if not docs:
             return []
         lengths = np.fromiter((len(ids) + 1 for ids in docs), np.int64, len(docs))
@@ -307,10 +319,16 @@ class DocumentEncoder:
         if len(bad):
             d = int(np.searchsorted(ends, bad[0], side="right"))
             doc = out[int(ends[d] - lengths[d]) : int(ends[d])]
+            # the separator is special (checked at start-up), so what makes it from text is the
+            # tokenizer's own pipeline; it was told to make the separator special (trial RV71e 1)
+            begins = (
+                f", the document that begins {texts[d][:60] + '…' * (len(texts[d]) > 60)!r}" if texts else ""
+            )
             raise TokenizerError(
                 f"a document encoded to {np.count_nonzero(doc == self.separator_id)} separators: "
                 f"{self.source} emits tokenizer.separator {self.policy.token!r} (id {self.separator_id}) "
-                "from plain text; set tokenizer.separator to a special token such as '<|endoftext|>', "
-                'or fix the tokenizer\'s added_tokens so the separator is special ("special": true)'
+                f"from plain text{begins} (its normalizer, pre-tokenizer or vocabulary turns text into the "
+                "separator); fix the tokenizer so no text becomes it, or set tokenizer.separator to another "
+                "of its special tokens"
             )
         return np.split(out, ends[:-1])

@@ -217,6 +217,24 @@ def test_a_separator_that_is_the_unknown_token_is_refused(kind):
     )
 
 
+def test_a_separator_listed_twice_in_a_unigram_vocab_is_named():
+    # tokenizers' trainer, on text quoting "</s>", learned it as a piece beside the special one: the
+    # refusal said none of its special tokens could be one, all of them special (trial RV71e 2)
+    from tokenizers import AddedToken, models, pre_tokenizers
+
+    pieces = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("a", -1.0), ("b", -1.0), ("</s>", -2.0)]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=0))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    with pytest.raises(TokenizerError) as err:
+        DocumentEncoder(tok, SeparatorPolicy("</s>"), source="tok.json")
+    assert str(err.value) == (
+        "tok.json: its model.vocab lists tokenizer.separator '</s>' 2 times (ids 2, 5: a piece its training "
+        "learned from text that spells it), so text encodes to the separator; train the tokenizer again on "
+        "text that does not spell it"
+    )
+
+
 def test_separator_count_error_names_the_key_and_tokenizer(prose_tokenizer):
     enc = DocumentEncoder(prose_tokenizer, SeparatorPolicy(SEP), source="tokenizer out/tokenizer.json")
     with pytest.raises(TokenizerError) as err:
@@ -224,6 +242,27 @@ def test_separator_count_error_names_the_key_and_tokenizer(prose_tokenizer):
     msg = str(err.value)
     assert "a document encoded to 2 separators" in msg
     assert f"tokenizer out/tokenizer.json emits tokenizer.separator '{SEP}' (id 0)" in msg
+
+
+def test_a_normalizer_that_makes_the_separator_names_the_document():
+    # the separator is special (start-up checks that): a normalizer that writes its string was told to
+    # make it special, and the document was not named (trial RV71e 1)
+    from tokenizers import AddedToken, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({SEP: 0, "[UNK]": 1, "alpha": 2, "QQ": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.normalizer = normalizers.Sequence([normalizers.Replace(SEP, "ZZ"), normalizers.Replace("QQ", SEP)])
+    tok.add_special_tokens([AddedToken(SEP, special=True)])
+    enc = DocumentEncoder(tok, SeparatorPolicy(SEP), source="tok.json")
+    assert [len(d) for d in enc.encode_batch(["alpha alpha"])] == [3]
+    with pytest.raises(TokenizerError) as err:
+        enc.encode_batch(["alpha", "alpha QQ alpha " + "x" * 100])
+    assert str(err.value) == (
+        f"a document encoded to 2 separators: tok.json emits tokenizer.separator '{SEP}' (id 0) from "
+        "plain text, the document that begins 'alpha QQ alpha " + "x" * 45 + "…' (its normalizer, "
+        "pre-tokenizer or vocabulary turns text into the separator); fix the tokenizer so no text becomes "
+        "it, or set tokenizer.separator to another of its special tokens"
+    )
 
 
 def test_existing_directory_without_tokenizer_json_is_not_a_hub_name(tmp_path, monkeypatch):
