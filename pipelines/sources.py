@@ -184,6 +184,7 @@ def list_source_files(
         raise SourceError(f"source.path {path} does not exist; {hint}")
     if path.is_file():
         st = path.stat()
+        _refuse_chained(path.parent, [path.name])
         return SourceFiles(
             str(path.parent), [path.name], [st.st_size], [st.st_mtime_ns], os.path.dirname(named)
         )
@@ -320,8 +321,21 @@ def list_source_files(
                 )
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
+    _refuse_chained(path, files)
     sizes, times = [st.st_size for st in stats], [st.st_mtime_ns for st in stats]
     return SourceFiles(str(path), files, sizes, times, named)
+
+
+def _refuse_chained(folder: Path, files: list[str]) -> None:
+    """An input whose path holds '::', which datatrove's file layer (fsspec) reads as a chain of URLs: its
+    task failed with "is not a readable jsonl file (FileNotFoundError: …)" of a file that reads (trial
+    RV71e 3). Refused before any task, naming it."""
+    for where in (str(folder), *(str(folder / f) for f in files)):
+        if "::" in where:
+            raise SourceError(
+                f"{where}: datatrove reads a path with '::' in it as a chain of URLs (fsspec), so the input "
+                "cannot be opened; rename it (or its folder) without '::'"
+            )
 
 
 ANNEX_OBJECTS = "annex/objects/"  # where a git-annex (or DataLad) file's link points (a file)

@@ -644,6 +644,25 @@ def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
         read_all(SourceConfig(kind="jsonl", path=str(src)))
 
 
+def test_an_input_path_with_a_url_chain_is_refused_by_name(tmp_path):
+    # fsspec reads '::' as a chain of URLs: the task called a good file unreadable (trial RV71e 3)
+    src = tmp_path / "in::put"
+    src.mkdir()
+    (src / "a.jsonl").write_text(json.dumps({"text": "Rivers run.", "id": "a"}) + "\n")
+    for path, named in ((src, src), (src / "a.jsonl", src)):
+        with pytest.raises(SourceError) as err:
+            list_source_files(SourceConfig(kind="jsonl", path=str(path)))
+        assert str(err.value).startswith(
+            f"{named}: datatrove reads a path with '::' in it as a chain of URLs"
+        )
+    src.rename(tmp_path / "input")
+    (tmp_path / "input" / "a.jsonl").rename(tmp_path / "input" / "w::v.jsonl")
+    with pytest.raises(SourceError, match=r"input/w::v\.jsonl: datatrove reads a path with '::'"):
+        list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path / "input")))
+    (tmp_path / "input" / "w::v.jsonl").rename(tmp_path / "input" / "wv.jsonl")  # the advice, followed
+    assert list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path / "input"))).files == ["wv.jsonl"]
+
+
 def test_a_link_into_a_hidden_folder_is_read_and_a_broken_link_refused(tmp_path):
     """Hidden folders are no input, but a link to one is (review R12g): the walk had taken the hidden
     folder's real path as seen, so the link met after it was never read (exit 0, its documents gone,
