@@ -86,6 +86,7 @@ from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import refuse_if_queued, submit_slurm
 from pipelines.sources import (
+    META_KEYS,
     SourceFiles,
     first_json_lines,
     list_source_files,
@@ -366,6 +367,13 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
                 f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
             ) from None
         names = schema.names
+        read = {cfg.source.text_key, cfg.source.id_key, *META_KEYS}
+        if twice := sorted({n for n in names if n in read and names.count(n) > 1}):
+            # the reader cannot pick one: its task said "damaged or truncated … re-download" (RV71e 4)
+            raise BuildError(
+                f"{path} holds column {twice[0]!r} {names.count(twice[0])} times; keep one of them (or "
+                "rename the others)"
+            )
         for col, typ, want in mistyped_columns(schema):
             kinds = (
                 "a number type (FineWeb-Edu uses int64 for int_score and token_count, double for score and "

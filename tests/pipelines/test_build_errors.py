@@ -127,6 +127,13 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'lists'}"))
     assert msg.startswith(f"error: {tmp_path / 'lists' / 'd.parquet'}: column 'dump' holds list<"), msg
     assert msg.endswith(": string>, not text; cast it to string or drop it"), msg
+    # a column the reader reads, twice: its task called the file damaged, "re-download it" (RV71e 4)
+    (tmp_path / "twice").mkdir()
+    twice = pa.Table.from_arrays([pa.array(["A document."]), pa.array(["B."])], names=["text", "text"])
+    pq.write_table(twice, tmp_path / "twice" / "t.parquet")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'twice'}"))
+    said = "holds column 'text' 2 times; keep one of them (or rename the others)"
+    assert msg == f"error: {tmp_path / 'twice' / 't.parquet'} {said}"
     assert not (tmp_path / "o").exists()
 
 
