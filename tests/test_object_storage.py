@@ -2914,7 +2914,7 @@ def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(
     run.mkdir()
     (run / "config.toml").write_text(f"[data]\ndataset = {json.dumps(url)}\n")
     ours = read_dataset_info(local)["fingerprint"]
-    for recorded, advised in ((ours, url), ("f" * 64, "none now")):
+    for recorded, advised in ((ours, url), ("f" * 64, "none that is the build it read")):
         plan = {"sources": [{"name": "data", "fingerprint": recorded}]}
         (run / "data_plan.json").write_text(json.dumps(plan))
         assert gristmill(["data", "audit", str(run), "--report", "summary"]) == 2
