@@ -1473,6 +1473,60 @@ def test_a_dataset_json_damaged_in_transit_is_fetched_again(s3, synthetic, tmp_p
         s3.proxy.flip_gets("")
 
 
+def test_validating_a_bucket_fetches_a_shard_damaged_in_transit_again_and_records_no_transfer_damage(
+    s3, synthetic, tmp_path, capsys
+):
+    """`data validate s3://…` downloaded each shard once: one bit flipped on the way (the object intact)
+    was a problem of the bucket's shard, written into its validation.json, which the audit and training
+    then refused a healthy dataset by, with advice to repair it (trial RV71a F3). A shard that fails its
+    sha256 is fetched once more: other bytes are checked afresh; two fetches that differ, neither the
+    recorded bytes, name the transfer and write no record (a shard: not checked, FAILED; a file: one
+    line); the same bytes twice are the bucket's, as before."""
+    local, _ = synthetic
+    url, prefix = s3.url("transit-validate"), "transit-validate"
+    upload_dataset(local, url, log=lambda *a: None)
+    name = sorted(read_dataset_info(local)["shard_files"])[1]
+    validate = ["data", "validate", url, "--no-progress", "--cache-dir", str(tmp_path / "c")]
+    record = lambda: json.loads(  # noqa: E731
+        s3.client.get_object(Bucket=BUCKET, Key=f"{prefix}/{VALIDATION_JSON}")["Body"].read()
+    )
+    try:
+        s3.proxy.flip_gets(f"/{prefix}/shards/{name}", 1, 2)  # other bits each time
+        s3.proxy.reset_counts()
+        capsys.readouterr()
+        assert gristmill(validate) == 1 and s3.proxy.counts.flipped == 2
+        out, err = capsys.readouterr()
+        said = [line for line in out.splitlines() if name in line]
+        assert len(said) == 1 and f"{url}/shards/{name}: fetched twice, other bytes each time" in said[0], out
+        assert "the transfer damaged them, not the bucket" in said[0] and "upload" not in said[0], said
+        assert "nothing was trained on it" not in said[0], said
+        assert f"{VALIDATION_JSON} not written: 1 shard(s) could not be read here" in err, err
+        assert VALIDATION_JSON not in s3.keys(prefix)  # no verdict on the bucket
+        s3.proxy.flip_gets(f"/{prefix}/shards/{name}", 1)  # once: the second fetch is the object's
+        s3.proxy.reset_counts()
+        assert gristmill(validate) == 0, capsys.readouterr()
+        assert s3.proxy.counts.flipped == 1 and len(s3.proxy.counts.gets(f"{prefix}/shards/{name}")) == 2
+        assert record()["ok"]
+        rel = f"{INDEX_DIR}/{SAMPLE_TOKENS}"  # a file the copy fetches: one line, the record kept
+        s3.proxy.flip_gets(f"/{prefix}/{rel}", 1, 2)
+        capsys.readouterr()
+        assert gristmill(validate) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {url}/{rel}: fetched twice, other bytes"), err
+        assert "the transfer damaged them, not the bucket" in err[0], err
+        assert record()["ok"]
+    finally:
+        s3.proxy.flip_gets("")
+    damage(s3, f"{prefix}/shards/{name}")  # in the bucket: the same bytes twice, its problem recorded
+    s3.proxy.reset_counts()
+    capsys.readouterr()
+    assert gristmill(validate) == 1
+    said = [line for line in capsys.readouterr().out.splitlines() if f"shards/{name}" in line]
+    assert said and "differs from dataset.json" in said[0] and "transfer" not in said[0], said
+    assert len(s3.proxy.counts.gets(f"{prefix}/shards/{name}")) == 2
+    assert not record()["ok"] and f"shards/{name}" in {p["shard"] for p in record()["problems"]}
+
+
 def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthetic, small_blocks, tmp_path):
     local, url = synthetic
     settings = cache(tmp_path)

@@ -93,6 +93,7 @@ from training.data.order import DocBlocks
 from training.data.remote import (
     ORIGIN,
     CacheSettings,
+    DamagedInTransit,
     bucket_lacks,
     cache_lock,
     cache_write,
@@ -673,7 +674,7 @@ class CachedBlocks:
             f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice"
         )
         if fetched[0] != fetched[1]:
-            raise DatasetError(
+            raise DamagedInTransit(
                 f"{where}, other bytes each time, neither the recorded ones (the second time {bad}): "
                 + damaged_in_transit()
             )

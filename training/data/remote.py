@@ -515,7 +515,8 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
             # bucket's object itself, which a copy of the bucket would carry: review R18c F2)
             shard_rows = rel == f"{INDEX_DIR}/{SHARD_ROWS}" and not fresh
             if not (shard_rows and _write_derived_shard_rows(info, dest, spec["sha256"])):
-                fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
+                # (`fresh`: `data validate`'s fetch, which trains nothing)
+                fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"], trained=not fresh)
             written.add(rel)
             if rel in others:
                 verified[rel] = spec["sha256"]
@@ -612,51 +613,85 @@ def _write_derived_shard_rows(info: dict[str, Any], dest: Path, sha256: str) -> 
     return True
 
 
-def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, sha256: str) -> None:
+def fetch_verified(
+    store: ObjectStore, rel: str, dest: Path, size: int | None, sha256: str, trained: bool = True
+) -> None:
     """Object `rel` into `dest` only if it hashes to `sha256` (and is `size` bytes): downloaded under a
-    temporary name, fetched once more when it differs (a damaged transfer), then refused naming the
-    object: the bucket's when both fetches gave the same bytes, the transfer's when they differ (RV71a
-    F3); the rename is the only way a file gets its final name. The caller holds node_lock."""
+    temporary name, fetched once more when it differs (download_twice), then refused naming the object:
+    the bucket's when both fetches gave the same bytes, the transfer's when they differ (RV71a F3); the
+    rename is the only way a file gets its final name (`trained`: download_twice's). The caller holds
+    node_lock."""
     tmp = dest.with_name(tmp_name(dest.name))
-    got: list[tuple[str, int]] = []  # each fetch's (sha256, bytes)
-    for attempt in (1, 2):
+    try:
         try:
-            try:
-                digest = store.download(rel, tmp, size if size is not None else 0)
-            except (ObjectMissing, ObjectCutShort) as e:
-                raise bucket_lacks(store, e) from None
-            got.append((digest, tmp.stat().st_size))
-            if digest == sha256 and (size is None or got[-1][1] == size):
-                move_into_place(tmp, dest)
-                return
-        finally:
-            tmp.unlink(missing_ok=True)  # gone already when it was moved into place
-        if attempt == 1:
-            COUNTS.add("refetches")
-    recorded = f"{'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…"
-    if got[0] != got[1]:
-        (a, a_size), (b, b_size) = got
-        raise DatasetError(
-            f"{store.url.child(rel)}: fetched twice, other bytes each time ({a_size:,} with sha256 "
-            f"{a[:16]}…, then {b_size:,} with {b[:16]}…), neither what {DATASET_JSON} records ({recorded}): "
-            + damaged_in_transit()
-        )
-    (digest, got_size), _ = got
+            digest = download_twice(store, rel, tmp, size, sha256, trained=trained)
+        except (ObjectMissing, ObjectCutShort) as e:
+            raise bucket_lacks(store, e) from None
+        got_size = tmp.stat().st_size
+        if digest == sha256 and (size is None or got_size == size):
+            move_into_place(tmp, dest)
+            return
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already when it was moved into place
     raise DatasetError(
         f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {digest[:16]}… each time, "
-        f"but {DATASET_JSON} records {recorded}: the object in the bucket is damaged or was replaced, and "
-        f"nothing was trained on it; {repair_advice(store)}"
+        f"but {DATASET_JSON} records {_recorded(size, sha256)}: the object in the bucket is damaged or was "
+        f"replaced, and nothing was trained on it; {repair_advice(store)}"
     )
 
 
-def damaged_in_transit() -> str:
+class DamagedInTransit(DatasetError):
+    """Two fetches of an object gave different bytes, neither the recorded ones: the transfer's damage,
+    not the bucket's (a reader's refusal; `data validate` records no verdict on the bucket for it)."""
+
+
+def download_twice(
+    store: ObjectStore,
+    rel: str,
+    dest: Path,
+    size: int | None,
+    sha256: str | None,
+    if_match: str | None = None,
+    trained: bool = True,
+) -> str:
+    """Object `rel` into the new file `dest` (ObjectStore.download, `if_match` its ETag), fetched once
+    more when it is not the `sha256` (and `size` bytes) dataset.json records: a damaged transfer. Returns
+    the sha256 of what `dest` holds then: the recorded bytes, or bytes both fetches gave alike (the
+    bucket's object, not as recorded: the caller's to refuse or check). Two fetches that differ, neither
+    the recorded bytes, raise DamagedInTransit naming both (RV71a F3; `trained`: said to a reader that
+    trains, whose sample nothing trained on). No `sha256` (nothing recorded): one fetch. The one rule
+    of fetch_verified and `data validate`'s shards."""
+    got: list[tuple[str, int]] = []  # each fetch's (sha256, bytes)
+    for attempt in (1, 2):
+        digest = store.download(rel, dest, size if size is not None else 0, if_match=if_match)
+        got.append((digest, dest.stat().st_size))
+        if sha256 is None or (digest == sha256 and (size is None or got[-1][1] == size)):
+            return digest
+        if attempt == 1:
+            COUNTS.add("refetches")
+    if got[0] == got[1]:
+        return digest
+    (a, a_size), (b, b_size) = got
+    raise DamagedInTransit(
+        f"{store.url.child(rel)}: fetched twice, other bytes each time ({a_size:,} with sha256 {a[:16]}…, "
+        f"then {b_size:,} with {b[:16]}…), neither what {DATASET_JSON} records ({_recorded(size, sha256)}): "
+        + damaged_in_transit(trained)
+    )
+
+
+def _recorded(size: int | None, sha256: str) -> str:
+    return f"{'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…"
+
+
+def damaged_in_transit(trained: bool = True) -> str:
     """The end of the line refusing an object whose two fetches gave different bytes, neither the
     recorded ones: the transfer damaged them, not the bucket, whose repair (an upload) would change
-    nothing (trial RV71a F3)."""
+    nothing (trial RV71a F3). `trained`: a reader's that trains (not `data validate`'s)."""
     return (
-        "the transfer damaged them, not the bucket (a proxy or link between here and the store), and "
-        f"nothing was trained on it; check the network to {endpoint_setting()} = {endpoint()}, then run "
-        "again (a training: resume it)"
+        "the transfer damaged them, not the bucket (a proxy or link between here and the store)"
+        + (", and nothing was trained on it" if trained else "")
+        + f"; check the network to {endpoint_setting()} = {endpoint()}, then run again"
+        + (" (a training: resume it)" if trained else "")
     )
 
 
