@@ -433,10 +433,12 @@ def _worker_start(search: int, stopped: Any) -> None:
 
     global _STOPPED
     _STOPPED = stopped
+    # forked inside the search's sigterm_raises: an idle worker's SIGTERM (a scheduler's, to the whole
+    # group) raised Terminated in the pool's queue wait, a traceback (review RV71f 3); a proxy's training
+    # takes the signal with its own handler, and an idle worker ends as SIGTERM ends a process
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     exit_with_parent(search)
 
-
-STOPS = (Terminated, KeyboardInterrupt)  # the search's own stop: its running proxies are stopped too
 
 # A worker's reply: a source changed, the run refused, or it diverged (its cause, without the trainer's
 # advice: `gristmill train` commands that set optim.lr, where the search's key is proxy.lr)
@@ -458,6 +460,10 @@ def _train_in_worker(
     if changed := source_changes(sources, fingerprints):
         return CHANGED, changed
     refused = None
+    # the trainer leaves its own SIGTERM/SIGINT handlers after a run (a note, no exit): kept, a broken
+    # pool's terminate() of this worker (another one killed: the OOM killer) is swallowed, and its join
+    # hangs the search (seen while RV71f 3 was mended)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with (
             open(log, "w", encoding="utf-8") as f,
@@ -474,6 +480,9 @@ def _train_in_worker(
             clear(Path(tc.run.output_dir))
             return CHANGED, changed
         raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     if changed := source_changes(sources, fingerprints):  # it may have read either dataset
         clear(Path(tc.run.output_dir))
         return CHANGED, changed
@@ -495,13 +504,15 @@ class Pool:
     def __exit__(self, *exc) -> None:
         if self._stopped is not None and exc[0] is not None:
             self._stopped.set()  # jobs the pool handed its workers already: cancel_futures cannot
-        if self._executor is not None and exc[0] is not None and issubclass(exc[0], STOPS):
-            # the search alone stopped (`kill PID`, a scheduler's SIGTERM to its process): its running
-            # proxies stop too, as a terminal's Ctrl-C stops them all; waited for, they trained to their
-            # end before the search said a word (trial RV70b 5)
+        if self._executor is not None and exc[0] is not None and issubclass(exc[0], Terminated):
+            # the search stopped by SIGTERM (`kill PID`, a scheduler's): waited for, its running proxies
+            # trained to their end before it said a word (trial RV70b 5). They end at once: a proxy has
+            # no checkpoints and trains again from its start anyway; a SIGTERM forwarded instead, a
+            # worker that died before its trainer's handler hung the pool's shutdown (review RV71f 3).
+            # (_processes: the pool's own {pid: process}; it has no public list of its workers)
             for worker in list(self._executor._processes.values()):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.pid, signal.SIGTERM)
+                    os.kill(worker.pid, signal.SIGKILL)
         if self._executor is not None:
             # Waited for on an error too: the workers' running proxies end as they would at the
             # interpreter's exit, whose own wake of the pool's thread raced that thread's close of its
