@@ -685,13 +685,16 @@ def _recorded(size: int | None, sha256: str) -> str:
 
 def damaged_in_transit(trained: bool = True) -> str:
     """The end of the line refusing an object whose two fetches gave different bytes, neither the
-    recorded ones: the transfer damaged them, not the bucket, whose repair (an upload) would change
-    nothing (trial RV71a F3). `trained`: a reader's that trains (not `data validate`'s)."""
+    recorded ones: at least one transfer was damaged, so the bucket's object cannot be judged, and its
+    repair (an upload) is not the advice (trial RV71a F3); one clean fetch of a damaged object beside a
+    damaged one differs too (review RV71f 4), so the run again tells. `trained`: a reader's that trains
+    (not `data validate`'s)."""
     return (
-        "the transfer damaged them, not the bucket (a proxy or link between here and the store)"
+        "at least one transfer was damaged on the way (a proxy or link between here and the store)"
         + (", and nothing was trained on it" if trained else "")
         + f"; check the network to {endpoint_setting()} = {endpoint()}, then run again"
         + (" (a training: resume it)" if trained else "")
+        + ": two fetches that agree, not as recorded, are the bucket's object, named then"
     )
 
 
