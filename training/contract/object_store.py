@@ -736,27 +736,34 @@ class ObjectStore:
                 raise refused from None
 
     def get(self, rel: str) -> bytes:
-        """The whole object `rel` (small files: dataset.json, a manifest). A body whose MD5 is not the
-        ETag, where the ETag is an MD5 (md5_etag), is a transfer damaged on the way (a bit flipped, the
-        length kept: nothing else tells it) and is fetched again, a retry: one damaged read of a bucket's
-        dataset.json stopped every command with advice to delete the healthy object (trial RV71a F1).
-        The ETag only asks for another read, never vouches for the content: the same bytes twice are the
-        object's, since some stores give ETags that only look like an MD5 (an encrypting MinIO)."""
-        unmatched: list[bytes] = []  # the last body that was not its ETag's
+        """The whole object `rel` (small files: dataset.json, a manifest, a build task's record), its
+        transfer checked: a body that no ETag vouches for (one that is the MD5 of other bytes, or none
+        that is an MD5: SSE-KMS, a multipart upload's) is read again at once; the same bytes twice are
+        the object's (some stores' ETags only look like an MD5: an encrypting MinIO), two reads that
+        differ are retried. One damaged read of a bucket's dataset.json stopped every command with
+        advice to delete the healthy object (trial RV71a F1); one of a build task's record on a KMS
+        store committed a shard's sha256 other than its bytes', exit 0 (trial RV71g 1). The ETag only
+        asks for another read, never vouches for the content."""
 
-        def get(c):
+        def fetch(c) -> tuple[bytes, bool]:
             resp = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel))
             body = resp["Body"].read()
             self.counts.add("bytes", len(body))
             md5 = md5_etag(resp.get("ETag", "").strip('"'), resp)
-            if md5 is None or len(body) > CHECKED_GET_BYTES or hashlib.md5(body).hexdigest() == md5:
+            return body, md5 is not None and hashlib.md5(body).hexdigest() == md5
+
+        def get(c):
+            body, vouched = fetch(c)
+            if vouched or len(body) > CHECKED_GET_BYTES:
                 return body
-            if unmatched and unmatched[0] == body:  # consistent bytes: the object's, whatever its ETag
-                return body
-            unmatched[:] = [body]
+            self.counts.add("requests")  # a second read of this try, to compare
+            again, vouched = fetch(c)
+            if vouched or again == body:  # consistent bytes: the object's, whatever its ETag
+                return again
             _, exc = _botocore()
             raise exc.ResponseStreamingError(
-                error=f"{self.url.child(rel)}: the body's MD5 is not its ETag {md5} (damaged on the way)"
+                error=f"{self.url.child(rel)}: two reads gave different bytes, neither vouched for by the "
+                "ETag (damaged on the way)"
             )
 
         return self._call("GET", rel, get)

@@ -420,38 +420,21 @@ def dataset_info(location: str | Path, within_s: float | None = None) -> dict[st
 
 
 def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[bytes, dict[str, Any]]:
-    """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file. One
-    that fails the checks is fetched once more first: other bytes are a damaged transfer, checked afresh
-    (trial RV71a F1); the same bytes again are the object's, refused. (ObjectStore.get refetches a
-    damaged transfer by the ETag already where the store's ETags are MD5s; this covers those that are
-    not.)"""
+    """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file (its
+    transfer checked by ObjectStore.get: a damaged read was refused with advice to delete it, RV71a F1)."""
     url = ObjectURL.parse(location)
-    store = ObjectStore(url, within_s=within_s)
-    fix = rewrite_bucket_dataset_json(str(url))  # the bucket's repair, not a rebuild (review RV42a M4)
-
-    def get() -> bytes:
-        try:
-            return store.get(DATASET_JSON)
-        except ObjectMissing:
-            raise DatasetError(
-                f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build "
-                f"one there with `gristmill data build … --set output={url}`, or upload one with "
-                f"`gristmill data upload DIR {url}`)"
-            ) from None
-
-    def checked(raw: bytes) -> dict[str, Any]:
-        info = parse_dataset_info(raw, url.child(DATASET_JSON), fix)
-        check_fingerprint(str(url), info, fix)
-        return info
-
-    raw = get()
     try:
-        return raw, checked(raw)
-    except DatasetError:
-        COUNTS.add("refetches")
-        if (again := get()) == raw:
-            raise
-    return again, checked(again)
+        raw = ObjectStore(url, within_s=within_s).get(DATASET_JSON)
+    except ObjectMissing:
+        raise DatasetError(
+            f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
+            f"there with `gristmill data build … --set output={url}`, or upload one with "
+            f"`gristmill data upload DIR {url}`)"
+        ) from None
+    fix = rewrite_bucket_dataset_json(str(url))  # the bucket's repair, not a rebuild (review RV42a M4)
+    info = parse_dataset_info(raw, url.child(DATASET_JSON), fix)
+    check_fingerprint(str(url), info, fix)
+    return raw, info
 
 
 def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> Path:
