@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
@@ -85,7 +86,7 @@ from training.data.recipe import (
     recorded_plan_fix,
 )
 from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
-from validation.validate import VALIDATION_JSON, dataset_versions
+from validation.validate import CHECKED_DIRS, CHECKED_FILES, VALIDATION_JSON, dataset_versions
 
 
 @dataclass(frozen=True)
@@ -815,17 +816,22 @@ def view_sql(
     names: list[str],
     con: duckdb.DuckDBPyConnection,
     in_place: bool = False,
-    guards: dict[Path, tuple[str, str]] | None = None,
+    guards: dict[Path, Guard] | None = None,
 ) -> str | None:
     """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out. `guards`:
-    root -> the conditions its rows are read under (a --db's, _written_files)."""
+    root -> how a --db's view reads it (_written_files)."""
     view = FILE_VIEWS[name]
-    parts = []
+    parts, branches = [], []
     sources = [_source(view, r, in_place) for r in roots]
     empty = _empty_source(view)
     if all(s is None for s in sources) and empty is None:
         return None
+    shards = "{changed}" in view.sql  # files_changed counts the shards: `validation` alone is guarded by them
     for root, ds_name, src in zip(roots, names, sources):
+        # a run's views read no dataset's file (a dataset's part of them is empty): not guarded
+        guard = guards.get(root) if guards and name not in RUN_VIEWS else None
+        if guard is not None:  # its files added since too (none at the writing: the empty source)
+            branches.append((ds_name, guard.changes[shards]))
         if src is None:
             if empty is None:
                 continue
@@ -841,10 +847,13 @@ def view_sql(
         identities = _identities(root, con) if "{identities}" in view.sql else ""
         changed = _files_changed(root) if "{changed}" in view.sql else ""
         body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities, changed=changed)
-        # files_changed counts the shards: `validation` alone is guarded by them too
-        guard = f" WHERE {guards[root]['{changed}' in view.sql]}" if guards and root in guards else ""
-        parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body}){guard}")
-    return "\nUNION ALL BY NAME\n".join(parts)
+        where = f" WHERE {guard.where[shards]}" if guard is not None else ""
+        parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body}){where}")
+    sql = "\nUNION ALL BY NAME\n".join(parts)
+    if branches:  # the columns as the files give them now (the --db is written as they were listed)
+        columns = [(r[0], r[1]) for r in con.execute(f"DESCRIBE {sql}").fetchall()]
+        sql = "\nUNION ALL BY NAME\n".join([sql, *(_guard_branch(n, c, columns) for n, c in branches)])
+    return sql
 
 
 def create_views(
@@ -852,7 +861,7 @@ def create_views(
     roots: list[Path],
     names: list[str],
     in_place: bool = False,
-    guards: dict[Path, tuple[str, str]] | None = None,
+    guards: dict[Path, Guard] | None = None,
 ) -> list[str]:
     created = []
     for name in FILE_VIEWS:
@@ -912,21 +921,12 @@ def persist(roots: list[str | Path], db_path: str | Path, checked: list[Path] | 
         con.close()
 
 
-# What a --db's views of a dataset read, and what the `validation` view's files_changed counts
-# (validate.dataset_versions: the shards, tokenizer.json, index/, manifest/, decontam/), as duckdb lists
+# What a --db's views of a dataset read (_VIEWS_READ), and what the `validation` view's files_changed
+# counts (validate.dataset_versions: the shards and validate.CHECKED_FILES, CHECKED_DIRS), as duckdb lists
 # them; `**` is any depth, dot files too. Only `validation` is guarded by the shards: duckdb lists 100k
 # files in ~1.4 s, at every query of a view
-_WRITTEN_FILES = tuple(
-    dict.fromkeys(
-        [
-            *(FILE_VIEWS[v].pattern for v in FILE_VIEWS if v not in RUN_VIEWS),
-            TOKENIZER_JSON,
-            f"{INDEX_DIR}/**",
-            f"{MANIFEST_DIR}/**",
-            f"{DECONTAM_DIR}/**",
-        ]
-    )
-)
+_VIEWS_READ = tuple(dict.fromkeys(FILE_VIEWS[v].pattern for v in FILE_VIEWS if v not in RUN_VIEWS))
+_WRITTEN_FILES = tuple(dict.fromkeys([*_VIEWS_READ, *CHECKED_FILES, *(f"{d}/**" for d in CHECKED_DIRS)]))
 _SHARD_FILES = f"{SHARDS_DIR}/*"
 _NO_BLOB = (
     "(SELECT NULL::BOOLEAN AS empty, NULL::VARCHAR AS filename, NULL::BIGINT AS size, "
@@ -935,25 +935,38 @@ _NO_BLOB = (
 _WRITTEN_TABLE = "gristmill.written_files"  # a schema of its own: none of the user's names, nor SHOW TABLES'
 
 
+@dataclass(frozen=True)
+class Guard:
+    """How a --db's view reads one dataset root (_written_files); each pair is (without the shards, with
+    them). `where`: the condition its rows are read under, true while the files are as written, else
+    error(). `changes`: a FROM-able subquery with one row, its column `msg` the line error() gives, while
+    they are not, and none while they are (_guard_branch)."""
+
+    where: tuple[str, str]
+    changes: tuple[str, str]
+
+
 def _written_files(
     con: duckdb.DuckDBPyConnection, given: list[str], paths: list[Path], db_path: str | Path
-) -> dict[Path, tuple[str, str]]:
+) -> dict[Path, Guard]:
     """Records in the --db each dataset root's files (_WRITTEN_FILES, _SHARD_FILES) with their size and
-    last-modified time (microseconds), and returns root -> the conditions its views' rows are read
-    under, (without the shards, with them): true while duckdb lists the same files now, else duckdb's
-    error() in one line naming the dataset, a file that differs and the command that writes the --db
-    again. The views list the files by name as they were written but read them as they are: a dataset
-    rebuilt under its path answered other counts, one whose shard changed kept its files_changed of the
-    writing, ok, exit 0 (trial RV71c 1, 2). A training run's live tables change as it trains and are not
-    guarded; a bucket's dataset is read in the cache's copy, which is guarded (not the bucket).
-    read_blob reads no content for these columns."""
+    last-modified time (microseconds), and returns root -> how its views read it (Guard): they refuse
+    with duckdb's error() in one line naming the dataset, a file that differs and the command that
+    writes the --db again, once duckdb lists other files now. The views list the files by name as they
+    were written but read them as they are: a dataset rebuilt under its path answered other counts, one
+    whose shard changed kept its files_changed of the writing, ok, exit 0 (trial RV71c 1, 2). A training
+    run's live tables change as it trains and are not guarded. A bucket's dataset is read in the cache's
+    copy: only the files the views read there are guarded (_VIEWS_READ), not the index and manifests
+    `data inspect` and `data validate` of the bucket add or fetch again (its files_changed is of the
+    bucket's ETags; trial RV71f 2). read_blob reads no content for these columns."""
     con.execute("CREATE SCHEMA IF NOT EXISTS gristmill")
     con.execute(
         f"CREATE OR REPLACE TABLE {_WRITTEN_TABLE} "
         "(root VARCHAR, filename VARCHAR, size BIGINT, last_modified TIMESTAMP WITH TIME ZONE)"
     )
     shown = [origin(p) or os.path.abspath(g) for g, p in zip(given, paths)]
-    again = f"`gristmill data audit {' '.join(shown)} --db {os.path.abspath(db_path)}`"
+    db = shlex.quote(os.path.abspath(db_path))
+    again = f"`gristmill data audit {' '.join(map(shlex.quote, shown))} --db {db}`"
 
     def listed(root: Path, patterns: tuple[str, ...]) -> str:
         files = ", ".join(sql_str(f"{glob_literal(str(root))}/{p}") for p in patterns)
@@ -961,31 +974,60 @@ def _written_files(
         read = f"SELECT * FROM read_blob([{files}], allow_empty = true) UNION ALL BY NAME {_NO_BLOB}"
         return f"SELECT DISTINCT filename, size, last_modified FROM ({read})"
 
-    def guard(root: Path, name: str, shards: bool) -> str:
-        now = listed(root, (*_WRITTEN_FILES, _SHARD_FILES) if shards else _WRITTEN_FILES)
+    def changes(root: Path, name: str, patterns: tuple[str, ...]) -> str:
         then = f"root = {sql_str(str(root))}"
-        then += "" if shards else f" AND NOT starts_with(filename, {sql_str(f'{root}/{SHARDS_DIR}/')})"
+        if _SHARD_FILES not in patterns:
+            then += f" AND NOT starts_with(filename, {sql_str(f'{root}/{SHARDS_DIR}/')})"
         said = f"{name} changed since this --db was written ("
         fix = f"): write it again with {again}"
-        return f"""(SELECT CASE WHEN count(*) = 0 THEN true ELSE error({sql_str(said)}
+        return f"""(SELECT {sql_str(said)}
             || first(substr(filename, {len(str(root)) + 2}) || ' ' || how ORDER BY filename)
             || CASE WHEN count(*) > 1 THEN ', and ' || (count(*) - 1) || ' more' ELSE '' END
-            || {sql_str(fix)}) END FROM (
+            || {sql_str(fix)} AS msg FROM (
             SELECT coalesce(n.filename, w.filename) AS filename,
                    CASE WHEN w.filename IS NULL THEN 'added' WHEN n.filename IS NULL THEN 'removed'
                         ELSE 'changed' END AS how
-            FROM ({now}) n
+            FROM ({listed(root, patterns)}) n
             FULL JOIN (SELECT * FROM {_WRITTEN_TABLE} WHERE {then}) w ON n.filename = w.filename
-            WHERE n.size IS DISTINCT FROM w.size OR n.last_modified IS DISTINCT FROM w.last_modified))"""
+            WHERE n.size IS DISTINCT FROM w.size OR n.last_modified IS DISTINCT FROM w.last_modified)
+            HAVING count(*) > 0)"""
 
     guards = {}
     for root, name in zip(paths, shown):
-        if is_training_run(root) or root in guards:  # (a root named twice: one record)
+        # (a root named twice: one record; the CLI refuses it first, audit._refuse_twice, not persist())
+        if is_training_run(root) or root in guards:
             continue
-        everything = listed(root, (*_WRITTEN_FILES, _SHARD_FILES))
-        con.execute(f"INSERT INTO {_WRITTEN_TABLE} SELECT ?, * FROM ({everything})", [str(root)])
-        guards[root] = (guard(root, name, False), guard(root, name, True))
+        kinds = (
+            (_VIEWS_READ,) * 2
+            if origin(root) is not None
+            else (_WRITTEN_FILES, (*_WRITTEN_FILES, _SHARD_FILES))
+        )
+        con.execute(f"INSERT INTO {_WRITTEN_TABLE} SELECT ?, * FROM ({listed(root, kinds[1])})", [str(root)])
+        said = tuple(changes(root, name, k) for k in kinds)
+        where = tuple(
+            f"(SELECT CASE WHEN count(*) = 0 THEN true ELSE error(first(msg)) END FROM {c})" for c in said
+        )
+        guards[root] = Guard(where, said)  # type: ignore[arg-type]
     return guards
+
+
+def _guard_branch(ds_name: str, changes: str, columns: list[tuple[str, str]]) -> str:
+    """A part of a --db's view with a row only while its dataset's files differ from the record
+    (Guard.changes), every column but dataset_name error() of that row's line. The guard of each part
+    reading the files (Guard.where) runs only where duckdb reads a row of them, and it reads none where it
+    prunes the part as it plans the query: from the listed files' parquet statistics (a filter on a
+    value only a file added since holds), or with no files (all removed, or none when the --db was
+    written): such a query answered 0 (trial RV71f 1). read_blob has no statistics to prune this part
+    by: any filter or projection of a column of it, or any row counted, gives the line."""
+    cols = ", ".join(
+        f"{sql_str(ds_name)} AS dataset_name" if c == "dataset_name" else f"error(msg)::{t} AS {_ident(c)}"
+        for c, t in columns
+    )
+    return f"SELECT {cols} FROM {changes} WHERE error(msg) IS NULL"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def check_db_path(db_path: str | Path) -> None:

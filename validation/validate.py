@@ -1002,12 +1002,12 @@ def dataset_versions(location: str | Path) -> tuple[dict[str, str], dict[str, st
 
 
 # besides the shards, what a validation checks: these files, and every file under these folders
-_CHECKED_FILES, _CHECKED_DIRS = (DATASET_JSON, TOKENIZER_JSON), (INDEX_DIR, MANIFEST_DIR, DECONTAM_DIR)
+CHECKED_FILES, CHECKED_DIRS = (DATASET_JSON, TOKENIZER_JSON), (INDEX_DIR, MANIFEST_DIR, DECONTAM_DIR)
 
 
 def _checked_beside_shards(rel: str) -> bool:
     """Whether `rel` (a path inside a dataset) is a file a validation checks besides the shards."""
-    return rel in _CHECKED_FILES or rel.startswith(tuple(f"{d}/" for d in _CHECKED_DIRS))
+    return rel in CHECKED_FILES or rel.startswith(tuple(f"{d}/" for d in CHECKED_DIRS))
 
 
 def _shard_stats(root: Path) -> dict[str, os.stat_result]:
@@ -1029,7 +1029,7 @@ def _versions_stated(stats: dict[str, os.stat_result]) -> dict[str, str]:
 
 def _versions_beside(root: Path) -> dict[str, str]:
     """{file a validation checks besides the shards: its size and mtime} of directory `root`."""
-    found = [*(root / f for f in _CHECKED_FILES), *(p for d in _CHECKED_DIRS for p in (root / d).rglob("*"))]
+    found = [*(root / f for f in CHECKED_FILES), *(p for d in CHECKED_DIRS for p in (root / d).rglob("*"))]
     stats = {}
     for path in found:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):

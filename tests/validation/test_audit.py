@@ -576,15 +576,31 @@ def test_a_db_refuses_once_its_dataset_changed(built_dataset, tmp_path, capsys):
     unchanged = answers()
     assert unchanged[0] == json.loads((root / "dataset.json").read_text())["documents"] > 0
     assert unchanged[4:] == [1, 1]
+    # duckdb prunes a part by its files' parquet statistics, or with no files, as it plans: the rows'
+    # guard then never ran, and a filter on a value only an added file holds answered 0 (trial RV71f 1)
+    filtered = [
+        "SELECT count(*) FROM docs WHERE id = 's_new'",
+        "SELECT count(*) FROM docs d JOIN shards s USING (dataset_name, shard) WHERE d.id = 's_new'",
+        "SELECT max(n_tokens) FROM docs WHERE n_tokens > 1e9",
+        "SELECT count(*) FROM shards WHERE documents > 1e9",
+        "SELECT count(*) FROM excluded WHERE id = 's_new'",
+        "SELECT count(*) FROM validation WHERE NOT ok",
+        "SELECT count(*) FROM docs WHERE dataset_name = 'ds'",
+    ]
     manifest = root / "manifest" / "00000.parquet"
-    shutil.copy(manifest, root / "manifest" / "00002.parquet")  # a third task's, as a rebuild adds
-    refused("manifest/00002.parquet added")
+    added = pq.read_table(manifest)
+    added = added.set_column(added.schema.get_field_index("id"), "id", pa.array(["s_new"] * len(added)))
+    pq.write_table(added, root / "manifest" / "00002.parquet")  # a third task's, as a rebuild adds
+    refused("manifest/00002.parquet added", queries + filtered)
     (root / "manifest" / "00002.parquet").unlink()
     assert answers() == unchanged  # the files as written: answered as before
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert [con.execute(q).fetchone()[0] for q in filtered] == [0, 0, None, 0, 0, 0, unchanged[0]]
     # duckdb's "No files found"; and with none of a view's files left, its SQL did not bind
     manifest.parent.rename(tmp_path / "away")
     (root / "validation.json").rename(tmp_path / "validation.json")
-    refused("manifest/00000.parquet removed, and 2 more")  # the fixture's two tasks' and validation.json
+    # the fixture's two tasks' and validation.json
+    refused("manifest/00000.parquet removed, and 2 more", queries + filtered)
     (tmp_path / "away").rename(manifest.parent)
     (tmp_path / "validation.json").rename(root / "validation.json")
     assert answers() == unchanged
@@ -595,6 +611,42 @@ def test_a_db_refuses_once_its_dataset_changed(built_dataset, tmp_path, capsys):
     refused(f"shards/{shard.name} changed", [queries[4], "SELECT ok, files_changed FROM validation"])
     with duckdb.connect(str(db), read_only=True) as con:
         assert [con.execute(q).fetchone()[0] for q in queries[:4]] == unchanged[:4]
+
+
+def test_a_db_refuses_once_files_appear_where_it_had_none(tmp_path):
+    """A view of a dataset without files when its --db was written (no excluded/, no logs/, no
+    validation.json) read a static empty relation, which duckdb pruned with its guard: it answered 0 once
+    they appeared, and so did a filtered query (trial RV71f 1c)."""
+    root = small_dataset(tmp_path / "ds")
+    db = tmp_path / "audit.duckdb"
+    persist([root], db)
+    asked = [
+        "SELECT count(*) FROM excluded",
+        "SELECT count(*) FROM excluded WHERE reason = 'r'",
+        "SELECT count(*) FROM stats",
+        "SELECT count(*) FROM validation_problems",
+    ]
+    with duckdb.connect(str(db), read_only=True) as con:
+        before = [con.execute(q).fetchone()[0] for q in asked]
+    assert before == [0, 0, 0, 0]
+    (root / "excluded").mkdir()
+    pq.write_table(pa.table({"id": ["x"], "reason": ["r"]}), root / "excluded" / "00000.parquet")
+    (root / "logs" / "stats").mkdir(parents=True)
+    (root / "logs" / "stats" / "00000.json").write_text("[]")
+    (root / "validation.json").write_text(
+        json.dumps({"ok": False, "problems": [{"shard": "a", "message": "m"}]})
+    )
+    with duckdb.connect(str(db), read_only=True) as con:
+        for q in asked:
+            with pytest.raises(
+                duckdb.InvalidInputException, match=re.escape("excluded/00000.parquet added, and 2 more")
+            ):
+                con.execute(q)
+    shutil.rmtree(root / "excluded")
+    shutil.rmtree(root / "logs")
+    (root / "validation.json").unlink()
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert [con.execute(q).fetchone()[0] for q in asked] == before
 
 
 def test_db_inside_a_dataset_is_refused_before_it_is_written(built_dataset, tmp_path, capsys):
