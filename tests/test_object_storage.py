@@ -2783,6 +2783,7 @@ def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synth
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     report = ["data", "audit", url, "--report", "validation"]
     db = tmp_path / "audit.duckdb"
+    shutil.rmtree(local_root(url) / INDEX_DIR)  # as after an upload: no reader fetched it yet
     assert gristmill([*report, "--db", str(db)]) == 0
     capsys.readouterr()
     assert gristmill(report) == 0
@@ -2791,6 +2792,20 @@ def test_a_bucket_shard_replaced_after_its_validation_is_audited_stale(s3, synth
     # fetched the same validation.json, and rewrote it, which the --db took for a change
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT ok, files_changed FROM validation").fetchall() == [(True, 0)]
+        docs = con.execute("SELECT count(*) FROM docs").fetchone()[0]
+    # `data inspect` adds the index to the copy, and `data validate` fetched its manifests again (new
+    # mtimes): the --db refused the unchanged bucket (trial RV71f 2). It guards the files its views
+    # read, a copy of the same bytes is kept, and only the new validation record is a change
+    inspect = ["data", "inspect", url, "--seq-len", "16", "--global-batch", "2", "--seed", "0"]
+    assert gristmill(inspect) == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM docs").fetchone()[0] == docs
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    capsys.readouterr()
+    with duckdb.connect(str(db), read_only=True) as con:
+        refused = re.escape(f"{url} changed since this --db was written (validation.json changed): ")
+        with pytest.raises(duckdb.InvalidInputException, match=refused):
+            con.execute("SELECT count(*) FROM docs WHERE id = 'none'")
     # a shard, and as well an index file (trial RV60a 8: it said ok; the synthetic dataset has no tokenizer)
     for changed in ("shards/", "index/"):
         key = "stale-record/" + next(k for k in sorted(s3.keys("stale-record")) if k.startswith(changed))
