@@ -552,6 +552,10 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
         (11, 22, 10),
         (23, 30, 22),
     ]
+    # rewind 2's 12 steps, cut to 8 by the plan's end, said so (trial RV71d 1); rewind 1's whole, not
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rewind ")]
+    assert [", cut at the plan's last step)" in line for line in said] == [False, True], said
+    assert "(run.rewind.skip_steps = 12, cut at the plan's last step)" in said[1], said
     final = metrics(run)[-1]
     assert final["step"] == STEPS and "val_loss" in final, final
     assert (

@@ -938,7 +938,18 @@ def check_resume(
                 *_shown_apart(old.lr(s), plan.lr(s)),
             )
     changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
-    return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
+    notes = ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
+    longer = plan.total_steps is None or (old.total_steps is not None and plan.total_steps > old.total_steps)
+    for s in skips_from(saved):
+        if longer and s.last_step == old.total_steps:
+            # its skip stopped at the plan's end then; a run of this plan from its start would have skipped
+            # on past it, up to run.rewind.skip_steps steps (trial RV71d 1: the steps trained, unsaid)
+            notes.append(
+                f"rewind {s.rewind} skipped steps {s.first_step}–{s.last_step}, to the plan's last step "
+                f"then: the steps after it train now, where a run of this plan from its start would have "
+                f"skipped up to run.rewind.skip_steps steps after step {s.checkpoint_step}"
+            )
+    return notes
 
 
 def _budget_change(old: Plan, plan: Plan, p: int, name: str, was: int, now: int) -> str:

@@ -97,8 +97,9 @@ class Rewinder:
                 "to rewind to"
             )
         back, passed = found
-        # The plan's end, not this invocation's (run.max_steps): a later resume trains no step an
-        # uninterrupted run would have skipped.
+        # The plan's end, not this invocation's (run.max_steps): a later resume of this plan trains no
+        # step an uninterrupted run would have skipped (one whose plan adds steps after it may: the
+        # resume says so, plan.check_resume; trial RV71d 1).
         last = back + self.cfg.skip_steps
         if self.timeline.plan.total_steps is not None:
             last = min(last, self.timeline.plan.total_steps)
@@ -136,6 +137,8 @@ class Rewinder:
             f"{skip.checkpoint_step:,} (checkpoint verified{passed}), skipping {_steps(skip)} of data "
             f"({skipped_tokens(self.timeline.plan, skip)})"
         )
+        if skip.last_step < skip.checkpoint_step + self.cfg.skip_steps:  # the plan's end cut it short
+            line += f" (run.rewind.skip_steps = {self.cfg.skip_steps}, cut at the plan's last step)"
         if skip.last_step < skip.spike_step:
             line += f"; note: the skip ends before step {skip.spike_step}, so its data will be trained again"
         if merge_note is not None:

@@ -176,6 +176,27 @@ def test_the_description_carries_the_skips_and_a_resume_accepts_them():
     assert data_plan.check_resume(saved, small_plan(), 16, lambda a, b: a == b) == []
 
 
+def test_a_skip_that_ended_at_the_plans_end_is_noted_when_a_resume_adds_steps():
+    # cut at the plan's last step, it stays cut when a phase is added: the added steps train where a run
+    # of the longer plan from its start would have skipped them, and nothing said so (trial RV71d 1)
+    plan = small_plan()
+    to_the_end = Skip(1, 19, 22, 20, 18, "loss 9.3 at step 20")
+    saved = json.loads(plan.to_json((to_the_end,)))
+    longer = small_plan()
+    longer.phases.append(Phase("more", 5, 32, 4, (1, 1), LRPiece(1e-4, 1e-4, "constant")))
+    longer = Plan(longer.sources, longer.phases, seed=7)
+    notes = data_plan.check_resume(saved, longer, 22, lambda a, b: a == b)
+    assert notes[-1] == (
+        "rewind 1 skipped steps 19–22, to the plan's last step then: the steps after it train now, where a "
+        "run of this plan from its start would have skipped up to run.rewind.skip_steps steps after step 18"
+    ), notes
+    assert data_plan.check_resume(saved, small_plan(), 22, lambda a, b: a == b) == []  # the same end: none
+    inside = json.loads(plan.to_json(SKIPS))  # skips that end before the plan's end: none either
+    assert not any(
+        "skipped steps" in n for n in data_plan.check_resume(inside, longer, 22, lambda a, b: a == b)
+    )
+
+
 def test_a_resume_whose_plan_now_ends_at_the_checkpoint_says_what_its_last_step_lacks(
     tmp_path, synthetic_dataset, capsys, monkeypatch
 ):
