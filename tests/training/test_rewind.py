@@ -544,7 +544,9 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
     rewind 2 (spike 26) goes back to that checkpoint and skips to the end. The final row names step
     10, the last step trained (issue 47: it named step 22, never trained)."""
     run = tmp_path / "run"
-    sets = rewind_sets(dataset, run, "run.rewind.skip_steps=12", "run.val_every=10")
+    sets = rewind_sets(
+        dataset, run, "run.rewind.skip_steps=12", "run.val_every=10", "checkpoint.export_interval=30"
+    )
     monkeypatch.setenv(SPIKE_WINDOW, f"{window_of(sets, SPIKE)},{window_of(sets, 26)}")
     assert main(["--config", TINY, "--set", *sets]) == 0
     skips = json.loads((run / "data_plan.json").read_text())["skips"]
@@ -553,9 +555,17 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
         (23, 30, 22),
     ]
     # rewind 2's 12 steps, cut to 8 by the plan's end, said so (trial RV71d 1); rewind 1's whole, not
-    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rewind ")]
+    out = capsys.readouterr().out.splitlines()
+    said = [line for line in out if line.startswith("rewind ")]
     assert [", cut at the plan's last step)" in line for line in said] == [False, True], said
     assert "(run.rewind.skip_steps = 12, cut at the plan's last step)" in said[1], said
+    # its export as step 30 holds step 10's weights: said by its line and its record (trial RV71d 2)
+    note = (
+        "step 30, the plan's last, lies in rewind 2's skip (steps 23–30): its weights, the run's final ones, "
+        "are step 10's"
+    )
+    assert any(line.startswith("export ") and line.endswith(f"; note: {note}") for line in out), out
+    assert json.loads((run / "exports" / "step-000030" / "gristmill_export.json").read_text())["note"] == note
     final = metrics(run)[-1]
     assert final["step"] == STEPS and "val_loss" in final, final
     assert (

@@ -72,6 +72,7 @@ from training.checkpoint.io import (
     checkpoint_error_cause,
     checkpoint_keys,
     checkpoints_out_of_reach,
+    final_weights_note,
     load_or_raise,
     newest_verified,
     nonfinite_tensor,
@@ -1179,4 +1180,5 @@ class Checkpointer:
                 if missed
                 else ""
             )
-            self.log(f"export {out} written ({what}{late})")
+            final = None if kind else final_weights_note(self.run_dir, step)  # (trial RV71d 2)
+            self.log(f"export {out} written ({what}{late})" + (f"; {final}" if final else ""))

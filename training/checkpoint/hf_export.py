@@ -1554,8 +1554,11 @@ def export_checkpoint(
         )
     if step == 0:
         return export_base(run_dir, log, out=out, dtype=dtype)
-    if log is not None and not merged and (note := final_weights_note(run_dir, step)):
-        log(note)
+    # the plan's last step inside a rewind's skip: an earlier step's weights, said by the export's record
+    # too (its gristmill_export.json said only "step": N: trial RV71d 2)
+    final = None if merged else final_weights_note(run_dir, step)
+    if log is not None and final is not None:
+        log(final)
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
     if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved
@@ -1598,6 +1601,8 @@ def export_checkpoint(
     read = checkpoint_identity(ckpt)
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
     meta = {"step": step, "checkpoint": str(ckpt.resolve()), CHECKPOINT_IDENTITY: read}
+    if final is not None:
+        meta["note"] = final.removeprefix("note: ")
     if merged:
         meta["merged"] = apply_merged(run_dir, step, model)
     target = out or run_export
