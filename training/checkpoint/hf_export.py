@@ -1591,6 +1591,8 @@ def export_checkpoint(
         _, dataset, _ = run_model_config(run_dir)
         model, mcfg = export_model(run_export)
         meta = {"step": step, "copied_from": str(run_export.resolve())}
+        if final is not None:  # as the export copied says (review RV71h 4)
+            meta["note"] = final.removeprefix("note: ")
         if merged:
             meta["merged"] = json.loads((run_export / EXPORT_META).read_text(encoding="utf-8")).get("merged")
         return export_of_run(run_dir, model, mcfg, dataset, out, meta, dtype)

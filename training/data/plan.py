@@ -942,12 +942,14 @@ def check_resume(
     longer = plan.total_steps is None or (old.total_steps is not None and plan.total_steps > old.total_steps)
     for s in skips_from(saved):
         if longer and s.last_step == old.total_steps:
-            # its skip stopped at the plan's end then; a run of this plan from its start would have skipped
-            # on past it, up to run.rewind.skip_steps steps (trial RV71d 1: the steps trained, unsaid)
+            # its skip ended at the plan's end then, cut there or not (the plan records no skip_steps: the
+            # rewind's line said which); a cut one, a run of this plan from its start would have skipped
+            # on past it (trial RV71d 1: the steps trained, unsaid)
             notes.append(
                 f"rewind {s.rewind} skipped steps {s.first_step}–{s.last_step}, to the plan's last step "
-                f"then: the steps after it train now, where a run of this plan from its start would have "
-                f"skipped up to run.rewind.skip_steps steps after step {s.checkpoint_step}"
+                'then: if its line said "cut at the plan\'s last step", the steps after it train now, where '
+                "a run of this plan from its start would have skipped on, up to run.rewind.skip_steps steps "
+                f"after step {s.checkpoint_step}"
             )
     return notes
 

@@ -690,7 +690,7 @@ def damaged_in_transit(trained: bool = True) -> str:
         + (", and nothing was trained on it" if trained else "")
         + f"; check the network to {endpoint_setting()} = {endpoint()}, then run again"
         + (" (a training: resume it)" if trained else "")
-        + ": two fetches that agree, not as recorded, are the bucket's object, named then"
+        + "; a rerun whose two fetches agree names the bucket's object"
     )
 
 

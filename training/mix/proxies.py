@@ -434,11 +434,15 @@ def _worker_start(search: int, stopped: Any) -> None:
     global _STOPPED
     _STOPPED = stopped
     # forked inside the search's sigterm_raises: an idle worker's SIGTERM (a scheduler's, to the whole
-    # group) raised Terminated in the pool's queue wait, a traceback (review RV71f 3); a proxy's training
-    # takes the signal with its own handler, and an idle worker ends as SIGTERM ends a process
+    # group) raised Terminated in the pool's queue wait, a traceback (review RV71f 3), and a Ctrl-C's
+    # SIGINT KeyboardInterrupt (RV71h 2); a proxy's training takes either with its own handler, an idle
+    # worker ends as SIGTERM ends a process, and leaves a Ctrl-C to the search, which ends it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent(search)
 
+
+STOPS = (Terminated, KeyboardInterrupt)  # the search's own stop: its workers are ended with it
 
 # A worker's reply: a source changed, the run refused, or it diverged (its cause, without the trainer's
 # advice: `gristmill train` commands that set optim.lr, where the search's key is proxy.lr)
@@ -504,11 +508,12 @@ class Pool:
     def __exit__(self, *exc) -> None:
         if self._stopped is not None and exc[0] is not None:
             self._stopped.set()  # jobs the pool handed its workers already: cancel_futures cannot
-        if self._executor is not None and exc[0] is not None and issubclass(exc[0], Terminated):
-            # the search stopped by SIGTERM (`kill PID`, a scheduler's): waited for, its running proxies
-            # trained to their end before it said a word (trial RV70b 5). They end at once: a proxy has
-            # no checkpoints and trains again from its start anyway; a SIGTERM forwarded instead, a
-            # worker that died before its trainer's handler hung the pool's shutdown (review RV71f 3).
+        if self._executor is not None and exc[0] is not None and issubclass(exc[0], STOPS):
+            # the search stopped by SIGTERM or SIGINT (`kill PID`, a scheduler's, a Ctrl-C): waited for, its
+            # running proxies trained to their end before it said a word, where the signal reached the
+            # search alone (trial RV70b 5, review RV71h 1). They end at once: a proxy has no checkpoints
+            # and trains again from its start anyway; a SIGTERM forwarded instead, a worker that died
+            # before its trainer's handler hung the pool's shutdown (review RV71f 3).
             # (_processes: the pool's own {pid: process}; it has no public list of its workers)
             for worker in list(self._executor._processes.values()):
                 with contextlib.suppress(ProcessLookupError):

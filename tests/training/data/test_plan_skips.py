@@ -187,8 +187,9 @@ def test_a_skip_that_ended_at_the_plans_end_is_noted_when_a_resume_adds_steps():
     longer = Plan(longer.sources, longer.phases, seed=7)
     notes = data_plan.check_resume(saved, longer, 22, lambda a, b: a == b)
     assert notes[-1] == (
-        "rewind 1 skipped steps 19–22, to the plan's last step then: the steps after it train now, where a "
-        "run of this plan from its start would have skipped up to run.rewind.skip_steps steps after step 18"
+        "rewind 1 skipped steps 19–22, to the plan's last step then: if its line said \"cut at the plan's "
+        'last step", the steps after it train now, where a run of this plan from its start would have '
+        "skipped on, up to run.rewind.skip_steps steps after step 18"
     ), notes
     assert data_plan.check_resume(saved, small_plan(), 22, lambda a, b: a == b) == []  # the same end: none
     inside = json.loads(plan.to_json(SKIPS))  # skips that end before the plan's end: none either

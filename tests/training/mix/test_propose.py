@@ -816,11 +816,12 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
     # a process of its own, in a session of its own: a Ctrl-C reaches the whole group, as from a terminal
     # (a forked child exits through multiprocessing's bootstrap, which a command never does)
-    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
         _started_training(proc, out)
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "Traceback" not in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -843,20 +844,29 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
     assert proc.returncode == 143 and err.splitlines()[-1] == interrupted("SIGTERM"), err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert len(workers) == 5 and not [pid for pid in workers if Path(f"/proc/{pid}").exists()], workers
-    out = tmp_path / "group"  # the scheduler's way: every process of the job
-    argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=5"]
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        _started_training(proc, out)
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143 and err.splitlines()[-1] == interrupted("SIGTERM"), err
-    assert "Traceback" not in err and "Exception ignored" not in err, err
+    # the scheduler's way, every process of the job, and a Ctrl-C's, with a worker idle (RV71h 2); and a
+    # SIGINT to the search alone, which waited for its proxies to train to their end (review RV71h 1)
+    for n, (sig, code, group) in enumerate(((signal.SIGTERM, 143, True), (signal.SIGINT, 130, True),
+                                            (signal.SIGINT, 130, False))):  # fmt: skip
+        out = tmp_path / f"group{n}"
+        argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=5"]
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            _started_training(proc, out)
+            workers = _children(proc.pid)
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        said = interrupted("SIGTERM" if sig == signal.SIGTERM else "Ctrl-C")
+        assert proc.returncode == code and err.splitlines()[-1] == said, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], workers
+        logs = [p.read_text() for p in out.glob("swarm/*/train.log")]
+        assert not any("292/292" in log for log in logs), logs  # none trained to its end
     out = tmp_path / "again"
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
