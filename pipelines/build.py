@@ -86,12 +86,12 @@ from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import refuse_if_queued, submit_slurm
 from pipelines.sources import (
-    META_KEYS,
     SourceFiles,
     first_json_lines,
     list_source_files,
     make_reader,
     mistyped_columns,
+    parquet_columns_read,
     source_folder,
 )
 from pipelines.task_upload import (
@@ -367,8 +367,8 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
                 f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
             ) from None
         names = schema.names
-        read = {cfg.source.text_key, cfg.source.id_key, *META_KEYS}
-        if twice := sorted({n for n in names if n in read and names.count(n) > 1}):
+        read = parquet_columns_read(names, cfg.source.text_key, cfg.source.id_key)
+        if twice := sorted({n for n in read if names.count(n) > 1}):
             # the reader cannot pick one: its task said "damaged or truncated … re-download" (RV71e 4)
             raise BuildError(
                 f"{path} holds column {twice[0]!r} {names.count(twice[0])} times; keep one of them (or "

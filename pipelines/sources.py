@@ -718,6 +718,13 @@ def mistyped_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType, str]]:
     return out
 
 
+def parquet_columns_read(names: list[str], text_key: str, id_key: str) -> list[str]:
+    """The columns of a parquet file (its `names`) the reader reads: the text, the id where there is
+    one, FineWeb-Edu's metadata columns it holds."""
+    meta = [k for k in META_KEYS if k in names and k != text_key]
+    return [text_key] + ([id_key] if id_key in names else []) + meta
+
+
 class ParquetSource(_Reader):
     """Reads `text`, `id` and FineWeb-Edu's metadata columns from parquet files, column-wise."""
 
@@ -740,8 +747,8 @@ class ParquetSource(_Reader):
                     f"{path} has no column {self.text_key!r} (columns: "
                     f"{', '.join(names)}); set source.text_key to the text column"
                 )
-            meta_cols = [k for k in META_KEYS if k in names and k != self.text_key]
-            cols = [self.text_key] + ([self.id_key] if self.id_key in names else []) + meta_cols
+            cols = parquet_columns_read(names, self.text_key, self.id_key)
+            meta_cols = cols[1 + (self.id_key in names) :]  # after the text and the id
             total = pqf.metadata.num_rows or 1
             size = self.sizes.get(filepath, 0)
             row = 0
