@@ -84,7 +84,9 @@ def _index(root: Path, log) -> dict[str, Any]:
             # Intact, so where it and dataset.json's counts disagree (the loader's refusal, whose advice
             # is this command), dataset.json was edited: "complete" alone sent the user round in a loop.
             try:  # what the loader opens: the documents checked, then the tokens as the reader checks
-                index = DocIndex(root, info, per_document=False)
+                index = DocIndex(
+                    root, info, per_document=False, checked=tuple(entry["files"])
+                )  # hashed above
                 tokens = int(index.sample_tokens.sum())
                 held = f"{int(index.shard_rows[-1]):,} documents, {tokens:,} tokens"
                 edited = tokens != int(info["tokens"])

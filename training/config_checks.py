@@ -274,6 +274,12 @@ def missing_eval_module() -> str | None:
     return None
 
 
+def _default_said(m: MergeSection, key: str) -> str:
+    """The note `(its default)` where merge.`key` was left out: refused as a value it was given, it named
+    none (trial RV70a 1, review RV70e 9)."""
+    return " (its default)" if getattr(m, key) == getattr(MergeSection, key) else ""
+
+
 def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
     """[merge]: a kind with its one setting (window for "window", decay for "ema"), merge points at
     least one step apart, windows that do not overlap, and a checkpoint at every merge point when the
@@ -293,9 +299,9 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 )
         return
     if not isinstance(m.every, int) or m.every < 1:
-        unset = " (its default)" if m.every == MergeSection.every else ""  # left out (review RV70e 9)
         raise ConfigError(
-            f"merge.every = {m.every!r}{unset} must be an integer ≥ 1 (steps between merge points)",
+            f"merge.every = {m.every!r}{_default_said(m, 'every')} must be an integer ≥ 1 (steps between "
+            "merge points)",
             "merge.every",
         )
     if m.kind == "window":
@@ -306,9 +312,9 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.decay",
             )
         if m.window < 1:  # 0 is its default: said so, not only as a value given (trial RV70a 1)
-            unset = " (its default)" if m.window == MergeSection.window else ""
             raise ConfigError(
-                f"merge.window = {m.window}{unset} must be ≥ 1: merge.kind = 'window' averages the steps of "
+                f"merge.window = {m.window}{_default_said(m, 'window')} must be ≥ 1: merge.kind = 'window' "
+                "averages the steps of "
                 f"merge.window at each merge point (1 to merge.every = {m.every})",
                 "merge.window",
             )
@@ -326,9 +332,9 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
                 "merge.window",
             )
         if not (math.isfinite(m.decay) and 0.0 < m.decay < 1.0):
-            unset = " (its default)" if m.decay == MergeSection.decay else ""
             raise ConfigError(
-                f"merge.decay = {m.decay}{unset} must be in (0, 1): merge.kind = 'ema' sets, after each "
+                f"merge.decay = {m.decay}{_default_said(m, 'decay')} must be in (0, 1): merge.kind = 'ema' "
+                "sets, after each "
                 "step, ema ← decay · ema + (1 − decay) · weights (e.g. 0.999)",
                 "merge.decay",
             )

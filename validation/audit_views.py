@@ -845,7 +845,7 @@ def view_sql(
             # files written before a column was added read as null in it (e.g. an older manifest)
             src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
         identities = _identities(root, con) if "{identities}" in view.sql else ""
-        changed = _files_changed(root) if "{changed}" in view.sql else ""
+        changed = _files_changed(root) if shards else ""
         body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities, changed=changed)
         where = f" WHERE {guard.where[shards]}" if guard is not None else ""
         parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body}){where}")

@@ -366,9 +366,11 @@ class TaskNames:
         check_no_local_names(cfg.include_path)  # a task of one's own named like a local one
         local = set(local_task_names())
         self.local = [n for n in self.names if n in local]
-        hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
+        self.hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
         self.task_manager = (
-            checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
+            checked_task_manager(self.hub, cfg.include_path)
+            if self.hub
+            else TaskManager(include_defaults=False)
         )
 
 
@@ -393,8 +395,7 @@ class TaskPlan:
         """`log`: where a note on rebuilt task data goes (stderr's `[eval]` lines by default); `tasks`:
         cfg's task names as checked already (the in-training eval checks them before the run starts)."""
         tasks = tasks or TaskNames(cfg)
-        self.names, self.task_manager = tasks.names, tasks.task_manager
-        hub = [n for n in self.names if n not in tasks.local]
+        self.names, self.task_manager, self.hub = tasks.names, tasks.task_manager, tasks.hub
         self.run_dir = run_dir
         train_cfg = run_config(run_dir)
         spec = self.run_spec = resolve(train_cfg)  # once: both read the run's sources (and train_eval)
@@ -407,7 +408,7 @@ class TaskPlan:
         self._noted: set[int] = set()
         self.training_data = training_data_checks(spec, run_dir)
         self.data = run_data(spec, train_cfg.eval.source)
-        self.specs: list[Any] = list(hub)
+        self.specs: list[Any] = list(self.hub)
         self.local = tasks.local
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
         self.include_path = [Path(p).resolve() for p in cfg.include_path]
@@ -464,15 +465,15 @@ class TaskPlan:
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
-        hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
-        self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
+        # the local tasks' files are checked as built
+        self.data_files = {n: task_data_files(self.task_manager, n) for n in self.hub}
         run = Written("the run directory", self.run_dir, "its eval/ (made at the first eval) for a split",
                       "move the run out")  # fmt: skip
         for name, data in self.data_files.items():
             check_data_folders(name, data, run)
         self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
-        self.scored_as = {n: self._scored_as(n) for n in hub}
-        self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in hub}
+        self.scored_as = {n: self._scored_as(n) for n in self.hub}
+        self.reconfigured = {n: reconfigured_members(self.task_manager, n) for n in self.hub}
         self._files = self._watched()
         self._as_is = {}
         # each planned group's or tag's members that are tasks of their own, by their own definition:

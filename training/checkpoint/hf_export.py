@@ -1559,6 +1559,7 @@ def export_checkpoint(
     final = None if merged else final_weights_note(run_dir, step)
     if log is not None and final is not None:
         log(final)
+    noted = {} if final is None else {"note": final.removeprefix("note: ")}
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
     if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved
@@ -1590,9 +1591,7 @@ def export_checkpoint(
             return run_export
         _, dataset, _ = run_model_config(run_dir)
         model, mcfg = export_model(run_export)
-        meta = {"step": step, "copied_from": str(run_export.resolve())}
-        if final is not None:  # as the export copied says (review RV71h 4)
-            meta["note"] = final.removeprefix("note: ")
+        meta = {"step": step, "copied_from": str(run_export.resolve()), **noted}  # (review RV71h 4)
         if merged:
             meta["merged"] = json.loads((run_export / EXPORT_META).read_text(encoding="utf-8")).get("merged")
         return export_of_run(run_dir, model, mcfg, dataset, out, meta, dtype)
@@ -1602,9 +1601,7 @@ def export_checkpoint(
         )
     read = checkpoint_identity(ckpt)
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
-    meta = {"step": step, "checkpoint": str(ckpt.resolve()), CHECKPOINT_IDENTITY: read}
-    if final is not None:
-        meta["note"] = final.removeprefix("note: ")
+    meta = {"step": step, "checkpoint": str(ckpt.resolve()), CHECKPOINT_IDENTITY: read, **noted}
     if merged:
         meta["merged"] = apply_merged(run_dir, step, model)
     target = out or run_export

@@ -552,9 +552,11 @@ class DocIndex:
         per_document: bool = True,
         read_range: Callable[[str, int, int], bytes] | None = None,
         url: str | None = None,
+        checked: Collection[str] = (),
     ):
         """`url`: the bucket dataset whose cache copy `root` is; messages name it, and its repair (the
-        copy's index rebuilt would repair nothing in the bucket)."""
+        copy's index rebuilt would repair nothing in the bucket). `checked`: index files the caller
+        has just hashed against dataset.json (damaged_files), not hashed again."""
         root = Path(root)
         self.root, self.read_range = root, read_range
         self.url = url
@@ -588,7 +590,7 @@ class DocIndex:
                 self._check_file(name, present=True, offsets=offsets),
             )
         if url is None:
-            self._check_content()
+            self._check_content(checked)
         self._map()
         # small: one per shard
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS], self.fix), np.int64)
@@ -689,7 +691,7 @@ class DocIndex:
             )
         return _DTYPES[spec["dtype"]]
 
-    def _check_content(self) -> None:
+    def _check_content(self, checked: Collection[str]) -> None:
         """The index files mapped of at most MAX_SUM_BYTES (the bound of the documents' sum, read at
         each open too) hashed against dataset.json's sha256 (damaged_files): an edit that keeps every
         document whole (two rows swapped in doc_offsets/doc_tokens, a row pointed at another document
@@ -701,7 +703,7 @@ class DocIndex:
         small = {name: files[name] for name in self._files if files[name]["bytes"] <= MAX_SUM_BYTES}
         self.content_checked = len(small) == len(self._files)
         try:
-            bad = damaged_files(self.root, {"files": small})
+            bad = damaged_files(self.root, {"files": small}, checked=checked)
         except OSError:  # unreadable: its map names it, with the fix (_mapped)
             return
         if bad:

@@ -618,7 +618,7 @@ class CachedBlocks:
         s, k = self._in_sample(u)
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
-        fetched = []  # each attempt's bytes, hashed: two that differ are the transfer's damage (RV71a F3)
+        fetched = []  # each attempt's bytes: two that differ are the transfer's damage (RV71a F3)
         for attempt in (1, 2):
             data = self._get_range(s, name, lo, hi if not self.per_doc else lo + n * DOC_RECORD, window)
             ids = b""
@@ -664,7 +664,7 @@ class CachedBlocks:
                         break
             if bad is None:
                 return data[: n * DOC_RECORD], _xxh3(ids), ids
-            fetched.append(hashlib.sha256(data + ids if self.per_doc else data).digest())
+            fetched.append((data, ids))
             if attempt == 1:
                 COUNTS.add("refetches")
         if (changed := self._index_changed()) is not None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import filecmp
 import hashlib
 import json
 import os
@@ -616,7 +615,7 @@ def fetch_verified(
             # a copy there of these bytes already is kept, its mtime too: a --db of the cache's copy
             # guards it by size and mtime, and refused after `data validate` of the bucket unchanged
             # fetched its manifests again (trial RV71f 2)
-            if not _same_bytes(tmp, dest):
+            if not _holds(dest, got_size, sha256):
                 move_into_place(tmp, dest)
             return
     finally:
@@ -628,10 +627,10 @@ def fetch_verified(
     )
 
 
-def _same_bytes(a: Path, b: Path) -> bool:
-    """Whether file `b` exists and holds what file `a` holds (read only where the sizes match)."""
+def _holds(path: Path, size: int, sha256: str) -> bool:
+    """Whether file `path` holds `size` bytes hashing to `sha256` (read only where the size is it)."""
     try:
-        return b.is_file() and filecmp.cmp(a, b, shallow=False)
+        return path.is_file() and path.stat().st_size == size and file_sha256(path) == sha256
     except OSError:
         return False
 
