@@ -144,6 +144,7 @@ from training.contract.dataset_format import finished_tasks as completed_ranks
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import check_saved_config_place
+from training.contract.transfer import DamagedInTransit, download_twice
 from validation.audit_reports import WHY_DROPPED_SQL
 from validation.validate import VALIDATION_JSON, format_report, validate_dataset
 
@@ -1257,12 +1258,20 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
     objects = {rel: records[rank]["objects"][rel] for rel, rank in owner.items()}
 
     def fetch(rel: str) -> None:
-        dest = root / rel
+        # fetched twice when it is not as recorded: one transfer damaged on the way advised deleting a
+        # healthy task's record, the task redone (its two fetches differing: the network's, run again)
+        dest, spec, task = root / rel, objects[rel], owner[rel]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if store.download(rel, dest, objects[rel]["bytes"]) != objects[rel]["sha256"]:
+        try:
+            digest = download_twice(
+                store, rel, dest, spec["bytes"], spec["sha256"], trained=False, recorded_by=f"task {task}"
+            )
+        except DamagedInTransit as e:
+            raise BuildError(str(e)) from None
+        if digest != spec["sha256"]:
             raise BuildError(
-                f"{store.url.child(rel)} does not hash as task {owner[rel]} recorded, though its ETag is the "
-                f"recorded one; delete {store.url.child(record_rel(owner[rel]))} and rerun the same command"
+                f"{store.url.child(rel)} does not hash as task {task} recorded, though its ETag is the "
+                f"recorded one; delete {store.url.child(record_rel(task))} and rerun the same command"
             )
 
     with ThreadPoolExecutor(8) as pool:

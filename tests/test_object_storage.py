@@ -5053,6 +5053,52 @@ def test_objects_in_a_bucket_build_s_task_folders_that_no_task_uploaded_are_name
     assert build(cfg, log=lambda *a: None).ok
 
 
+def test_a_bucket_build_s_task_output_damaged_in_transit_is_fetched_again_and_no_record_removed(
+    s3, build_fixture, tmp_path
+):
+    """The driver downloaded each task's manifest and stats once to write dataset.json from: one bit
+    flipped on the way (the object intact) stopped the build with advice to delete a healthy task's
+    record, the task redone. Fetched once more: a flip once is the object's second fetch, the build ends;
+    flips that differ name the transfer, every record kept, and the rerun ends."""
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from pipelines.task_upload import RECORDS_DIR
+    from training.contract.config_loader import load_config
+
+    url = s3.url("transit-build")
+    sets = [
+        f"output={json.dumps(url)}",
+        f"build.workdir={json.dumps(str(tmp_path / 'w'))}",
+        "build.workers=1",
+    ]
+    cfg = load_config(DataConfig, build_fixture[2], sets)
+    assert build(cfg, log=lambda *a: None).ok
+    want = dataset_info(url)["fingerprint"]
+    records = sorted(k for k in s3.keys("transit-build") if k.startswith(RECORDS_DIR + "/"))
+    rel = sorted(k for k in s3.keys("transit-build") if k.startswith("manifest/"))[0]
+    try:
+        for flips in [(1,), (1, 2)]:
+            s3.client.delete_object(Bucket=BUCKET, Key=f"transit-build/{DATASET_JSON}")  # the driver died
+            s3.proxy.flip_gets(f"/transit-build/{rel}", *flips)
+            s3.proxy.reset_counts()
+            if flips == (1,):
+                assert build(cfg, log=lambda *a: None).ok and dataset_info(url)["fingerprint"] == want
+            else:
+                with pytest.raises(BuildError) as e:
+                    build(cfg, log=lambda *a: None)
+                said = str(e.value)
+                assert said.startswith(f"{url}/{rel}: fetched twice, other bytes each time"), said
+                assert "neither what task 0 records" in said and "delete" not in said, said
+                assert "at least one transfer was damaged on the way" in said, said
+            assert s3.proxy.counts.flipped == len(flips)
+            assert len(s3.proxy.counts.gets(f"transit-build/{rel}")) == 2
+            assert sorted(k for k in s3.keys("transit-build") if k.startswith(RECORDS_DIR + "/")) == records
+    finally:
+        s3.proxy.flip_gets("")
+    assert build(cfg, log=lambda *a: None).ok
+    assert dataset_info(url)["fingerprint"] == want
+
+
 def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is_refused(
     s3, build_fixture, tmp_path
 ):

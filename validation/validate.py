@@ -123,13 +123,12 @@ from training.contract.object_store import (
 )
 from training.contract.run_layout import is_training_run, unlike_a_run
 from training.contract.separator_check import documents_breaking
+from training.contract.transfer import DamagedInTransit, download_twice
 from training.data.remote import (
     CacheError,
     CacheSettings,
-    DamagedInTransit,
     add_cache_argument,
     cache_of,
-    download_twice,
     ensure,
     local_root,
     repair_advice,
@@ -243,9 +242,9 @@ def check_shard(spec: _ShardSpec) -> ShardResult:
     """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard. A
     bucket's shard that could not be read here (this node's disk, the transport: `unread`) is no
     problem of the bucket's, and no record of the bucket is written (review R20b M3). A bucket's shard
-    not as dataset.json records it is fetched once more (remote.download_twice): other bytes are checked
-    afresh, the same bytes are the bucket's object; two that differ, neither the recorded ones, are the
-    transfer's damage, unread (it was a problem of the bucket's: trial RV71a F3)."""
+    not as dataset.json records it is fetched once more (contract/transfer.download_twice): other bytes
+    are checked afresh, the same bytes are the bucket's object; two that differ, neither the recorded
+    ones, are the transfer's damage, unread (it was a problem of the bucket's: trial RV71a F3)."""
     res = ShardResult(spec.name)
     try:
         sha256 = None  # a download hashes what it writes: the check does not read the file again for it

@@ -20,6 +20,8 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     hub_cache      a Hugging Face hub cache file held to its blob's name (the hub's sha256 or git sha1)
     object_store   s3:// URLs and the one S3 client (boto3, imported inside its functions): one request
                    per call, retries with backoff, counted (COUNTS)
+    transfer       download_twice: a download checked against its recorded sha256, fetched again when
+                   it differs; two fetches that differ are the transfer's damage (DamagedInTransit)
 
 The rule, enforced by tests/test_layering.py: standard library, numpy and pyarrow only (boto3 only
 inside object_store's functions) — nothing

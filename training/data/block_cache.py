@@ -87,17 +87,16 @@ from training.contract.object_store import (
     endpoint,
     stop_if_asked,
 )
+from training.contract.transfer import DamagedInTransit, damaged_in_transit
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
 from training.data.remote import (
     ORIGIN,
     CacheSettings,
-    DamagedInTransit,
     bucket_lacks,
     cache_lock,
     cache_write,
-    damaged_in_transit,
     in_the_way,
     mark_origin,
     node_lock,

@@ -56,12 +56,11 @@ from training.contract.object_store import (
     ObjectMissing,
     ObjectStore,
     ObjectURL,
-    endpoint,
-    endpoint_setting,
     is_url,
     refuse_url,
     user_cache_dir,
 )
+from training.contract.transfer import download_twice, size_and_hash
 
 ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
@@ -622,8 +621,8 @@ def fetch_verified(
         tmp.unlink(missing_ok=True)  # gone already when it was moved into place
     raise DatasetError(
         f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {digest[:16]}… each time, "
-        f"but {DATASET_JSON} records {_recorded(size, sha256)}: the object in the bucket is damaged or was "
-        f"replaced, and nothing was trained on it; {repair_advice(store)}"
+        f"but {DATASET_JSON} records {size_and_hash(size, sha256)}: the object in the bucket is damaged or "
+        f"was replaced, and nothing was trained on it; {repair_advice(store)}"
     )
 
 
@@ -633,64 +632,6 @@ def _holds(path: Path, size: int, sha256: str) -> bool:
         return path.is_file() and path.stat().st_size == size and file_sha256(path) == sha256
     except OSError:
         return False
-
-
-class DamagedInTransit(DatasetError):
-    """Two fetches of an object gave different bytes, neither the recorded ones: the transfer's damage,
-    not the bucket's (a reader's refusal; `data validate` records no verdict on the bucket for it)."""
-
-
-def download_twice(
-    store: ObjectStore,
-    rel: str,
-    dest: Path,
-    size: int | None,
-    sha256: str | None,
-    if_match: str | None = None,
-    trained: bool = True,
-) -> str:
-    """Object `rel` into the new file `dest` (ObjectStore.download, `if_match` its ETag), fetched once
-    more when it is not the `sha256` (and `size` bytes) dataset.json records: a damaged transfer. Returns
-    the sha256 of what `dest` holds then: the recorded bytes, or bytes both fetches gave alike (the
-    bucket's object, not as recorded: the caller's to refuse or check). Two fetches that differ, neither
-    the recorded bytes, raise DamagedInTransit naming both (RV71a F3; `trained`: said to a reader that
-    trains, whose sample nothing trained on). No `sha256` (nothing recorded): one fetch. The one rule
-    of fetch_verified and `data validate`'s shards."""
-    got: list[tuple[str, int]] = []  # each fetch's (sha256, bytes)
-    for attempt in (1, 2):
-        digest = store.download(rel, dest, size if size is not None else 0, if_match=if_match)
-        got.append((digest, dest.stat().st_size))
-        if sha256 is None or (digest == sha256 and (size is None or got[-1][1] == size)):
-            return digest
-        if attempt == 1:
-            COUNTS.add("refetches")
-    if got[0] == got[1]:
-        return digest
-    (a, a_size), (b, b_size) = got
-    raise DamagedInTransit(
-        f"{store.url.child(rel)}: fetched twice, other bytes each time ({a_size:,} with sha256 {a[:16]}…, "
-        f"then {b_size:,} with {b[:16]}…), neither what {DATASET_JSON} records ({_recorded(size, sha256)}): "
-        + damaged_in_transit(trained)
-    )
-
-
-def _recorded(size: int | None, sha256: str) -> str:
-    return f"{'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…"
-
-
-def damaged_in_transit(trained: bool = True) -> str:
-    """The end of the line refusing an object whose two fetches gave different bytes, neither the
-    recorded ones: at least one transfer was damaged, so the bucket's object cannot be judged, and its
-    repair (an upload) is not the advice (trial RV71a F3); one clean fetch of a damaged object beside a
-    damaged one differs too (review RV71f 4), so the run again tells. `trained`: a reader's that trains
-    (not `data validate`'s)."""
-    return (
-        "at least one transfer was damaged on the way (a proxy or link between here and the store)"
-        + (", and nothing was trained on it" if trained else "")
-        + f"; check the network to {endpoint_setting()} = {endpoint()}, then run again"
-        + (" (a training: resume it)" if trained else "")
-        + "; a rerun whose two fetches agree names the bucket's object"
-    )
 
 
 def bucket_lacks(
