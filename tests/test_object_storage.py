@@ -5021,22 +5021,24 @@ def test_the_dedup_advice_followed_redoes_a_finished_task_whose_text_changed_no_
     assert info[0]["fingerprint"] == info[1]["fingerprint"], (info[0]["tokens"], info[1]["tokens"])
 
 
+def _one_worker_build(build_fixture, url: str, work: Path):
+    """The shared small build's config, into `url` with its work directory `work`, on one worker."""
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(work))}", "build.workers=1"]
+    return load_config(DataConfig, build_fixture[2], sets)
+
+
 def test_objects_in_a_bucket_build_s_task_folders_that_no_task_uploaded_are_named(
     s3, build_fixture, tmp_path
 ):
     """Objects dropped into the prefix where only the build's tasks write: refused before dataset.json,
     each named (it named one of three, the others in no log: trial RV55a 3); deleted, the rerun ends."""
     from pipelines.build import BuildError, build
-    from pipelines.config import DataConfig
-    from training.contract.config_loader import load_config
 
     url = s3.url("strays")
-    sets = [
-        f"output={json.dumps(url)}",
-        f"build.workdir={json.dumps(str(tmp_path / 'w'))}",
-        "build.workers=1",
-    ]
-    cfg = load_config(DataConfig, build_fixture[2], sets)
+    cfg = _one_worker_build(build_fixture, url, tmp_path / "w")
     assert build(cfg, log=lambda *a: None).ok
     s3.client.delete_object(Bucket=BUCKET, Key=f"strays/{DATASET_JSON}")  # the driver died
     strays = ["excluded/00000_gopher_quality.parquet", "shards/00000_00009.tar", "shards/00007_00000.tar"]
@@ -5061,17 +5063,10 @@ def test_a_bucket_build_s_task_output_damaged_in_transit_is_fetched_again_and_no
     record, the task redone. Fetched once more: a flip once is the object's second fetch, the build ends;
     flips that differ name the transfer, every record kept, and the rerun ends."""
     from pipelines.build import BuildError, build
-    from pipelines.config import DataConfig
     from pipelines.task_upload import RECORDS_DIR
-    from training.contract.config_loader import load_config
 
     url = s3.url("transit-build")
-    sets = [
-        f"output={json.dumps(url)}",
-        f"build.workdir={json.dumps(str(tmp_path / 'w'))}",
-        "build.workers=1",
-    ]
-    cfg = load_config(DataConfig, build_fixture[2], sets)
+    cfg = _one_worker_build(build_fixture, url, tmp_path / "w")
     assert build(cfg, log=lambda *a: None).ok
     want = dataset_info(url)["fingerprint"]
     records = sorted(k for k in s3.keys("transit-build") if k.startswith(RECORDS_DIR + "/"))
