@@ -407,7 +407,8 @@ def _json_lines_of(p: Path, text_key: str) -> bool:
     try:
         with contextlib.closing(first_json_lines(str(p), max_line=1 << 24)) as lines:
             for i, (line, obj) in enumerate(lines):
-                if i == 0 and (line.strip() == b"{" or line.removeprefix(BOM).lstrip().startswith(b"[")):
+                head = line.removeprefix(BOM).strip()
+                if i == 0 and (head == b"{" or head.startswith(b"[")):
                     return False
                 if isinstance(obj, dict) and text_key in obj:
                     return True
@@ -465,11 +466,12 @@ def _jsonl_lines(f: Any, path: str) -> io.BufferedReader:
     return io.BufferedReader(_StrictZstdReader(f) if _jsonl_compression(path) is None else f, 1 << 20)
 
 
-def parse_json_line(line: bytes, first: bool) -> Any:
-    """Line `line` of a JSON-lines file (`first`: its line 1, which may open with a BOM) parsed;
-    ValueError or RecursionError (nested past the parser's depth) when it is malformed."""
-    if first:
-        line = line.removeprefix(BOM)
+def parse_json_line(line: bytes) -> Any:
+    """Line `line` of a JSON-lines file parsed (a BOM before it dropped: a file's first line may open
+    with one, and so may any line where two such files were joined by `cat`: that document was called
+    malformed, trial RV71e 5); ValueError or RecursionError (nested past the parser's depth) when it
+    is malformed."""
+    line = line.removeprefix(BOM)
     # orjson reads an integer past 64 bits as a float: an id of 30 digits kept 17 of them (two ids one)
     # and a number as text was said "float" (trial RV64b M6), nested ones too (review RV65d 9); a line
     # with 19 digits in a row (maybe in a string) goes to the stdlib, which keeps such an integer whole
@@ -483,6 +485,11 @@ def parse_json_line(line: bytes, first: bool) -> Any:
     return json.loads(line.decode("utf-8", "surrogateescape"))
 
 
+def blank_line(line: bytes) -> bool:
+    """Whether JSON-lines line `line` holds no document: whitespace, a BOM at most before it."""
+    return not line.removeprefix(BOM).strip()
+
+
 _LONG_NUMBER = re.compile(rb"[0-9]{19}")  # 19: -9223372036854775809 is past 64 bits too (RV65e 1)
 
 
@@ -494,11 +501,11 @@ def first_json_lines(path: str, lines: int = 100, max_line: int | None = None) -
         # a buffered reader (zstd's is not line-iterable); a stream cut further on is the reader's to
         # find (JsonlSource, with its advice)
         f, read = io.BufferedReader(raw), 0
-        for li, line in enumerate(iter(lambda: f.readline(max_line or -1), b""), 1):
-            if not line.strip():
+        for line in iter(lambda: f.readline(max_line or -1), b""):
+            if blank_line(line):
                 continue
             try:
-                yield line, parse_json_line(line, li == 1)
+                yield line, parse_json_line(line)
             except (ValueError, RecursionError) as e:
                 yield line, e
             read += 1
@@ -798,11 +805,11 @@ class JsonlSource(_Reader):
             lines = _jsonl_lines(f, filepath)
             li = 0
             for li, line in enumerate(lines, 1):
-                if not line.strip():
+                if blank_line(line):
                     continue
                 where = f"{filepath}:{li}"
                 try:
-                    data = parse_json_line(line, li == 1)
+                    data = parse_json_line(line)
                     why = None if isinstance(data, dict) else f"{where}: line is not a JSON object"
                 except (ValueError, RecursionError) as e:  # nested past the parser's depth
                     why = f"{where}: malformed JSON ({type(e).__name__}: {e})"

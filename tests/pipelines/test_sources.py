@@ -417,6 +417,17 @@ def test_a_jsonl_file_that_starts_with_a_byte_order_mark_loses_no_document(tmp_p
         ("p0", "page 0", False),
         ("p1", "page 1", False),
     ]
+    # two such files joined by `cat`, the first one a BOM and an empty line: that line was a malformed
+    # document, and the second file's first document was excluded as malformed (trial RV71e 5)
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(
+        bom + b"\n" + lines[0].encode() + b"\n" + bom + lines[1].encode() + b"\n"
+    )
+    docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    assert [(d.id, d.text, READ_ERROR in d.metadata) for d in docs] == [
+        ("p0", "page 0", False),
+        ("p1", "page 1", False),
+    ]
 
 
 def test_demo_corpus(tmp_path):
