@@ -666,7 +666,7 @@ class _Reader(BaseDiskReader):
             # reads as float): excluded with its reason, not a TypeError in a filter or the shard writer
             meta[READ_ERROR] = f"{where}: {bad[0]} {bad[1]}: {meta[bad[0]]!r}"
         for k, v in [(self.id_key, doc_id), *meta.items()]:
-            if isinstance(v, str) and not is_unicode(v):
+            if isinstance(v, str) and (why := not_unicode(v)) is not None:
                 # A lone surrogate (a jsonl line's "\ud800"): no UTF-8 file can hold it (the manifest,
                 # the excluded parquet), so it is kept visible as its escape and the document excluded.
                 v = v.encode("utf-8", "backslashreplace").decode()
@@ -674,20 +674,24 @@ class _Reader(BaseDiskReader):
                     doc_id = v
                 else:
                     meta[k] = v
-                meta.setdefault(READ_ERROR, f"{where}: {k} is not valid Unicode (a lone surrogate): {v}")
+                meta.setdefault(READ_ERROR, f"{where}: {k} is not valid Unicode ({why[0]}): {v}")
         meta[SOURCE_FILE], meta[SOURCE_ROW] = file, row  # the manifest's provenance columns
         return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
 
 
-def is_unicode(s: str) -> bool:
-    """Whether `s` can be written as UTF-8 (no lone surrogates)."""
+def not_unicode(s: str) -> tuple[str, int] | None:
+    """Why `s` cannot be written as UTF-8, and where (its character's index), None when it can. A
+    surrogate of U+DC80–U+DCFF is how a byte that is not UTF-8 is read (surrogateescape), or a JSON
+    escape of one: both named (a binary id of bytes that are not UTF-8 was called "a lone surrogate",
+    trial RV71e 6)."""
     if s.isascii():
-        return True
+        return None
     try:
         s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    except UnicodeEncodeError as e:
+        escaped = 0xDC80 <= ord(s[e.start]) <= 0xDCFF
+        return ("bytes that are not UTF-8 or a lone surrogate" if escaped else "a lone surrogate"), e.start
+    return None
 
 
 def number_problem(v: Any, key: str) -> str | None:

@@ -134,7 +134,10 @@ def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
         "null-text",
         "number-text",
     }
-    assert excluded["badbytes"]["reason"] == "invalid UTF-8: bytes that are not UTF-8 at character 6"
+    assert (
+        excluded["badbytes"]["reason"]
+        == "invalid UTF-8: bytes that are not UTF-8 or a lone surrogate at character 6"
+    )
     assert excluded["surrogate"]["reason"] == "invalid UTF-8: a lone surrogate at character 7"
     assert excluded["null-text"]["reason"] == "empty or whitespace-only text"
     # each where its source has it (an id need not be unique: trial RV64b M3); a malformed line too
@@ -148,7 +151,7 @@ def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
         "a.jsonl.zst:4: url is not valid Unicode (a lone surrogate): https://a.org/\\ud800"
     )
     assert excluded["id-\\udc80"]["reason"] == (
-        "a.jsonl.zst:5: id is not valid Unicode (a lone surrogate): id-\\udc80"
+        "a.jsonl.zst:5: id is not valid Unicode (bytes that are not UTF-8 or a lone surrogate): id-\\udc80"
     )
     assert all(r["filter"] == "text" for r in excluded.values())
 
@@ -523,7 +526,8 @@ def test_binary_metadata_columns_are_read_as_text(tmp_path):
     ]
     assert (
         docs[1].metadata[READ_ERROR]
-        == "a.parquet/1: url is not valid Unicode (a lone surrogate): https://x.org/\\udcff"
+        == "a.parquet/1: url is not valid Unicode (bytes that are not UTF-8 or a lone surrogate): "
+        "https://x.org/\\udcff"
     )
     # the url as the id too (source.id_key = "url"): the id was decoded, the url left bytes (a crash)
     pq.write_table(
