@@ -1020,6 +1020,7 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
             live=sys.stderr.isatty(),
             label=label,
             tokens=st.name == "build",
+            limit=p.cfg.source.limit,
         )
         if st.reads_input
         else None

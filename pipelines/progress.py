@@ -105,6 +105,7 @@ class Monitor:
         live: bool = False,
         label: str = "build",
         tokens: bool = True,
+        limit: int = -1,
     ):
         self.label = label  # "[build] …"; a dedup stage's first pass shows "[dedup signatures] …"
         self.tokens = tokens  # False: a pass that reads without tokenizing
@@ -112,6 +113,9 @@ class Monitor:
         self.completions_dir = completions_dir
         self.tasks = tasks
         self.total_bytes = total_bytes
+        # source.limit (documents a task reads at most, -1: all): a task stops early, its files never
+        # read to their end, so the bytes read said "0% of input" until the end (trial RV71e 11)
+        self.limit = limit
         self.interval = interval
         self.out = out
         self.live = live
@@ -190,7 +194,12 @@ class Monitor:
         if self.tokens:
             parts.append(f"{_fmt(now['tokens'])} tokens ({_fmt(new_tokens / el)} tok/s)")
         frac = done / max(self.tasks, 1)
-        if self.total_bytes:
+        if self.limit > 0:  # a task ends at its limit or its files' end: the documents read, the floor
+            cap = self.limit * self.tasks
+            frac = max(frac, min(now["read"] / cap, 1.0))
+            if new_docs > 0 and frac < 1:
+                parts.append(f"ETA {_fmt_time(el * (cap - now['read']) / new_docs)}")
+        elif self.total_bytes:
             frac = min(now["bytes_done"] / self.total_bytes, 1.0)
             new = now["bytes_done"] - self.at_start["bytes_done"]
             if new > 0 and frac < 1:
