@@ -275,11 +275,10 @@ def _unchecked_row(record: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def input_size_note(total_bytes: int, kind: str) -> str:
-    """ ", 6.7 MB of input (…)": the source files' size on disk, which the `% of input` of the
-    progress lines counts; for parquet that is compressed bytes, often a fraction of the text."""
-    what = (
-        "parquet files on disk, compressed"
-        if kind in ("parquet", "hub", "demo", "demo-code")
-        else "files on disk"
-    )
+    """ ", 6.7 MB of input (…)": the source files' size (on disk, or the hub's: a hub build's were
+    called "on disk", trial RV70c 5), which the `% of input` of the progress lines counts; for parquet
+    that is compressed bytes, often a fraction of the text."""
+    where = "on the hub" if kind == "hub" else "on disk"
+    parquet = kind in ("parquet", "hub", "demo", "demo-code")
+    what = f"parquet files {where}, compressed" if parquet else "files on disk"
     return f", {total_bytes / 1e6:,.1f} MB of input ({what})"

@@ -248,6 +248,7 @@ def test_a_connection_that_keeps_dropping_fails_its_task_in_one_line_and_the_rer
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "resuming" in printed and f"reading hf://datasets/{REPO}@{started}/{SUBSET}, the commit" in printed
+    assert "MB of input (parquet files on the hub, compressed)" in printed, printed  # not "on disk"
     reads = [r.split()[1] for r in hub.requests[mark:] if r.startswith("GET /datasets/")]
     assert reads and all(r.startswith(f"/datasets/{REPO}/resolve/{started}/") for r in reads), reads
     assert_same_dataset(out, local_build)
