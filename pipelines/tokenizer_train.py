@@ -30,6 +30,7 @@ from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import check_filters, make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
+from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
@@ -182,6 +183,16 @@ def train_tokenizer(
             f"so there is nothing to train on; check source.text_key ({cfg.source.text_key!r}) and the "
             "[filters] thresholds"
         )
+    try:  # the build's own check, before anything is written: a separator plain text spells (a special
+        # token "a" is the byte "a"'s id) was trained and saved, and every build refused it (trial RV71e 8)
+        DocumentEncoder(tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position), building=True)
+    except TokenizerError as e:
+        why = str(e).removeprefix("the tokenizer: ").split("; ")[0]  # its advice is for a tokenizer file
+        raise TokenizerError(
+            f"the trained tokenizer cannot frame documents: {why}; nothing was written. Make "
+            "tokenizer.separator (and its entry in tokenizer.train.special_tokens) a token plain text "
+            "cannot spell, such as '<|endoftext|>'"
+        ) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:  # replacing is what was asked for
         with atomic_path(out) as tmp:

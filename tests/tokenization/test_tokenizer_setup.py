@@ -144,6 +144,28 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("separator", ["a", "Ġ"])
+def test_a_trained_tokenizer_whose_separator_plain_text_spells_is_never_written(
+    build_fixture, tmp_path, capsys, separator
+):
+    """A special token the byte alphabet holds ("a", or byte-level BPE's "Ġ" for a space) shares that
+    byte's id: training saved it, exit 0, and every build then refused it (trial RV71e 8). The build's
+    own check runs before anything is written."""
+    from pipelines.cli import main
+
+    _, _, config = build_fixture
+    out = tmp_path / "tokenizer.json"
+    sets = [f"tokenizer.separator={separator!r}", f"tokenizer.train.special_tokens=[{separator!r}]"]
+    capsys.readouterr()
+    argv = ["tokenizer", "train", "--config", str(config), "--out", str(out), "--set", *sets]
+    assert main([*argv, "tokenizer.train.vocab_size=400"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the trained tokenizer cannot frame documents: literal text "), err
+    assert f"encodes to the separator id 0 (tokenizer.separator {separator!r})" in err, err
+    assert "nothing was written" in err and "\n" not in err, err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
 def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
     build_fixture, tmp_path, capsys, monkeypatch
 ):
