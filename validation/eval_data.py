@@ -31,6 +31,7 @@ import re
 import socket
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -1310,14 +1311,36 @@ def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | Non
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether what `datasets` and huggingface_hub connect to for HF_ENDPOINT answers: the endpoint at
+    its own port (its URL's, else its scheme's), or the proxy the environment names for its scheme
+    (HTTPS_PROXY, ALL_PROXY …; NO_PROXY kept). Port 443 of its host alone refused, "the hub is
+    unreachable", an endpoint on another port and any behind a proxy, which the libraries read
+    (trial RV72a F3)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or os.environ.get("HF_DATASETS_OFFLINE"):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    scheme = url.scheme or "https"
+    host, port = url.hostname or "huggingface.co", _port(url, scheme)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = p.hostname or host, _port(p, p.scheme)
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
         return True
     except OSError:
         return False
+
+
+def _port(url, scheme: str) -> int:
+    """The port of parsed URL `url`: its own, else its scheme's (80 for http, 1080 for socks, else 443)."""
+    try:
+        if url.port:
+            return url.port
+    except ValueError:  # not a number: the libraries fail on it too, and say so
+        pass
+    return 80 if scheme == "http" else 1080 if scheme.startswith("socks") else 443
 
 
 def dataset_cached(path: str) -> bool:

@@ -452,3 +452,21 @@ def test_a_rerun_reads_the_hub_tokenizer_at_the_commit_the_build_started_from(
     ]
     assert main(kept) == 0, capsys.readouterr().err
     assert_same_dataset(out, local_build)
+
+
+def test_the_hub_probe_connects_where_the_libraries_do(hub, hub_env, monkeypatch):
+    """`gristmill eval`, `data decontam-index` and a build's [decontaminate] tasks asked whether the hub
+    answers at port 443 of HF_ENDPOINT's host: an endpoint on its own port (this stand-in's) and any
+    behind a proxy were "the hub is unreachable", though `datasets` read them (trial RV72a F3)."""
+    from validation.eval_data import hub_reachable
+
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.lower(), raising=False)
+    assert hub.url.startswith("http://127.0.0.1:") and hub_reachable()  # at its own port
+    monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1:1")  # nothing listens there
+    assert not hub_reachable()
+    monkeypatch.setenv("HTTPS_PROXY", hub.url)  # a proxy that answers (any listening socket stands in)
+    assert hub_reachable()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # not through the proxy: the endpoint itself
+    assert not hub_reachable()
