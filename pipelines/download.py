@@ -301,6 +301,7 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: 
     files mixed in one folder that a build reads whole (review R17e F5). Refused before any transfer.
     The same file from the same source spelled otherwise, or moved, is complete and kept (R17f F3)."""
     record = _Record(dest / RECORD)
+    differ: list[str] = []
     for f in files:
         rec = record.get(f.path) or {}
         was, final = rec.get("source"), dest / f.path
@@ -316,12 +317,25 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: 
             )
         # a file no download put there (no record names it), at a path the listing names: the user's,
         # overwritten without a word (trial RV67b F1), where the docs promise it is never touched
-        if not rec and (final.is_symlink() or (final.exists() and _same_as_source(final, f, local) is False)):
+        if not rec and final.is_symlink():
             raise DownloadError(
                 f"{final} is not a file this download fetched (its record names none there), and "
                 f"{source_of(root)} has a file of that path: move it out of {dest}, or download into "
                 "another folder (--to)"
             )
+        if not rec and final.exists() and _same_as_source(final, f, local) is False:
+            differ.append(f.path)
+    if differ:
+        # or a download's file changed upstream after its record was deleted as the damaged record's line
+        # advises: it said "not a file this download fetched" of it (trial RV72a F4). All named at once.
+        more = f"; so do {len(differ) - 1} more: {', '.join(differ[1:4])}{' …' if differ[4:] else ''}"
+        it = "them" if differ[1:] else "it"
+        raise DownloadError(
+            f"{dest / differ[0]} holds other bytes than {source_of(root)}'s file of that path, and no "
+            "download record names it (a file of yours, or a download's whose record was deleted, changed "
+            f"upstream since){more if differ[1:] else ''}: move {it} out of {dest}, or delete {it} if a "
+            f"download fetched {it}; or download into another folder (--to)"
+        )
 
 
 def _same_as_source(final: Path, f: RemoteFile, local: Path | None) -> bool | None:
@@ -424,6 +438,7 @@ def fetch_files(
             os.remove(final.with_name(final.name + PART))
             more, _ = _fetch_one(fs, root, f, final, bar)
             fetched += more
+            resumed = False  # fetched whole: the report said "1 resumed" of it (trial RV72a 3)
             digest = _sha256(final.with_name(final.name + PART))
         got = final.with_name(final.name + PART).stat().st_size
         if f.size and got != f.size:  # the only check for files the hub gives no sha256 for
@@ -532,7 +547,8 @@ class _Record:
         except ValueError as e:  # a traceback before (review R17e E3)
             raise DownloadError(
                 f"{path} is damaged ({e}): delete it and run the command again (files already there are "
-                "hashed again against the source's checksums where it gives them)"
+                "hashed against the source's checksums where it gives them; one that differs, changed "
+                "upstream since it was downloaded, is named then: delete it too)"
             ) from None
 
     def get(self, rel: str) -> dict | None:

@@ -199,6 +199,7 @@ def test_checksums_as_the_hub_gives_them(remote, tmp_path):
     part.write_bytes(b"garbage" * 1000)
     rep = fetch_files(fs, root, with_sha, dest, progress=False)
     assert rep.downloaded == 3 and sha(dest / with_sha[1].path) == with_sha[1].sha256
+    assert rep.resumed == 0  # its .part discarded: "1 resumed" before (trial RV72a 3)
     # With a checksum, a .part is continued (the whole file held to it): only the missing bytes fetched
     final = dest / with_sha[0].path
     data = final.read_bytes()
@@ -399,8 +400,27 @@ def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_lin
     (holder / "link").symlink_to(dest, target_is_directory=True)
     assert download(str(other), "sample/10BT", holder, progress=False).downloaded == 3
     (dest / RECORD).write_text("[]")
-    with pytest.raises(DownloadError, match=rf"^{dest / RECORD} is damaged \(not a download record\)"):
+    damaged = rf"^{dest / RECORD} is damaged \(not a download record\): .* is named then: delete it too\)$"
+    with pytest.raises(DownloadError, match=damaged):
         download(str(moved), "sample/10BT", dest, progress=False)
+    # its advice followed, with files changed upstream since: named as such, all of them, not "not a file
+    # this download fetched" with advice to move a file it did fetch (trial RV72a F4); deleted, fetched again
+    (dest / RECORD).unlink()
+    changed = [f"sample/10BT/00{i}_00000.parquet" for i in (0, 2)]
+    for rel in changed:
+        (moved / rel).write_bytes(os.urandom((moved / rel).stat().st_size))
+    with pytest.raises(
+        DownloadError,
+        match=rf"^{dest / changed[0]} holds other bytes than {moved}'s file of that path, and no download "
+        rf"record names it \(a file of yours, or a download's whose record was deleted, changed upstream "
+        rf"since\); so do 1 more: {changed[1]}: move them out of {dest}, or delete them if a download "
+        r"fetched them; or download into another folder \(--to\)$",
+    ):
+        download(str(moved), "sample/10BT", dest, progress=False)
+    for rel in changed:
+        (dest / rel).unlink()
+    assert download(str(moved), "sample/10BT", dest, progress=False).files == 3
+    assert all((dest / rel).read_bytes() == (moved / rel).read_bytes() for rel in changed)
 
 
 def test_a_file_of_the_user_s_at_a_listed_path_is_refused_not_overwritten(remote, tmp_path):
@@ -411,7 +431,7 @@ def test_a_file_of_the_user_s_at_a_listed_path_is_refused_not_overwritten(remote
     mine = dest / "sample" / "10BT" / "001_00000.parquet"
     mine.parent.mkdir(parents=True)
     mine.write_text("my own notes")
-    with pytest.raises(DownloadError, match=f"^{re.escape(str(mine))} is not a file this download fetched"):
+    with pytest.raises(DownloadError, match=f"^{re.escape(str(mine))} holds other bytes than {remote}'s"):
         download(str(remote), "sample/10BT", dest, progress=False)
     assert mine.read_text() == "my own notes" and not (mine.parent / "000_00000.parquet").exists()
     mine.unlink()
