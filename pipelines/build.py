@@ -1079,8 +1079,21 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     _check_saved_recipe(out, saved, record)
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
+
+    # "rerun the same command" here reran this job, which redoes no task: the advice names the build
+    # (trial RV72a small 1)
+    def as_build(text: str) -> str:
+        return text.replace(
+            "rerun the same command",
+            "rerun the build (`gristmill data build` with the same config; --finalize-only redoes no task)",
+        )
+
     with dataset_lock(out, "this build"):
-        return _finish(saved, out, record, encoder, log)
+        try:
+            return _finish(saved, out, record, encoder, lambda line: log(as_build(line)))
+        except GristmillError as e:
+            e.args = (as_build(str(e)),)
+            raise
 
 
 def _check_saved_recipe(out: Path, saved: DataConfig, record: dict[str, Any]) -> None:

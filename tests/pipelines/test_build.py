@@ -308,6 +308,17 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
     shutil.copytree(built_dataset, out)
     (out / "dataset.json").unlink()
     cfg = load_config(DataConfig, build_fixture[2], [f"output={out}", "tokenizer.position=before"])
+    # a task not finished: "rerun the same command" reran the finalize, which redoes no task (RV72a small 1)
+    marker = out / "logs" / "completions" / "00001"
+    marker.rename(out / "marker")
+    with pytest.raises(BuildError) as e:
+        finalize_only(cfg, **QUIET)
+    assert str(e.value) == (
+        f"1 of 2 tasks did not finish; their logs are in {out / 'logs' / 'logs'}. Fix the cause and rerun "
+        "the build (`gristmill data build` with the same config; --finalize-only redoes no task): the 1 "
+        "finished tasks are kept, the others are redone."
+    )
+    (out / "marker").rename(marker)
     assert finalize_only(cfg, **QUIET).ok
     info = read_dataset_info(out)
     assert info["separator"]["position"] == "after"
