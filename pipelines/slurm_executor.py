@@ -49,6 +49,16 @@ RESERVED = {
     "job-name": "from build.slurm.job_name",
     "dependency": "the order of the chain",
 }
+# sbatch options gristmill cannot work with, refused before any job is queued (trial RV72a F1, F2)
+UNSUPPORTED = {
+    # the id came back as "101 on cluster alpha": recorded as "alpha", and squeue and scancel here look at
+    # this node's cluster only, so a rerun queued every task again beside the first (-M, the same option,
+    # is a letter, refused as such)
+    "clusters": "queues the jobs on another cluster, where the squeue and scancel of this node do not look",
+    # no "Submitted batch job N": a traceback once the array job was queued, no id recorded
+    "quiet": "keeps sbatch from printing the job ids that chain the jobs and are recorded for a rerun",
+}
+CLUSTERS_ENV = ("SBATCH_CLUSTERS", "SLURM_CLUSTERS")  # sbatch's --clusters, from the environment
 # set from a build.slurm field of its own, which an sbatch_args entry silently replaced (`cpus-per-task`
 # beside a RAYON_NUM_THREADS of build.slurm.cpus_per_task: review RV70e 7)
 OWN_FIELDS = {
@@ -122,6 +132,12 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
                 f"build.slurm.sbatch_args.{key}: gristmill sets --{name} of each job itself "
                 f"({RESERVED[name]}); remove {key} from build.slurm.sbatch_args"
             )
+        name = next((name for name in UNSUPPORTED if name.startswith(key)), None)
+        if name is not None:
+            raise BuildError(
+                f"build.slurm.sbatch_args.{key}: --{name} {UNSUPPORTED[name]}; remove {key} from "
+                "build.slurm.sbatch_args"
+            )
         if key in OWN_FIELDS:
             raise BuildError(
                 f"build.slurm.sbatch_args.{key}: --{key} is build.slurm.{OWN_FIELDS[key]}'s; set that "
@@ -135,6 +151,12 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
             raise BuildError(
                 f"build.slurm.sbatch_args.{key} = {json.dumps(value)}: give each value as a string, and a "
                 f'flag without a value as "" ({key} = ""); leave the key out to leave the flag out'
+            )
+    for var in CLUSTERS_ENV:
+        if os.environ.get(var):
+            raise BuildError(
+                f"{var}={os.environ[var]} in the environment is sbatch's --clusters, which "
+                f"{UNSUPPORTED['clusters']}; unset {var} and submit from a login node of the cluster to use"
             )
     # sourced by every job: a venv's folder, or a path that is not there, failed each job on the
     # cluster once queued (`launch_pickled_pipeline: not found`, trial RV62c)
@@ -197,6 +219,28 @@ def refuse_if_queued(out: Path) -> None:
         f"cannot ask squeue whether jobs {ids} of this build's last submission are still queued or running "
         f"({why}), and the build run again beside them would run each task twice at once: run it where "
         f"squeue works, or, once none of them is left (squeue --me; scancel {ids}), delete {record} and rerun"
+    )
+
+
+def _job_id(output: str, accepted: list[str]) -> str:
+    """The job id in sbatch's stdout, a number: datatrove's took the last word, "alpha" of "Submitted batch
+    job 101 on cluster alpha" (trial RV72a F1), and output without one was an IndexError traceback once
+    the job was queued (F2). `accepted`: the ids of this submission's jobs queued before it."""
+    if m := re.search(r"^Submitted batch job (\d+)\s*$", output, re.M):
+        return m[1]
+    held = " ".join(accepted)
+    before = f", and jobs {held} it accepted before (scancel {held})" if held else ""
+    said = repr(output.strip()[-300:]) if output.strip() else "nothing"
+    if m := re.search(r"^Submitted batch job (\d+) on cluster (\S+)", output, re.M):
+        raise BuildError(
+            f"sbatch queued job {m[1]} on cluster {m[2]} (it printed {said}), a cluster where the squeue and "
+            f"scancel of this node do not look: cancel it (scancel -M {m[2]} {m[1]}){before}, then submit "
+            "to this node's cluster (no --clusters)"
+        )
+    raise BuildError(
+        f"sbatch printed no job id (it printed {said}, not 'Submitted batch job N'), and the job may be "
+        f"queued: find it (squeue --me) and cancel it (scancel ID){before}, then fix what made sbatch print "
+        "otherwise and rerun"
     )
 
 
@@ -304,7 +348,7 @@ def submit_slurm(
         return f"$J{len(submitted)}"  # the shell variable the dry run's command for it sets
 
     def launch(contents: str, job_id_retriever, *args) -> str:
-        job = real_launch(contents, job_id_retriever, *args)
+        job = real_launch(contents, lambda output: _job_id(output, accepted), *args)
         accepted.append(str(job))
         write_atomic(logs / SLURM_JOBS, json.dumps({"jobs": accepted}) + "\n")
         return job

@@ -172,6 +172,8 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
     (bin_dir / "sbatch").write_text(
         f'#!/bin/bash\necho "$*" >> {calls}\n'
         'if grep -q -- "$REFUSE" "${@: -1}"; then echo "sbatch: error: Invalid account" >&2; exit 1; fi\n'
+        # a job it queued, printed otherwise than "Submitted batch job N" (trial RV72a F1, F2)
+        'if [ -n "$ODD" ] && grep -q -- "$ODD" "${@: -1}"; then printf "%b" "$PRINT"; exit 0; fi\n'
         f'echo "Submitted batch job $((100 + $(wc -l < {calls})))"\n'
     )
     (bin_dir / "sbatch").chmod(0o755)
@@ -201,6 +203,36 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
         "sbatch refused a job of this build (exit 1, its reason above); jobs 105 it accepted before stay "
         "queued: cancel them (scancel 105), fix [build.slurm] and rerun"
     )
+    # its id was the last word ("alpha" recorded, to scancel and depend on), or an IndexError traceback
+    # after the array job was queued, nothing recorded: one line, the jobs queued before it named
+    monkeypatch.setenv("REFUSE", "no such line")
+    monkeypatch.setenv("ODD", "launch_pickled_pipeline")
+    for printed, said in (
+        (
+            "Submitted batch job 108 on cluster alpha\n",
+            "sbatch queued job 108 on cluster alpha (it printed 'Submitted batch job 108 on cluster alpha'), "
+            "a cluster where the squeue and scancel of this node do not look: cancel it (scancel -M alpha "
+            "108), then submit to this node's cluster (no --clusters)",
+        ),
+        (
+            "",
+            "sbatch printed no job id (it printed nothing, not 'Submitted batch job N'), and the job may be "
+            "queued: find it (squeue --me) and cancel it (scancel ID), then fix what made sbatch print "
+            "otherwise and rerun",
+        ),
+    ):
+        monkeypatch.setenv("PRINT", printed)
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'odd'}"]), log=lambda *a: None)
+        assert str(e.value) == said
+    monkeypatch.setenv("ODD", "merge_stats")
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'odd'}"]), log=lambda *a: None)
+    assert str(e.value).endswith(
+        "(scancel ID), and jobs 109 it accepted before (scancel 109), then fix what made sbatch print "
+        "otherwise and rerun"
+    ), e.value
+    assert json.loads((tmp_path / "odd" / "logs" / "slurm_jobs.json").read_text()) == {"jobs": ["109"]}
 
 
 def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixture, tmp_path, monkeypatch):
@@ -364,11 +396,38 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         ('build.slurm.sbatch_args={out = "x"}', "sbatch_args.out: gristmill sets --output of each job"),
         ('build.slurm.sbatch_args={"job-name" = "x"}', "sbatch_args.job-name: gristmill sets --job-name"),
         ('build.slurm.sbatch_args={dependency = "x"}', "sbatch_args.dependency: gristmill sets --dependency"),
+        # the id came back as "alpha" of "… on cluster alpha", and squeue here never lists it; --quiet
+        # printed no id, a traceback once the array job was queued (trial RV72a F1, F2)
+        (
+            'build.slurm.sbatch_args={clusters = "alpha"}',
+            "build.slurm.sbatch_args.clusters: --clusters queues the jobs on another cluster, where the "
+            "squeue and scancel of this node do not look; remove clusters from build.slurm.sbatch_args",
+        ),
+        ('build.slurm.sbatch_args={cluster = "alpha"}', "sbatch_args.cluster: --clusters queues the jobs"),
+        ('build.slurm.sbatch_args={M = "alpha"}', "build.slurm.sbatch_args: 'M' is no sbatch long option; "),
+        (
+            'build.slurm.sbatch_args={quiet = ""}',
+            "build.slurm.sbatch_args.quiet: --quiet keeps sbatch from printing the job ids that chain the "
+            "jobs and are recorded for a rerun; remove quiet from build.slurm.sbatch_args",
+        ),
+        ('build.slurm.sbatch_args={qui = ""}', "sbatch_args.qui: --quiet keeps sbatch from printing"),
+        ('build.slurm.sbatch_args={Q = ""}', "build.slurm.sbatch_args: 'Q' is no sbatch long option; "),
     ):
         sets = [f"output={tmp_path / 'ds-sbatch'}", "build.executor=slurm", "build.slurm.submit=false", bad]
         with pytest.raises(BuildError) as e:
             build(load_config(DataConfig, config, sets), log=lambda *a: None)
         assert said in str(e.value) and "\n" not in str(e.value), e.value
+    for var in ("SBATCH_CLUSTERS", "SLURM_CLUSTERS"):  # sbatch's --clusters too
+        monkeypatch.setenv(var, "alpha")
+        sets = [f"output={tmp_path / 'ds-sbatch'}", "build.executor=slurm", "build.slurm.submit=false"]
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, sets), log=lambda *a: None)
+        assert str(e.value) == (
+            f"{var}=alpha in the environment is sbatch's --clusters, which queues the jobs on another "
+            f"cluster, where the squeue and scancel of this node do not look; unset {var} and submit from a "
+            "login node of the cluster to use"
+        )
+        monkeypatch.delenv(var)
     assert not list(tmp_path.glob("ds-sbatch/logs/*.slurm"))
     sets = [f"output={tmp_path / 'ds-ok'}", "build.executor=slurm", "build.slurm.submit=false"]
     sets.append('build.slurm.sbatch_args={exclusive = "", nodes = 1, gres = "gpu:1", mem = "0"}')
