@@ -399,8 +399,11 @@ def submit_slurm(
             f"sbatch --dependency=afterok:{executor.job_id} {logs / 'finalize.slurm'}"
         ) from None
     dedup = ", ".join(f"{st.name} {ex.job_id}" for st, ex in launched)
+    # those datatrove queued, the incomplete ones: a resumed build said all of them (trial RV72a small 2)
+    queued = len(json.loads((logs / "ranks_to_run.json").read_text()))
+    of = f" of {cfg.build.tasks}, the others complete" if queued < cfg.build.tasks else ""
     log(
-        f"submitted Slurm array job {executor.job_id} ({cfg.build.tasks} tasks)"
+        f"submitted Slurm array job {executor.job_id} ({queued} task{'' if queued == 1 else 's'}{of})"
         + (f" after the dedup jobs ({dedup})" if dedup else "")
         + f" and finalize job {job}"
     )

@@ -292,8 +292,15 @@ def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixtu
         "and will never run; cancel them (scancel 102 103), then rerun"
     )
     monkeypatch.setenv("QUEUED", "999_[0-3]\n")  # the chain ended: submitted again, its ids recorded
-    assert build(load_config(DataConfig, config, sets), log=lambda *a: None).status == "submitted"
+    # task 0 finished: the array job holds task 1 alone, said so (trial RV72a small 2)
+    (out / "logs" / "completions").mkdir(parents=True, exist_ok=True)
+    (out / "logs" / "completions" / "00000").touch()
+    lines: list[str] = []
+    assert build(load_config(DataConfig, config, sets), log=lines.append).status == "submitted"
     assert json.loads(record.read_text()) == {"jobs": ["104", "105", "106"]}
+    assert f"resuming {out}: 1/2 tasks already complete" in lines
+    said = "submitted Slurm array job 104 (1 task of 2, the others complete) and finalize job 106"
+    assert lines[-1] == said, lines
 
 
 def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path, monkeypatch):
