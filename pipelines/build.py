@@ -1154,7 +1154,7 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             if bucket is None
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )
-        # Texts the tokenizer encodes to no token are its doing, not a filter's (tokenize_shard.py).
+        # Texts the tokenizer encodes to no token (or the unknown one) are its doing (tokenize_shard.py).
         no_tokens, overlaps = excluded.get(TOKENS_FILTER, 0), excluded.get(DECONTAM_FILTER, 0)
         filtered = sum(excluded.values()) - no_tokens - overlaps
         causes = ["loosen [filters] or check source.text_key"] if filtered else []
@@ -1167,8 +1167,9 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             )
         if no_tokens:
             causes.append(
-                f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token with "
-                "it (a normalizer that deletes their characters?)"
+                f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token, or to "
+                "its unknown token, with it (a normalizer that deletes their characters, or a vocabulary "
+                "without them?)"
             )
         advice = "; ".join(causes) or "loosen [filters] or check source.text_key"
         raise BuildError(

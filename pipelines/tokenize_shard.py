@@ -56,7 +56,8 @@ from training.contract.disk_space import DiskFullError, check_free
 from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
-FILTER_NAME = "tokens"  # the excluded/ rows' filter of documents whose text encodes to no token
+# the excluded/ rows' filter of documents whose text encodes to no token, or to the unknown token
+FILTER_NAME = "tokens"
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document, at most: its sample's two headers, its DOC_RECORD-byte `.docs` record
 # and both members' padding (a sample of one: 512 + 512 + 512 + 511 bytes).
@@ -207,12 +208,14 @@ class TokenizeShard(PipelineStep):
         tokens = 0
         # A text the tokenizer encodes to no token (one its normalizer deletes whole: soft hyphens,
         # zero-width spaces, control characters) would be a document of the separator alone: two
-        # separators back to back in the stream. Excluded, with its reason, like the filters' drops.
+        # separators back to back in the stream. Excluded, with its reason, like the filters' drops;
+        # so is one holding the unknown token (below).
         no_tokens = ExcludedWriter(self.output, FILTER_NAME, per_task=self.upload is not None)
         # Read back through the handle that wrote it, not by its name: a copy of this task started
         # beside it removes every attempt's spill of the task, this one's too.
         with open(spill_path, "w+b", buffering=1 << 20) as spill:
             with no_tokens:
+                unk_id = encoder.unk_id
 
                 def encode(batch: list) -> None:
                     nonlocal pos, tokens
@@ -228,6 +231,19 @@ class TokenizeShard(PipelineStep):
                             )
                             no_tokens.write(doc, rank)
                             self.stat_update("no_tokens")
+                            continue
+                        unknown = 0 if unk_id is None else int(np.count_nonzero(ids == unk_id))
+                        if unknown:
+                            # its ids decode to other text: trained on, the model learns the unknown
+                            # token where the text had characters, and the build said OK (trial RV72b F1)
+                            drop(
+                                doc,
+                                FILTER_NAME,
+                                f"the tokenizer's vocabulary cannot spell all of the text: {unknown:,} of "
+                                f"its {len(ids) - 1:,} tokens are the unknown token {encoder.unk!r}",
+                            )
+                            no_tokens.write(doc, rank)
+                            self.stat_update("unknown_tokens")
                             continue
                         data_bytes = ids.astype(dtype, copy=False).tobytes()
                         m = doc.metadata

@@ -243,6 +243,10 @@ class DocumentEncoder:
         unk = model.get("unk_token")
         if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
             unk = model["vocab"][model["unk_id"]][0]
+        # the id of what the vocabulary cannot spell (None: a model without one, byte-level BPE's): the
+        # build excludes a text encoding to it, whose ids decode to other text (tokenize_shard.py)
+        self.unk = unk if isinstance(unk, str) else None
+        self.unk_id = None if self.unk is None else self.tokenizer.token_to_id(self.unk)
         # A Unigram's vocab is a list of pieces, which may hold one twice: tokenizers' own trainer, on a
         # corpus quoting "</s>", learned it as a piece beside the special entry, and the refusal below
         # then said no special token could be the separator, naming them all special (trial RV71e 2)

@@ -23,8 +23,9 @@ WITH read AS (
     SELECT dataset_name, 2, step, 'dropped by ' || step_name, sum(value)::BIGINT, NULL FROM stats
     WHERE step_type = 'FILTER' AND metric = 'dropped' AND pipeline = '' GROUP BY ALL
     UNION ALL
-    SELECT dataset_name, 2, step, 'dropped by tokens (encoded to no token)', sum(value)::BIGINT, NULL
-    FROM stats WHERE metric = 'no_tokens' AND pipeline = '' GROUP BY ALL
+    SELECT dataset_name, 2, step, 'dropped by tokens (encoded to no token, or to the unknown token)',
+           sum(value)::BIGINT, NULL
+    FROM stats WHERE metric IN ('no_tokens', 'unknown_tokens') AND pipeline = '' GROUP BY ALL
     UNION ALL
     SELECT dataset_name, 3, 0, 'kept (manifest)', count(*), sum(n_tokens) FROM docs GROUP BY ALL
     UNION ALL

@@ -394,6 +394,50 @@ def test_a_tokenizer_changed_under_a_build_is_refused_naming_the_outputs_copy(
     assert result.ok and result.info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
+def test_a_text_holding_the_unknown_token_is_excluded_with_its_count(build_fixture, tmp_path):
+    """A tokenizer with an unknown token (BPE without byte fallback, WordPiece, Unigram) encodes what its
+    vocabulary cannot spell to it: a quarter of a build's ids were `<unk>`, and the build, `data
+    validate` and training all said OK; only eval found it (trial RV72b F1). Such a text is excluded
+    with the count, every other one kept as before."""
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from tests.helpers.corpus import fixture_texts
+
+    corpus, _, config = build_fixture
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[SEP, "<unk>"], show_progress=False)
+    tok.train_from_iterator(fixture_texts(), trainer)  # every character of the corpus, none of the planted
+    tok_path = tmp_path / "unk.json"
+    tok.save(str(tok_path))
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    first = pq.read_table(sorted(folder.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
+    planted = [{**first, "id": "unspellable", "text": "A page that quotes 中文 twice: 中文, and more words."}]
+    pq.write_table(
+        pa.Table.from_pylist(planted, schema=pq.read_schema(folder / "part-00.parquet")),
+        folder / "part-02.parquet",
+    )
+    out = tmp_path / "ds"
+    sets = [f"output={out}", f"source.path={folder}", f"tokenizer.path={tok_path}", "build.workers=1"]
+    result = build(load_config(DataConfig, config, sets), **QUIET)
+    assert result.ok
+    excluded = {e["id"]: e for e in read_excluded(out).to_pylist() if e["filter"] == "tokens"}
+    assert list(excluded) == ["unspellable"], excluded
+    assert excluded["unspellable"]["reason"].startswith(
+        "the tokenizer's vocabulary cannot spell all of the text: 4 of its "
+    ), excluded
+    assert excluded["unspellable"]["reason"].endswith(" tokens are the unknown token '<unk>'")
+    assert "unspellable" not in read_manifest(out).column("id").to_pylist()
+    unk = tok.token_to_id("<unk>")
+    assert all(unk not in ids for ids in read_by_manifest(out, np.dtype("<u2")).values())
+    from validation.audit import run_preset
+    from validation.audit_views import connect
+
+    funnel = {r["item"]: r["documents"] for r in run_preset(connect([out])[0], "summary").records()}
+    assert funnel["dropped by tokens (encoded to no token, or to the unknown token)"] == 1
+
+
 def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separator(build_fixture, tmp_path):
     """A tokenizer whose normalizer deletes characters (here soft hyphens and zero-width spaces, as
     BERT-style `clean_text` deletes control characters) encodes a text of only those to no token: it
@@ -433,4 +477,4 @@ def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separato
     from validation.audit_views import connect
 
     funnel = {r["item"]: r["documents"] for r in run_preset(connect([out])[0], "summary").records()}
-    assert funnel["dropped by tokens (encoded to no token)"] == 2
+    assert funnel["dropped by tokens (encoded to no token, or to the unknown token)"] == 2
