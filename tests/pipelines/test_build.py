@@ -394,6 +394,16 @@ def test_a_tokenizer_changed_under_a_build_is_refused_naming_the_outputs_copy(
     assert result.ok and result.info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
+def _with_texts(corpus: Path, folder: Path, texts: dict[str, str]) -> Path:
+    """A copy of the fixture corpus at `folder` with a file more: a document per id of `texts`."""
+    shutil.copytree(corpus, folder)
+    first = pq.read_table(sorted(folder.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
+    rows = [{**first, "id": i, "text": t} for i, t in texts.items()]
+    schema = pq.read_schema(folder / "part-00.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / "part-02.parquet")
+    return folder
+
+
 def test_a_text_holding_the_unknown_token_is_excluded_with_its_count(build_fixture, tmp_path):
     """A tokenizer with an unknown token (BPE without byte fallback, WordPiece, Unigram) encodes what its
     vocabulary cannot spell to it: a quarter of a build's ids were `<unk>`, and the build, `data
@@ -410,14 +420,7 @@ def test_a_text_holding_the_unknown_token_is_excluded_with_its_count(build_fixtu
     tok.train_from_iterator(fixture_texts(), trainer)  # every character of the corpus, none of the planted
     tok_path = tmp_path / "unk.json"
     tok.save(str(tok_path))
-    folder = tmp_path / "corpus"
-    shutil.copytree(corpus, folder)
-    first = pq.read_table(sorted(folder.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
-    planted = [{**first, "id": "unspellable", "text": "A page that quotes 中文 twice: 中文, and more words."}]
-    pq.write_table(
-        pa.Table.from_pylist(planted, schema=pq.read_schema(folder / "part-00.parquet")),
-        folder / "part-02.parquet",
-    )
+    folder = _with_texts(corpus, tmp_path / "corpus", {"unspellable": "A page that quotes 中文 twice: 中文."})
     out = tmp_path / "ds"
     sets = [f"output={out}", f"source.path={folder}", f"tokenizer.path={tok_path}", "build.workers=1"]
     result = build(load_config(DataConfig, config, sets), **QUIET)
@@ -452,16 +455,8 @@ def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separato
     )
     tok_path = tmp_path / "deleting.json"
     tok.save(str(tok_path))
-    folder = tmp_path / "corpus"
-    shutil.copytree(corpus, folder)
-    first = pq.read_table(sorted(folder.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
-    nothing = [
-        {**first, "id": f"nothing-{k}", "text": t} for k, t in enumerate(["\u00ad" * 30, "\u200b\u00ad" * 15])
-    ]
-    pq.write_table(
-        pa.Table.from_pylist(nothing, schema=pq.read_schema(folder / "part-00.parquet")),
-        folder / "part-02.parquet",
-    )
+    texts = {f"nothing-{k}": t for k, t in enumerate(["\u00ad" * 30, "\u200b\u00ad" * 15])}
+    folder = _with_texts(corpus, tmp_path / "corpus", texts)
     out = tmp_path / "ds"
     sets = [f"output={out}", f"source.path={folder}", f"tokenizer.path={tok_path}", "build.workers=1"]
     result = build(load_config(DataConfig, config, sets), **QUIET)
