@@ -30,7 +30,7 @@ from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import check_filters, make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
-from tokenization.separator import DocumentEncoder, SeparatorPolicy
+from tokenization.separator import DocumentEncoder, SeparatorPolicy, spelled
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
@@ -185,7 +185,9 @@ def train_tokenizer(
         )
     try:  # the build's own check, before anything is written: a separator plain text spells (a special
         # token "a" is the byte "a"'s id) was trained and saved, and every build refused it (trial RV71e 8)
-        DocumentEncoder(tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position), building=True)
+        encoder = DocumentEncoder(
+            tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position), building=True
+        )
     except TokenizerError as e:
         why = str(e).removeprefix("the tokenizer: ").split("; ")[0]  # its advice is for a tokenizer file
         raise TokenizerError(
@@ -193,6 +195,18 @@ def train_tokenizer(
             "tokenizer.separator (and its entry in tokenizer.train.special_tokens) a token plain text "
             "cannot spell, such as '<|endoftext|>'"
         ) from None
+    # The other special tokens too: transformers (an export's tokenizer) splits each out of any text
+    # holding it, where the build's encoding keeps the text: a special "a" (or " ") made an export
+    # encode every "a" of a text otherwise than the shards hold it (trial RV72b F2)
+    for token in tc.special_tokens:
+        text = "" if not token.strip() else spelled(encoder.tokenizer, token)
+        if text is not None:
+            why = "it is whitespace or nothing" if not text else f"literal text {text!r} encodes to its id"
+            raise TokenizerError(
+                f"tokenizer.train.special_tokens {token!r}: plain text spells it ({why}), so a tokenizer "
+                "transformers loads would split it out of texts the build encodes otherwise; nothing was "
+                "written. Use special tokens plain text does not spell, such as '<|im_start|>'"
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:  # replacing is what was asked for
         with atomic_path(out) as tmp:

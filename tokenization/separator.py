@@ -81,7 +81,7 @@ def _configured(path: str | Path | None, specials: list[str]) -> str:
     )
 
 
-def _spelled(tokenizer: Tokenizer, token: str, building: bool = False) -> str | None:
+def spelled(tokenizer: Tokenizer, token: str, building: bool = False) -> str | None:
     """A text quoting `token` literally (alone, between spaces, glued to words, doubled) that
     `tokenizer` (encode_special_tokens set) encodes to the token's id, or None when none does.
     `building` (a new build's check): also the text its id stands for (_meant), a byte-level special
@@ -142,8 +142,8 @@ def _byte_level_chars() -> dict[int, str]:
 
 def _usable(tokenizer: Tokenizer, specials: list[str], unk: str | None, separator: str) -> list[str]:
     """The special tokens other than `separator` that could be the separator: not the model's unknown
-    token, and not spelled by plain text (_spelled)."""
-    return [t for t in specials if t not in (separator, unk) and _spelled(tokenizer, t) is None]
+    token, and not spelled by plain text (spelled)."""
+    return [t for t in specials if t not in (separator, unk) and spelled(tokenizer, t) is None]
 
 
 def vocab_size_of(tokenizer: Tokenizer) -> int:
@@ -182,7 +182,7 @@ class DocumentEncoder:
     added token with special=False), it is the model's unknown token, or its literal text in any of
     several positions (alone, between spaces, glued to words, doubled) would encode to the separator
     id — all before any document is processed. `building`: a new build's, which also refuses a
-    separator that the text its id stands for encodes to (_spelled).
+    separator that the text its id stands for encodes to (spelled).
     """
 
     def __init__(
@@ -285,7 +285,7 @@ class DocumentEncoder:
             )
         # And literal separator text, wherever it stands in a page, must stay text (a special
         # token whose string the vocabulary can also spell, e.g. a special "." is caught here).
-        text = _spelled(self.tokenizer, policy.token, building)
+        text = spelled(self.tokenizer, policy.token, building)
         if text is not None:
             usable = _usable(self.tokenizer, specials, unk, policy.token)
             raise TokenizerError(

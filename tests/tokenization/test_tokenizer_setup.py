@@ -144,24 +144,35 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("separator", ["a", "Ġ"])
-def test_a_trained_tokenizer_whose_separator_plain_text_spells_is_never_written(
-    build_fixture, tmp_path, capsys, separator
+@pytest.mark.parametrize(
+    "separator, other, says",
+    [
+        ("a", None, "the trained tokenizer cannot frame documents: literal text "),
+        ("Ġ", None, "the trained tokenizer cannot frame documents: literal text "),
+        ("<|endoftext|>", "a", "tokenizer.train.special_tokens 'a': plain text spells it (literal text 'a' "),
+        ("<|endoftext|>", " ", "tokenizer.train.special_tokens ' ': plain text spells it (it is whitespace"),
+    ],
+)
+def test_a_trained_tokenizer_with_a_special_token_plain_text_spells_is_never_written(
+    build_fixture, tmp_path, capsys, separator, other, says
 ):
     """A special token the byte alphabet holds ("a", or byte-level BPE's "Ġ" for a space) shares that
-    byte's id: training saved it, exit 0, and every build then refused it (trial RV71e 8). The build's
-    own check runs before anything is written."""
+    byte's id: as the separator, training saved it, exit 0, and every build then refused it (trial
+    RV71e 8); beside it, an export's tokenizer (transformers splits special tokens out of text) encoded
+    every "a" otherwise than the shards hold it (trial RV72b F2). Refused before anything is written."""
     from pipelines.cli import main
 
     _, _, config = build_fixture
     out = tmp_path / "tokenizer.json"
-    sets = [f"tokenizer.separator={separator!r}", f"tokenizer.train.special_tokens=[{separator!r}]"]
+    specials = [separator] + ([other] if other is not None else [])
+    sets = [f"tokenizer.separator={separator!r}", f"tokenizer.train.special_tokens={specials!r}"]
     capsys.readouterr()
     argv = ["tokenizer", "train", "--config", str(config), "--out", str(out), "--set", *sets]
     assert main([*argv, "tokenizer.train.vocab_size=400"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: the trained tokenizer cannot frame documents: literal text "), err
-    assert f"encodes to the separator id 0 (tokenizer.separator {separator!r})" in err, err
+    assert err.startswith(f"error: {says}"), err
+    if other is None:
+        assert f"encodes to the separator id 0 (tokenizer.separator {separator!r})" in err, err
     assert "nothing was written" in err and "\n" not in err, err
     assert not out.exists() and not list(tmp_path.iterdir())
 
