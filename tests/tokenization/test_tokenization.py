@@ -334,3 +334,16 @@ def test_a_tokenizer_saved_with_truncation_padding_or_dropout_encodes_whole_docu
     enc = DocumentEncoder(carrying, SeparatorPolicy(SEP))
     for _ in range(3):  # dropout would draw other merges each time
         assert [ids.tolist() for ids in enc.encode_batch(texts)] == plain
+
+
+def test_training_reads_a_long_run_of_one_document_to_its_first_thousand_characters():
+    """The trainer's time grows with the square of a pre-token's length: one document of "x" * 2,000,000
+    held `tokenizer train` over half an hour (trial RV72b F3). Its runs are cut at LONG_RUN characters
+    for training: no token learned is longer (uncut, "x" * 5,000 gives one of 2,048), and a build
+    encodes the whole text."""
+    from tokenization.tokenizer_io import LONG_RUN
+
+    tok = train_bpe(["x" * 5000, "and some words"], 300, [SEP])
+    assert max(len(t) for t in tok.get_vocab()) <= LONG_RUN
+    encoder = DocumentEncoder(tok, SeparatorPolicy(SEP))
+    assert tok.decode(encoder.encode("x" * 5000)[:-1].tolist()) == "x" * 5000
