@@ -221,8 +221,11 @@ def _unreachable(spec: str, repo: str, revision: str | None, e: Exception) -> To
     )
 
 
-LONG_RUN = 1000  # characters of a run of non-space characters tokenizer training reads (train_bpe)
-_LONG_RUN = re.compile(rf"(\S{{{LONG_RUN}}})\S+")
+LONG_RUN = 1000  # characters of a run of one pre-token class tokenizer training reads (train_bpe)
+# ByteLevel's pre-token classes (letters, digits, whitespace, the rest), as Python's re spells them; a
+# match starts only where a run does (the lookbehind: a run of 999 was scanned again at each character)
+_CLASSES = (r"[^\W\d_]", r"\d", r"\s", r"(?:[^\w\s]|_)")
+_LONG_RUN = re.compile("|".join(rf"(?<!{c}){c}{{{LONG_RUN + 1},}}" for c in _CLASSES))
 
 
 def train_bpe(
@@ -234,11 +237,12 @@ def train_bpe(
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    # The trainer's time grows with the square of a pre-token's length (a run ByteLevel does not split):
-    # one document of "x" * 2,000,000 held `tokenizer train` over half an hour, printing nothing (trial
-    # RV72b F3). No merge learned past a run's first LONG_RUN characters is one a vocabulary keeps: the
-    # sample's runs are cut there (the sample only; a build encodes every text whole, in linear time).
-    texts = (_LONG_RUN.sub(r"\1", t) for t in texts)
+    # The trainer's time grows with the square of a pre-token's length (a run of one class ByteLevel does
+    # not split): one document of "x" * 2,000,000 held `tokenizer train` over half an hour, printing
+    # nothing (trial RV72b F3), and so did 2,000,000 spaces (review RV72d F2). A merge of more than
+    # LONG_RUN characters of one class is none a vocabulary keeps: the sample's runs are cut there (a
+    # CJK paragraph, split at its punctuation, is not one: RV72d F3); a build encodes every text whole.
+    texts = (_LONG_RUN.sub(_cut, t) for t in texts)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -249,6 +253,10 @@ def train_bpe(
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def _cut(run: re.Match) -> str:
+    return run.group()[:LONG_RUN]
 
 
 def trained_record(tok: Path) -> Path:

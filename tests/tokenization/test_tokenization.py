@@ -336,14 +336,21 @@ def test_a_tokenizer_saved_with_truncation_padding_or_dropout_encodes_whole_docu
         assert [ids.tolist() for ids in enc.encode_batch(texts)] == plain
 
 
-def test_training_reads_a_long_run_of_one_document_to_its_first_thousand_characters():
+@pytest.mark.parametrize("run", ["x", " ", "\n", "7", "-"])
+def test_training_reads_a_long_run_of_one_class_to_its_first_thousand_characters(run):
     """The trainer's time grows with the square of a pre-token's length: one document of "x" * 2,000,000
-    held `tokenizer train` over half an hour (trial RV72b F3). Its runs are cut at LONG_RUN characters
-    for training: no token learned is longer (uncut, "x" * 5,000 gives one of 2,048), and a build
-    encodes the whole text."""
+    held `tokenizer train` over half an hour (trial RV72b F3), and so did spaces (review RV72d F2). Runs
+    of one class (letters, digits, whitespace, the rest) are cut at LONG_RUN characters for training: no
+    token learned is longer (uncut, 5,000 of them give one of 2,048), and a build encodes the whole text.
+    Text of other classes in between, a CJK paragraph's punctuation, is kept (review RV72d F3)."""
     from tokenization.tokenizer_io import LONG_RUN
 
-    tok = train_bpe(["x" * 5000, "and some words"], 300, [SEP])
-    assert max(len(t) for t in tok.get_vocab()) <= LONG_RUN
+    tok = train_bpe([f"a {run * 5000} b", "and some words"], 300, [SEP])
+    longest = max(tok.get_vocab(), key=len)
+    assert len(longest) <= LONG_RUN, len(longest)
     encoder = DocumentEncoder(tok, SeparatorPolicy(SEP))
-    assert tok.decode(encoder.encode("x" * 5000)[:-1].tolist()) == "x" * 5000
+    assert tok.decode(encoder.encode(run * 5000)[:-1].tolist()) == run * 5000
+    # no space in 2,800 characters, but runs of 6 letters: "山水風景" only past the 1,000th, learned from
+    paragraph = "，".join(["蝴蝶鸚鵡琵琶"] * 200 + ["山水風景"] * 200)
+    tok = train_bpe([paragraph], 300, [SEP])
+    assert len(tok.encode("山水風景").ids) < len("山水風景".encode())
