@@ -155,8 +155,11 @@ def _refuse_unusable(sc: SlurmConfig) -> None:
     for var in CLUSTERS_ENV:
         if os.environ.get(var):
             raise BuildError(
-                f"{var}={os.environ[var]} in the environment is sbatch's --clusters, which "
-                f"{UNSUPPORTED['clusters']}; unset {var} and submit from a login node of the cluster to use"
+                # SLURM_CLUSTERS is squeue's and scancel's too (review RV72d F8): what is refused is the
+                # submission to another cluster, whose "… on cluster X" ids the chain does not take
+                f"{var}={os.environ[var]} in the environment sends sbatch's jobs to another cluster "
+                "(--clusters), which gristmill's chain of jobs and its check for queued jobs do not follow; "
+                f"unset {var} and submit from a login node of the cluster to use"
             )
     # sourced by every job: a venv's folder, or a path that is not there, failed each job on the
     # cluster once queued (`launch_pickled_pipeline: not found`, trial RV62c)
@@ -225,17 +228,19 @@ def refuse_if_queued(out: Path) -> None:
 def _job_id(output: str, accepted: list[str]) -> str:
     """The job id in sbatch's stdout, a number: datatrove's took the last word, "alpha" of "Submitted batch
     job 101 on cluster alpha" (trial RV72a F1), and output without one was an IndexError traceback once
-    the job was queued (F2). `accepted`: the ids of this submission's jobs queued before it."""
-    if m := re.search(r"^Submitted batch job (\d+)\s*$", output, re.M):
+    the job was queued (F2); `--parsable`'s `ID` too, as datatrove's read it (review RV72d F1).
+    `accepted`: the ids of this submission's jobs queued before it."""
+    if m := re.search(r"^(?:Submitted batch job )?(\d+)\s*$", output, re.M):
         return m[1]
     held = " ".join(accepted)
     before = f", and jobs {held} it accepted before (scancel {held})" if held else ""
     said = repr(output.strip()[-300:]) if output.strip() else "nothing"
-    if m := re.search(r"^Submitted batch job (\d+) on cluster (\S+)", output, re.M):
+    if m := re.search(r"^(?:Submitted batch job (\d+) on cluster |(\d+);)(\S+)", output, re.M):
+        job, cluster = m[1] or m[2], m[3]
         raise BuildError(
-            f"sbatch queued job {m[1]} on cluster {m[2]} (it printed {said}), a cluster where the squeue and "
-            f"scancel of this node do not look: cancel it (scancel -M {m[2]} {m[1]}){before}, then submit "
-            "to this node's cluster (no --clusters)"
+            f"sbatch queued job {job} on cluster {cluster} (it printed {said}), a cluster where the squeue "
+            f"and scancel of this node do not look: cancel it (scancel -M {cluster} {job}){before}, then "
+            "submit to this node's cluster (no --clusters)"
         )
     raise BuildError(
         f"sbatch printed no job id (it printed {said}, not 'Submitted batch job N'), and the job may be "

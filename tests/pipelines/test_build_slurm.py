@@ -215,6 +215,12 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
             "108), then submit to this node's cluster (no --clusters)",
         ),
         (
+            "108;alpha\n",  # --parsable's
+            "sbatch queued job 108 on cluster alpha (it printed '108;alpha'), a cluster where the squeue and "
+            "scancel of this node do not look: cancel it (scancel -M alpha 108), then submit to this node's "
+            "cluster (no --clusters)",
+        ),
+        (
             "",
             "sbatch printed no job id (it printed nothing, not 'Submitted batch job N'), and the job may be "
             "queued: find it (squeue --me) and cancel it (scancel ID), then fix what made sbatch print "
@@ -229,10 +235,17 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
     with pytest.raises(BuildError) as e:
         build(load_config(DataConfig, config, [*sets, f"output={tmp_path / 'odd'}"]), log=lambda *a: None)
     assert str(e.value).endswith(
-        "(scancel ID), and jobs 109 it accepted before (scancel 109), then fix what made sbatch print "
+        "(scancel ID), and jobs 110 it accepted before (scancel 110), then fix what made sbatch print "
         "otherwise and rerun"
     ), e.value
-    assert json.loads((tmp_path / "odd" / "logs" / "slurm_jobs.json").read_text()) == {"jobs": ["109"]}
+    assert json.loads((tmp_path / "odd" / "logs" / "slurm_jobs.json").read_text()) == {"jobs": ["110"]}
+    # sbatch_args.parsable: its id alone, read as datatrove's retriever read it (review RV72d F1)
+    monkeypatch.setenv("ODD", "launch_pickled_pipeline")
+    monkeypatch.setenv("PRINT", "112\n")
+    sets_parsable = [*sets, f"output={tmp_path / 'parsable'}"]
+    assert build(load_config(DataConfig, config, sets_parsable), log=lambda *a: None).status == "submitted"
+    jobs = json.loads((tmp_path / "parsable" / "logs" / "slurm_jobs.json").read_text())["jobs"]
+    assert jobs[0] == "112" and len(jobs) == 3, jobs
 
 
 def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixture, tmp_path, monkeypatch):
@@ -430,9 +443,9 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
         with pytest.raises(BuildError) as e:
             build(load_config(DataConfig, config, sets), log=lambda *a: None)
         assert str(e.value) == (
-            f"{var}=alpha in the environment is sbatch's --clusters, which queues the jobs on another "
-            f"cluster, where the squeue and scancel of this node do not look; unset {var} and submit from a "
-            "login node of the cluster to use"
+            f"{var}=alpha in the environment sends sbatch's jobs to another cluster (--clusters), which "
+            f"gristmill's chain of jobs and its check for queued jobs do not follow; unset {var} and submit "
+            "from a login node of the cluster to use"
         )
         monkeypatch.delenv(var)
     assert not list(tmp_path.glob("ds-sbatch/logs/*.slurm"))
