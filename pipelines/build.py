@@ -1169,7 +1169,7 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             causes.append(
                 f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token, or to "
                 "its unknown token, with it (a normalizer that deletes their characters, or a vocabulary "
-                "without them?)"
+                "that cannot spell them?)"
             )
         advice = "; ".join(causes) or "loosen [filters] or check source.text_key"
         raise BuildError(

@@ -58,10 +58,20 @@ from training.contract.errors import GristmillError
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 # the excluded/ rows' filter of documents whose text encodes to no token, or to the unknown token
 FILTER_NAME = "tokens"
+
+
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document, at most: its sample's two headers, its DOC_RECORD-byte `.docs` record
 # and both members' padding (a sample of one: 512 + 512 + 512 + 511 bytes).
 TAR_OVERHEAD_PER_DOC = 2048
+
+
+def _unknown_reason(unknown: int, tokens: int, unk: str | None) -> str:
+    """The excluded row's reason for a text `unknown` of whose `tokens` are the unknown token `unk`."""
+    return (
+        f"{unknown:,} of its {tokens:,} tokens are the tokenizer's unknown token {unk!r} (text its "
+        "vocabulary cannot spell, a word longer than its model reads, or that token quoted literally)"
+    )
 
 
 def _no_traceback_for_gristmill_errors(record) -> None:
@@ -236,12 +246,7 @@ class TokenizeShard(PipelineStep):
                         if unknown:
                             # its ids decode to other text: trained on, the model learns the unknown
                             # token where the text had characters, and the build said OK (trial RV72b F1)
-                            drop(
-                                doc,
-                                FILTER_NAME,
-                                f"the tokenizer's vocabulary cannot spell all of the text: {unknown:,} of "
-                                f"its {len(ids) - 1:,} tokens are the unknown token {encoder.unk!r}",
-                            )
+                            drop(doc, FILTER_NAME, _unknown_reason(unknown, len(ids) - 1, encoder.unk))
                             no_tokens.write(doc, rank)
                             self.stat_update("unknown_tokens")
                             continue
