@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tokenizers import pre_tokenizers
+
 from pipelines.build_identity import output_dir
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
@@ -155,6 +157,8 @@ def train_tokenizer(
             f"tokenizer.train.vocab_size {tc.vocab_size:,} is past {MAX_VOCAB:,}, more than any corpus "
             "gives merges for (Llama 3's is 128,256); use a smaller one"
         )
+    if said := _spelled_specials(tc.special_tokens):  # known before training: no hours spent first
+        raise TokenizerError(said)
     ensure_demo_corpus(cfg.source)
     source = source or list_source_files(cfg.source, own_output=output_dir(cfg))  # as the build lists it
     filters = make_filters(cfg.filters, None)
@@ -184,29 +188,19 @@ def train_tokenizer(
             "[filters] thresholds"
         )
     try:  # the build's own check, before anything is written: a separator plain text spells (a special
-        # token "a" is the byte "a"'s id) was trained and saved, and every build refused it (trial RV71e 8)
+        # token the trainer merged text into) was trained and saved, and every build refused it (trial
+        # RV71e 8)
         encoder = DocumentEncoder(
             tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position), building=True
         )
-    except TokenizerError as e:
-        why = str(e).removeprefix("the tokenizer: ").split("; ")[0]  # its advice is for a tokenizer file
+    except TokenizerError as e:  # its cause without its advice, which is for a tokenizer file
         raise TokenizerError(
-            f"the trained tokenizer cannot frame documents: {why}; nothing was written. Make "
+            f"the trained tokenizer cannot frame documents: {e.cause}; nothing was written. Make "
             "tokenizer.separator (and its entry in tokenizer.train.special_tokens) a token plain text "
             "cannot spell, such as '<|endoftext|>'"
         ) from None
-    # The other special tokens too: transformers (an export's tokenizer) splits each out of any text
-    # holding it, where the build's encoding keeps the text: a special "a" (or " ") made an export
-    # encode every "a" of a text otherwise than the shards hold it (trial RV72b F2)
-    for token in tc.special_tokens:
-        text = "" if not token.strip() else spelled(encoder.tokenizer, token)
-        if text is not None:
-            why = "it is whitespace or nothing" if not text else f"literal text {text!r} encodes to its id"
-            raise TokenizerError(
-                f"tokenizer.train.special_tokens {token!r}: plain text spells it ({why}), so a tokenizer "
-                "transformers loads would split it out of texts the build encodes otherwise; nothing was "
-                "written. Use special tokens plain text does not spell, such as '<|im_start|>'"
-            )
+    if said := _spelled_specials(tc.special_tokens, encoder.tokenizer):  # merges ("the") known now
+        raise TokenizerError(said)
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:  # replacing is what was asked for
         with atomic_path(out) as tmp:
@@ -238,6 +232,33 @@ def train_tokenizer(
     else:
         log(f"{trained}; {out} appeared meanwhile with the same bytes (another process trained it): using it")
     return out
+
+
+def _spelled_specials(specials: list[str], trained: Any = None) -> str:
+    """The refusal of the special tokens plain text spells, "" when none does: whitespace or nothing; a
+    character of the byte alphabet every byte-level vocabulary holds (its id is the special token's);
+    with the `trained` tokenizer (encode_special_tokens set), a text encoding to its id (a merge). The
+    separator's extra separators aside, transformers (an export's tokenizer) splits a special token out
+    of any text holding it, where the build's encoding keeps the text: a special "a" (or " ") made an
+    export encode every "a" otherwise than the shards hold it (trial RV72b F2). All named at once,
+    before training where they can be (review RV72d F5)."""
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    said = []
+    for token in dict.fromkeys(specials):
+        if not token.strip():
+            said.append(f"{token!r} (whitespace or nothing)")
+        elif token in alphabet:
+            said.append(f"{token!r} (a byte every byte-level vocabulary holds)")
+        elif trained is not None and (text := spelled(trained, token)) is not None:
+            said.append(f"{token!r} (literal text {text!r} encodes to its id)")
+    if not said:
+        return ""
+    return (
+        f"tokenizer.train.special_tokens: plain text spells {', '.join(said)}, so a tokenizer transformers "
+        "loads would split each out of texts the build encodes otherwise, and as tokenizer.separator one "
+        "would end documents inside them; nothing was written. Use special tokens plain text does not "
+        "spell, such as '<|endoftext|>' or '<|im_start|>'"
+    )
 
 
 def _utc(t: float) -> str:

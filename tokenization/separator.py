@@ -288,11 +288,14 @@ class DocumentEncoder:
         text = spelled(self.tokenizer, policy.token, building)
         if text is not None:
             usable = _usable(self.tokenizer, specials, unk, policy.token)
-            raise TokenizerError(
-                f"{source}: literal text {text!r} encodes to the separator id {sep} "
-                f"(tokenizer.separator {policy.token!r}), so documents quoting it would gain extra "
-                f"separators; {_pick_special(specials, usable, other=True)}, or fix the tokenizer's "
-                f"added_tokens and vocabulary so no text spells it{_configured(path, usable)}"
+            why = (
+                f"literal text {text!r} encodes to the separator id {sep} (tokenizer.separator "
+                f"{policy.token!r}), so documents quoting it would gain extra separators"
+            )
+            raise TokenizerError(  # `cause`: the why alone, for `tokenizer train`'s own advice
+                f"{source}: {why}; {_pick_special(specials, usable, other=True)}, or fix the tokenizer's "
+                f"added_tokens and vocabulary so no text spells it{_configured(path, usable)}",
+                cause=why,
             )
 
     def separator_info(self) -> dict[str, Any]:

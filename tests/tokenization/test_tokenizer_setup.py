@@ -147,10 +147,12 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
 @pytest.mark.parametrize(
     "separator, other, says",
     [
-        ("a", None, "the trained tokenizer cannot frame documents: literal text "),
-        ("Ġ", None, "the trained tokenizer cannot frame documents: literal text "),
-        ("<|endoftext|>", "a", "tokenizer.train.special_tokens 'a': plain text spells it (literal text 'a' "),
-        ("<|endoftext|>", " ", "tokenizer.train.special_tokens ' ': plain text spells it (it is whitespace"),
+        ("a", None, "tokenizer.train.special_tokens: plain text spells 'a' (a byte every byte-level "),
+        ("Ġ", None, "tokenizer.train.special_tokens: plain text spells 'Ġ' (a byte every byte-level "),
+        ("the", None, "the trained tokenizer cannot frame documents: literal text "),  # a merge's
+        ("<|endoftext|>", "a", "tokenizer.train.special_tokens: plain text spells 'a' (a byte every "),
+        ("<|endoftext|>", " ", "tokenizer.train.special_tokens: plain text spells ' ' (whitespace or "),
+        ("<|endoftext|>", "the", "tokenizer.train.special_tokens: plain text spells 'the' (literal text "),
     ],
 )
 def test_a_trained_tokenizer_with_a_special_token_plain_text_spells_is_never_written(
@@ -171,7 +173,7 @@ def test_a_trained_tokenizer_with_a_special_token_plain_text_spells_is_never_wri
     assert main([*argv, "tokenizer.train.vocab_size=400"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {says}"), err
-    if other is None:
+    if says.startswith("the trained"):
         assert f"encodes to the separator id 0 (tokenizer.separator {separator!r})" in err, err
     assert "nothing was written" in err and "\n" not in err, err
     assert not out.exists() and not list(tmp_path.iterdir())
