@@ -1091,8 +1091,8 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     with dataset_lock(out, "this build"):
         try:
             return _finish(saved, out, record, encoder, lambda line: log(as_build(line)))
-        except GristmillError as e:
-            e.args = (as_build(str(e)),)
+        except GristmillError as e:  # str(e) is args[0] (no class overrides __str__); its cause with it
+            e.args, e.cause = (as_build(str(e)),), as_build(e.cause)
             raise
 
 

@@ -42,8 +42,8 @@ def test_task_progress_and_monitor_line(tmp_path):
 
 def test_a_monitor_with_source_limit_counts_documents_not_bytes(tmp_path):
     """With source.limit each task stops early, its files never read to their end: the bytes read said
-    "0% of input" until the build ended (trial RV71e 11). The documents read of the limit's, or the
-    tasks finished (a task whose files hold fewer ends before its limit), whichever is more."""
+    "0% of input" until the build ended (trial RV71e 11). Each task by its documents read of the limit,
+    a finished one whole (its files may hold fewer: review RV72d F9)."""
     progress, completions = tmp_path / "progress", tmp_path / "completions"
     completions.mkdir()
     monitor = Monitor(progress, completions, tasks=2, total_bytes=10**9, interval=60, limit=100)
@@ -53,8 +53,8 @@ def test_a_monitor_with_source_limit_counts_documents_not_bytes(tmp_path):
     p.flush(log=False)
     line = monitor.line()
     assert "25% of input" in line and "ETA" in line, line
-    (completions / "00001").touch()  # task 1 ran out of documents before its limit
-    assert "50% of input" in monitor.line()
+    (completions / "00001").touch()  # task 1 ran out of documents before its limit: done, whole
+    assert "75% of input" in monitor.line()
 
 
 def test_resumed_monitor_counts_tasks_finished_earlier(tmp_path):
