@@ -332,9 +332,9 @@ def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile], local: 
         it = "them" if differ[1:] else "it"
         raise DownloadError(
             f"{dest / differ[0]} holds other bytes than {source_of(root)}'s file of that path, and no "
-            "download record names it (a file of yours, or a download's whose record was deleted, changed "
-            f"upstream since){more if differ[1:] else ''}: move {it} out of {dest}, or delete {it} if a "
-            f"download fetched {it}; or download into another folder (--to)"
+            "download record names it (a file of yours, or one a download fetched that changed upstream "
+            f"after its record was deleted){more if differ[1:] else ''}: move {it} out of {dest}, or delete "
+            f"{it} if a download fetched {it}; or download into another folder (--to)"
         )
 
 

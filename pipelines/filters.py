@@ -21,7 +21,7 @@ from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.utils.word_tokenizers import WordTokenizer
 
 from pipelines.config import FiltersConfig
-from pipelines.sources import READ_ERROR, not_unicode
+from pipelines.sources import READ_ERROR, unicode_problem
 from pipelines.task_upload import task_root
 from training.contract.atomic_write import move_into_place
 from training.contract.dataset_format import (
@@ -123,7 +123,7 @@ class TextFilter(BaseFilter):
         text = doc.text
         if not text or text.isspace():
             return drop(doc, "empty", "empty or whitespace-only text")
-        if (why := not_unicode(text)) is not None:
+        if (why := unicode_problem(text)) is not None:
             return drop(doc, "invalid_utf8", f"invalid UTF-8: {why[0]} at character {why[1]}")
         return True
 

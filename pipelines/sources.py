@@ -666,7 +666,7 @@ class _Reader(BaseDiskReader):
             # reads as float): excluded with its reason, not a TypeError in a filter or the shard writer
             meta[READ_ERROR] = f"{where}: {bad[0]} {bad[1]}: {meta[bad[0]]!r}"
         for k, v in [(self.id_key, doc_id), *meta.items()]:
-            if isinstance(v, str) and (why := not_unicode(v)) is not None:
+            if isinstance(v, str) and (why := unicode_problem(v)) is not None:
                 # A lone surrogate (a jsonl line's "\ud800"): no UTF-8 file can hold it (the manifest,
                 # the excluded parquet), so it is kept visible as its escape and the document excluded.
                 v = v.encode("utf-8", "backslashreplace").decode()
@@ -679,7 +679,7 @@ class _Reader(BaseDiskReader):
         return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
 
 
-def not_unicode(s: str) -> tuple[str, int] | None:
+def unicode_problem(s: str) -> tuple[str, int] | None:
     """Why `s` cannot be written as UTF-8, and where (its character's index), None when it can. A
     surrogate of U+DC80–U+DCFF is how a byte that is not UTF-8 is read (surrogateescape), or a JSON
     escape of one: both named (a binary id of bytes that are not UTF-8 was called "a lone surrogate",

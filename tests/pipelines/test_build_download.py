@@ -412,9 +412,9 @@ def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_lin
     with pytest.raises(
         DownloadError,
         match=rf"^{dest / changed[0]} holds other bytes than {moved}'s file of that path, and no download "
-        rf"record names it \(a file of yours, or a download's whose record was deleted, changed upstream "
-        rf"since\); so do 1 more: {changed[1]}: move them out of {dest}, or delete them if a download "
-        r"fetched them; or download into another folder \(--to\)$",
+        rf"record names it \(a file of yours, or one a download fetched that changed upstream after its "
+        rf"record was deleted\); so do 1 more: {changed[1]}: move them out of {dest}, or delete them if a "
+        r"download fetched them; or download into another folder \(--to\)$",
     ):
         download(str(moved), "sample/10BT", dest, progress=False)
     for rel in changed:
