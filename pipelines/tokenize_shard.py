@@ -58,8 +58,6 @@ from training.contract.errors import GristmillError
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 # the excluded/ rows' filter of documents whose text encodes to no token, or to the unknown token
 FILTER_NAME = "tokens"
-
-
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document, at most: its sample's two headers, its DOC_RECORD-byte `.docs` record
 # and both members' padding (a sample of one: 512 + 512 + 512 + 511 bytes).
