@@ -1033,16 +1033,30 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
         ):
             make_executor().run()
     except WorkerDied as e:  # the pool was stopped: what it finished is kept, as for a failed task
+        _raise_stop_behind(e)
         raise BuildError(f"{e}. {_failed_message(p.out, st.tasks, None, st)}") from None
     except GristmillError:
         raise
     except Exception as e:
+        _raise_stop_behind(e)
         raise BuildError(_failed_message(p.out, st.tasks, e, st)) from None
     line = None if monitor is None or monitor.live else monitor.line()
     if line:
         log(line)
     if st.name != "build":
         log(f"[{label}] done in {time.monotonic() - t0:.1f} s")
+
+
+def _raise_stop_behind(e: BaseException) -> None:
+    """Raise the stop (a Ctrl-C's or SIGTERM's KeyboardInterrupt) an executor's error was raised while
+    handling: the group's signal ended the workers, the pool's cleanup then failed (FileNotFoundError of
+    a worker's resource) and the build blamed that, "4 of 4 tasks did not finish (FileNotFoundError …)
+    … Fix the cause" (trial RV72c F7), where a stop says it was stopped."""
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            raise seen from None
+        seen = seen.__context__
 
 
 def _count(n: int, what: str) -> str:

@@ -196,6 +196,42 @@ def test_sigterm_stops_the_build_and_its_workers_and_frees_the_lock(built_datase
     same_shards(out, built_dataset)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_build_s_process_group_says_it_stopped(build_fixture, tmp_path, sig):
+    """Ctrl-C in a terminal, `scancel` or `kill -TERM -PGID` signal the workers with the launcher: the
+    pool's cleanup then failed on a dead worker's resource, and the build said "4 of 4 tasks did not
+    finish (FileNotFoundError …) … Fix the cause" (trial RV72c F7). It says it was stopped."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    proc = parked_build(config, out)
+    try:
+        until_parked(proc, out)
+        os.killpg(proc.pid, sig)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+        assert stderr.strip().splitlines()[-1].startswith("error: stopped by a signal before"), stderr
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_executor_error_raised_while_stopping_is_the_stop():
+    """The race behind trial RV72c F7, as the launcher saw it: the pool's cleanup raised while it
+    handled the signal's KeyboardInterrupt (a worker's resource gone: FileNotFoundError), and that
+    error, not the stop, reached the build's message. The stop behind it is raised again."""
+    from pipelines.build import _raise_stop_behind
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise FileNotFoundError(2, "No such file or directory") from None  # as multiprocess's cleanup
+    except FileNotFoundError as e:
+        with pytest.raises(KeyboardInterrupt):
+            _raise_stop_behind(e)
+    _raise_stop_behind(FileNotFoundError(2, "a task's own error"))  # no stop behind it: nothing raised
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_kill_9_of_the_build_leaves_no_process_behind(build_fixture, tmp_path, workers):
     """Issue 47: a forked build process (datatrove's manager), the forkserver and the resource
