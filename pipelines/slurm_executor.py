@@ -230,12 +230,14 @@ def _job_id(output: str, accepted: list[str]) -> str:
     job 101 on cluster alpha" (trial RV72a F1), and output without one was an IndexError traceback once
     the job was queued (F2); `--parsable`'s `ID` too, as datatrove's read it (review RV72d F1).
     `accepted`: the ids of this submission's jobs queued before it."""
-    if m := re.search(r"^(?:Submitted batch job )?(\d+)\s*$", output, re.M):
+    if m := re.search(r"^Submitted batch job (\d+)\s*$", output, re.M):
         return m[1]
+    if m := re.fullmatch(r"\s*(\d+)\s*", output):  # --parsable's, as the whole output: a banner's number
+        return m[1]  # before "Submitted batch job N" was every job's id (re-trial RV72e F6)
     held = " ".join(accepted)
     before = f", and jobs {held} it accepted before (scancel {held})" if held else ""
     said = repr(output.strip()[-300:]) if output.strip() else "nothing"
-    if m := re.search(r"^(?:Submitted batch job (\d+) on cluster |(\d+);)(\S+)", output, re.M):
+    if m := re.search(r"^(?:Submitted batch job (\d+) on cluster |(\d+);)(\S+)\s*$", output, re.M):
         job, cluster = m[1] or m[2], m[3]
         raise BuildError(
             f"sbatch queued job {job} on cluster {cluster} (it printed {said}), a cluster where the squeue "

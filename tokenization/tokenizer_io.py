@@ -224,7 +224,11 @@ def _unreachable(spec: str, repo: str, revision: str | None, e: Exception) -> To
 LONG_RUN = 1000  # characters of a run of one pre-token class tokenizer training reads (train_bpe)
 # ByteLevel's pre-token classes (letters, digits, whitespace, the rest), as Python's re spells them; a
 # match starts only where a run does (the lookbehind: a run of 999 was scanned again at each character)
-_CLASSES = (r"[^\W\d_]", r"\d", r"\s", r"(?:[^\w\s]|_)")
+# (whitespace is Unicode's White_Space, as ByteLevel's regex reads it: Python's \s also takes \x1c-\x1f,
+# which ByteLevel puts with the rest, and "\x1c!" * 80,000 was one pre-token the cut never saw:
+# re-trial RV72e F5)
+_WS = "\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CLASSES = (r"[^\W\d_]", r"\d", f"[{_WS}]", rf"(?:[^\w{_WS}]|_)")
 _LONG_RUN = re.compile("|".join(rf"(?<!{c}){c}{{{LONG_RUN + 1},}}" for c in _CLASSES))
 
 

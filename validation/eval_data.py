@@ -1310,13 +1310,18 @@ def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | Non
     return [d for m in members if m != name for d in hub_datasets(task_manager, m)]
 
 
+OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether what `datasets` and huggingface_hub connect to for HF_ENDPOINT answers: the endpoint at
     its own port (its URL's, else its scheme's), or the proxy the environment names for its scheme
     (HTTPS_PROXY, ALL_PROXY …; NO_PROXY kept). Port 443 of its host alone refused, "the hub is
     unreachable", an endpoint on another port and any behind a proxy, which the libraries read
     (trial RV72a F3)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or os.environ.get("HF_DATASETS_OFFLINE"):
+    # truthy as huggingface_hub and datasets read them: HF_DATASETS_OFFLINE=0 or HF_HUB_OFFLINE=false
+    # were "the hub is unreachable" (re-trial RV72e F7)
+    if any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_FLAGS):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     scheme = url.scheme or "https"

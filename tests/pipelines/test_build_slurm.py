@@ -246,6 +246,12 @@ def test_sbatch_refusing_a_job_is_one_line_that_says_what_is_queued(build_fixtur
     assert build(load_config(DataConfig, config, sets_parsable), log=lambda *a: None).status == "submitted"
     jobs = json.loads((tmp_path / "parsable" / "logs" / "slurm_jobs.json").read_text())["jobs"]
     assert jobs[0] == "112" and len(jobs) == 3, jobs
+    # a number a site's banner printed before "Submitted batch job N" was every job's id (re-trial RV72e F6)
+    monkeypatch.setenv("PRINT", "42\nSubmitted batch job 116\n")
+    sets_banner = [*sets, f"output={tmp_path / 'banner'}"]
+    assert build(load_config(DataConfig, config, sets_banner), log=lambda *a: None).status == "submitted"
+    jobs = json.loads((tmp_path / "banner" / "logs" / "slurm_jobs.json").read_text())["jobs"]
+    assert jobs[0] == "116" and "42" not in jobs, jobs
 
 
 def test_a_submission_while_the_last_ones_jobs_are_queued_is_refused(build_fixture, tmp_path, monkeypatch):

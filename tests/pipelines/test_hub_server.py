@@ -464,6 +464,13 @@ def test_the_hub_probe_connects_where_the_libraries_do(hub, hub_env, monkeypatch
         monkeypatch.delenv(var, raising=False)
         monkeypatch.delenv(var.lower(), raising=False)
     assert hub.url.startswith("http://127.0.0.1:") and hub_reachable()  # at its own port
+    for flag, value, offline in [("HF_DATASETS_OFFLINE", "0", False), ("HF_HUB_OFFLINE", "false", False)]:
+        monkeypatch.setenv(flag, value)  # not offline, as the libraries read it (re-trial RV72e F7)
+        assert hub_reachable() is not offline
+        monkeypatch.delenv(flag)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not hub_reachable()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1:1")  # nothing listens there
     assert not hub_reachable()
     monkeypatch.setenv("HTTPS_PROXY", hub.url)  # a proxy that answers (any listening socket stands in)

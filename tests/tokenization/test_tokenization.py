@@ -336,7 +336,7 @@ def test_a_tokenizer_saved_with_truncation_padding_or_dropout_encodes_whole_docu
         assert [ids.tolist() for ids in enc.encode_batch(texts)] == plain
 
 
-@pytest.mark.parametrize("run", ["x", " ", "\n", "7", "-"])
+@pytest.mark.parametrize("run", ["x", " ", "\n", "7", "-", "\x1c!"])  # \x1c: not White_Space (RV72e F5)
 def test_training_reads_a_long_run_of_one_class_to_its_first_thousand_characters(run):
     """The trainer's time grows with the square of a pre-token's length: one document of "x" * 2,000,000
     held `tokenizer train` over half an hour (trial RV72b F3), and so did spaces (review RV72d F2). Runs
