@@ -153,6 +153,7 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
         ("<|endoftext|>", "a", "tokenizer.train.special_tokens: plain text spells 'a' (a byte every "),
         ("<|endoftext|>", " ", "tokenizer.train.special_tokens: plain text spells ' ' (whitespace or "),
         ("<|endoftext|>", "the", "tokenizer.train.special_tokens: plain text spells 'the' (literal text "),
+        ("<|endoftext|>", "€", "tokenizer.train.special_tokens: plain text spells '€' (one character)"),
     ],
 )
 def test_a_trained_tokenizer_with_a_special_token_plain_text_spells_is_never_written(
