@@ -247,6 +247,23 @@ class DocumentEncoder:
         # build excludes a text encoding to it, whose ids decode to other text (tokenize_shard.py)
         self.unk = unk if isinstance(unk, str) else None
         self.unk_id = None if self.unk is None else self.tokenizer.token_to_id(self.unk)
+        # A model that cannot encode what it cannot spell fails on the first such text: a new build's
+        # traceback here, or a task's "Exception: Encountered an unknown token …" naming no file
+        # (re-trial RV72e F3); a dataset built already passed its every document (`building`)
+        where = path or "its tokenizer.json"
+        cannot = building and not model.get("byte_fallback")
+        if cannot and self.unk is not None and self.unk_id is None:
+            raise TokenizerError(
+                f"{source}: its model's unk_token {self.unk!r} is not in its vocabulary, so the first text "
+                f"it cannot spell stops the build; add {self.unk!r} to model.vocab in {where}, or set "
+                "model.unk_token to a token there"
+            )
+        if cannot and model.get("type") == "Unigram" and model.get("unk_id") is None:
+            raise TokenizerError(
+                f"{source}: its Unigram model has no unk_id, so the first text outside its pieces stops the "
+                f"build; set model.unk_id in {where} to the index of its unknown piece, or byte_fallback "
+                "to true"
+            )
         # A Unigram's vocab is a list of pieces, which may hold one twice: tokenizers' own trainer, on a
         # corpus quoting "</s>", learned it as a piece beside the special entry, and the refusal below
         # then said no special token could be the separator, naming them all special (trial RV71e 2)

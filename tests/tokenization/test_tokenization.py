@@ -354,3 +354,20 @@ def test_training_reads_a_long_run_of_one_class_to_its_first_thousand_characters
     paragraph = "，".join(["蝴蝶鸚鵡琵琶"] * 200 + ["山水風景"] * 200)
     tok = train_bpe([paragraph], 300, [SEP])
     assert len(tok.encode("山水風景").ids) < len("山水風景".encode())
+
+
+def test_a_new_build_refuses_a_model_that_cannot_encode_what_it_cannot_spell():
+    """A BPE whose unk_token is not in its vocabulary, or a Unigram without unk_id, fails on the first
+    text it cannot spell: a new build's traceback at its separator check, or a task's "Encountered an
+    unknown token but 'unk_id' is missing" naming no file (re-trial RV72e F3). One line before any task."""
+    from tokenizers import models
+
+    bpe = Tokenizer(models.BPE(vocab={SEP: 0, "a": 1, "b": 2}, merges=[], unk_token="<missing>"))
+    unigram = Tokenizer(models.Unigram([(SEP, 0.0), ("a", -1.0), ("b", -1.0)]))
+    for tok, says in [
+        (bpe, "its model's unk_token '<missing>' is not in its vocabulary, so the first text it cannot"),
+        (unigram, "its Unigram model has no unk_id, so the first text outside its pieces stops the build"),
+    ]:
+        tok.add_special_tokens([SEP])
+        with pytest.raises(TokenizerError, match=re.escape(f"the tokenizer: {says}")):
+            DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
