@@ -123,9 +123,7 @@ class Monitor:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.t0 = time.time()
         # what earlier runs' finished tasks did
-        finished = finished_tasks(completions_dir)
-        self.at_start = self._totals(self._states(finished))
-        self.limited_at_start = self._limited(self._states(finished), finished)
+        self.at_start = self._totals(self._states(finished_tasks(completions_dir)))
         self._bar = None
 
     def _states(self, finished: set[int]) -> list[dict[str, Any]]:
@@ -205,8 +203,13 @@ class Monitor:
         frac = done / max(self.tasks, 1)
         if self.limit > 0:  # a task ends at its limit or its files' end
             frac = min(self._limited(states, finished), 1.0)
-            if (new := frac - self.limited_at_start) > 0 and frac < 1:
-                parts.append(f"ETA {_fmt_time(el * (1 - frac) / new)}")
+            # the documents left to the unfinished tasks' limits, at this run's rate: at most that long (a
+            # task ending early at once, half of two, made it ten times too short: re-trial RV72e F9)
+            running = [st["read"] for st in states if st.get("rank") not in finished]
+            left = sum(max(self.limit - r, 0) for r in running)
+            left += self.limit * max(self.tasks - len(finished) - len(running), 0)
+            if new_docs > 0 and frac < 1:
+                parts.append(f"ETA {_fmt_time(el * left / new_docs)}")
         elif self.total_bytes:
             frac = min(now["bytes_done"] / self.total_bytes, 1.0)
             new = now["bytes_done"] - self.at_start["bytes_done"]
