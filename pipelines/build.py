@@ -1181,9 +1181,9 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             )
         if no_tokens:
             causes.append(
-                f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token, or to "
-                "its unknown token, with it (a normalizer that deletes their characters, or a vocabulary "
-                "that cannot spell them?)"
+                f"check tokenizer.path {cfg.tokenizer.path}: {_count(no_tokens, 'text')} encoded to no "
+                "token, or to its unknown token, with it (a normalizer that deletes their characters, or a "
+                "vocabulary that cannot spell them?)"
             )
         advice = "; ".join(causes) or "loosen [filters] or check source.text_key"
         raise BuildError(
