@@ -100,6 +100,8 @@ def spelled(tokenizer: Tokenizer, token: str, building: bool = False) -> str | N
     return None
 
 
+_RARE = ("€", "中", "ж", "😀")  # characters a vocabulary trained on some languages only lacks
+
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -263,6 +265,19 @@ class DocumentEncoder:
                 f"{source}: its Unigram model has no unk_id, so the first text outside its pieces stops the "
                 f"build; set model.unk_id in {where} to the index of its unknown piece, or byte_fallback "
                 "to true"
+            )
+        # And one with no unknown token to give them (a BPE without unk_token, byte fallback or ByteLevel)
+        # drops the characters it cannot spell: the ids decode to other text, the build said OK
+        # (re-trial RV72e F1). Characters of a few scripts, which such an alphabet lacks, show it; one its
+        # normalizer deletes is the normalizer's (a text of only those is excluded, tokenize_shard.py).
+        norm = self.tokenizer.normalizer
+        kept = [c for c in _RARE if norm is None or norm.normalize_str(c)] if building else []
+        if gone := [c for c in kept if not self.tokenizer.encode(c, add_special_tokens=False).ids]:
+            raise TokenizerError(
+                f"{source}: it encodes {gone[0]!r} to no token at all (no unknown token, no byte fallback), "
+                "so a text loses the characters its vocabulary lacks without a trace; use a byte-level "
+                f"tokenizer, or give its model an unk_token in {where} (the build then excludes texts "
+                "holding it)"
             )
         # A Unigram's vocab is a list of pieces, which may hold one twice: tokenizers' own trainer, on a
         # corpus quoting "</s>", learned it as a piece beside the special entry, and the refusal below

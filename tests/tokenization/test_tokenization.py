@@ -371,3 +371,18 @@ def test_a_new_build_refuses_a_model_that_cannot_encode_what_it_cannot_spell():
         tok.add_special_tokens([SEP])
         with pytest.raises(TokenizerError, match=re.escape(f"the tokenizer: {says}")):
             DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+
+
+def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
+    """A BPE with no unk_token, byte fallback or ByteLevel deletes the characters its alphabet lacks:
+    "Zebra river" was stored as "e b r a river", validation OK (re-trial RV72e F1). One line before any
+    task; byte-level and unk-giving models pass."""
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=200, special_tokens=[SEP]))
+    assert tok.encode("€").ids == []  # gone without a trace
+    with pytest.raises(TokenizerError, match=re.escape("the tokenizer: it encodes '€' to no token at all")):
+        DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+    DocumentEncoder(train_bpe(TEXTS, 300, [SEP]), SeparatorPolicy(SEP), building=True)
