@@ -321,6 +321,17 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
             f"shards.target_mb = {cfg.shards.target_mb}: a shard is closed once it reaches this size; set it "
             "> 0 and finite (256 for FineWeb-Edu scale, 1 for the demo)"
         )
+    # nan or negative: no free-disk guard at all, without a word (nan compares false: trial RV72c F3)
+    if not 0 <= cfg.build.min_free_gb < math.inf:
+        raise BuildError(
+            f"build.min_free_gb = {cfg.build.min_free_gb}: GB the build leaves free on the output's "
+            "filesystem; set it ≥ 0 and finite (1 by default, 0: no reserve)"
+        )
+    if cfg.shards.encode_batch_chars < 1:  # every document encoded on its own (trial RV72c F3)
+        raise BuildError(
+            f"shards.encode_batch_chars = {cfg.shards.encode_batch_chars}: characters handed to the "
+            "tokenizer per call; set it ≥ 1 (4000000 by default)"
+        )
     if is_url(cfg.output) and cfg.shards.target_mb > MAX_SHARD_MB_IN_A_BUCKET:
         raise BuildError(
             f"shards.target_mb = {cfg.shards.target_mb:g} with output {cfg.output}: a shard goes into the "

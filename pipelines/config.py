@@ -49,9 +49,9 @@ class FiltersConfig:
     """Drop documents whose `int_score` (FineWeb-Edu's rounded educational score, 0-5) is lower.
     Documents without the field are dropped too, with that reason. None: no threshold."""
     min_score: float | None = None
-    """Drop documents whose float educational `score` is lower. None: no threshold."""
+    """Drop documents whose float educational `score` is lower (a finite number). None: no threshold."""
     min_language_score: float | None = None
-    """Drop documents whose `language_score` (fastText confidence) is lower. None: no threshold."""
+    """Drop documents whose `language_score` (fastText confidence) is lower (0 to 1). None: no threshold."""
     min_chars: int | None = None
     """Drop documents with fewer characters (≥ 0). None: no minimum (empty ones still go)."""
     max_chars: int | None = None
@@ -150,7 +150,7 @@ class ShardsConfig:
     seed: int = 0
     """Seed of that shuffle; the order is a pure function of (seed, task, task input)."""
     encode_batch_chars: int = 4_000_000
-    """Characters handed to the tokenizer per encode_batch call (throughput vs memory)."""
+    """Characters handed to the tokenizer per encode_batch call (≥ 1; throughput vs memory)."""
 
 
 @dataclass
@@ -212,7 +212,7 @@ class BuildConfig:
     """Seconds between progress lines (docs/s, tokens/s, tasks done, ETA)."""
     min_free_gb: float = 1.0
     """Refuse to start, or to write a task's shards, when the output filesystem would be left with
-    less than this many GB free."""
+    less than this many GB free (≥ 0; 0: no reserve, only the shards' own size)."""
     validate: bool = True
     """Run `gristmill data validate` on the finished dataset (the build fails if it fails); with an
     s3:// `output`, each task checks each of its shards before it uploads it (off, a rerun of the

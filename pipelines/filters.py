@@ -8,6 +8,7 @@ recorded too. Kept + excluded = read, for every task.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,20 @@ def _word_tokenizer(cfg: FiltersConfig):
 def check_filters(f: FiltersConfig) -> None:
     """Refused before any work, by every command that filters (the build, `gristmill tokenizer train`:
     review R27d m2): a negative filters.min_chars (a silent no-op: review R27a m6), a max_chars below
-    1 or below min_chars (nothing kept, said only after every stage had run)."""
+    1 or below min_chars (nothing kept, said only after every stage had run); a score threshold that is
+    nan or infinite (nan compares false, so it kept every scored document: the filter silently off,
+    trial RV72c F1; inf dropped them all), a min_language_score outside fastText's confidences, [0, 1]."""
+    for key, minimum in (("score", f.min_score), ("language_score", f.min_language_score)):
+        if minimum is not None and not math.isfinite(minimum):
+            raise GristmillError(
+                f"filters.min_{key} = {minimum}: documents whose {key} is lower are dropped; set it to a "
+                "finite number, or leave it out for no threshold"
+            )
+    if f.min_language_score is not None and not 0 <= f.min_language_score <= 1:
+        raise GristmillError(
+            f"filters.min_language_score = {f.min_language_score}: language_score is fastText's confidence, "
+            "from 0 to 1; set it between 0 and 1, or leave it out for no threshold"
+        )
     lo, hi = f.min_chars, f.max_chars
     if lo is not None and lo < 0:
         raise GristmillError(

@@ -74,6 +74,30 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
             "filters.max_chars=10",
             "filters.min_chars = 20 is more than filters.max_chars = 10: no document would",
         ),
+        # nan compares false: every scored document kept, the filter silently off (trial RV72c F1)
+        (
+            "filters.min_language_score=nan",
+            "filters.min_language_score = nan: documents whose language_score is lower are dropped; set "
+            "it to a finite number, or leave it out for no threshold",
+        ),
+        ("filters.min_score=nan", "filters.min_score = nan: documents whose score is lower are dropped"),
+        ("filters.min_score=-inf", "filters.min_score = -inf: documents whose score is lower are dropped"),
+        (
+            "filters.min_language_score=1.5",
+            "filters.min_language_score = 1.5: language_score is fastText's confidence, from 0 to 1; set "
+            "it between 0 and 1",
+        ),
+        # the free-disk guard off without a word; a tokenizer call per document (trial RV72c F3)
+        (
+            "build.min_free_gb=nan",
+            "build.min_free_gb = nan: GB the build leaves free on the output's filesystem; set it ≥ 0 and "
+            "finite",
+        ),
+        ("build.min_free_gb=-1", "build.min_free_gb = -1.0: GB the build leaves free"),
+        (
+            "shards.encode_batch_chars=0",
+            "shards.encode_batch_chars = 0: characters handed to the tokenizer per call; set it ≥ 1",
+        ),
     ],
 )
 def test_values_that_cannot_build_are_one_line_first(

@@ -126,6 +126,7 @@ def test_tokenizer_training_values_that_cannot_train_are_one_line(
     [
         ("filters.min_chars=-1", "filters.min_chars = -1: documents with fewer characters are dropped"),
         ("filters.max_chars=10", "filters.min_chars = 20 is more than filters.max_chars = 10"),
+        ("filters.min_language_score=nan", "filters.min_language_score = nan: documents whose"),  # RV72c F1
     ],
 )
 def test_tokenizer_training_refuses_the_filters_the_build_refuses(
