@@ -200,7 +200,7 @@ class EvalConfig:
     run's seq_len to score only lengths the model trained on (the eval says so when it scores
     positions past them)."""
     seed: int = 1234
-    """lm-eval's random seeds (few-shot sampling)."""
+    """lm-eval's random seeds (few-shot sampling), 0 to 4294967295."""
     include_path: list[str] = field(default_factory=list)
     """Directories of your own lm-eval task YAML files (lm-eval's --include_path), e.g. the tasks a
     dataset was decontaminated against with [decontaminate] include_path."""
@@ -1643,6 +1643,10 @@ def check_eval_config(cfg: EvalConfig) -> None:
     for key, low in at_least.items():
         if getattr(cfg, key) < low:
             raise EvalError(f"{key} = {getattr(cfg, key)} must be ≥ {low}")
+    # lm-eval seeds numpy with it, which refuses anything outside 32 bits with a traceback once the model
+    # is loaded (trial RV72c T1); torch's CPU generator keeps those bits alone too
+    if not 0 <= cfg.seed < 2**32:
+        raise EvalError(f"seed = {cfg.seed} must be between 0 and {2**32 - 1} (lm-eval seeds numpy with it)")
     check_include_path(cfg.include_path)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise EvalError(f'device = "{cfg.device}" is not a device: "auto", "cpu", "cuda" or "cuda:N"')

@@ -2361,6 +2361,9 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
         (["max_length=100000"], "max_length = 100000 is longer than the model's context, 256 tokens"),
         (["num_fewshot=-1"], "num_fewshot = -1 must be ≥ 0"),  # accepted silently
         (["docs=0"], "docs = 0 must be ≥ 1"),
+        # numpy's ValueError traceback, after the model loaded (trial RV72c T1)
+        (["seed=-1"], "seed = -1 must be between 0 and 4294967295 (lm-eval seeds numpy with it)"),
+        (["seed=4294967296"], "seed = 4294967296 must be between 0 and 4294967295"),
         (['dtype="fp8"'], "dtype = 'fp8' is not allowed"),  # "delete the export and re-export it"
         (['device="gpu"'], 'device = "gpu" is not a device'),
         # looked at only for a task outside the project's own: accepted without a word (review R21b)
