@@ -293,7 +293,7 @@ class RunSection:
     seed: int = 0
     """Seed of the weight initialisation (identical on all ranks) and of torch's, Python's and NumPy's
     RNGs (which nothing else draws from); a resume may not change it (training/checkpoint/record.py
-    START_SETTINGS)."""
+    START_SETTINGS). 0 to 2**32 - 1 where a run starts: torch's CPU generator keeps a seed's low 32 bits."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """"auto": CUDA when available, else CPU."""
     init_device: Literal["auto", "meta", "full"] = "auto"

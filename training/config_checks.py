@@ -85,6 +85,22 @@ def check_seed(key: str, seed: int) -> None:
         raise ConfigError(f"{key} = {seed} does not fit in 64 bits; use a smaller seed", key)
 
 
+def check_run_seed(key: str, seed: int, named: str | None = None) -> None:
+    """A seed of the weights (run.seed, and a mixture search's seeds, which are its proxies' run.seed) is
+    one of 2**32: torch's CPU generator keeps a seed's low 32 bits (run.seed = 0 and 2**32, or -1 and
+    2**63 - 1, trained bit-identical models: trial RV72c F2), as the NumPy one the run seeds with it.
+    Checked where weights are drawn from it (a run's fresh start: preflight.model_for_data; a search's
+    proxies), not with the config, whose check_seed keeps every 64-bit seed so that an earlier run is
+    still read, verified and resumed (review RV66e 1). `named`: how the message names the seed where it
+    is one of a list (else "KEY = SEED")."""
+    if not 0 <= seed < 2**32:
+        raise ConfigError(
+            f"{named or f'{key} = {seed}'} is not allowed: it must be between 0 and {2**32 - 1} (torch's "
+            f"CPU generator keeps a seed's low 32 bits: the weights would start as seed {seed % 2**32}'s do)",
+            key,
+        )
+
+
 def check_threads(threads: int) -> None:
     """run.threads at most this machine's CPUs: 100000 was "can't start new thread", a segfault (trial
     RV65b 1). Checked where a process starts its threads (the trainer, its launcher), not with the
@@ -193,7 +209,7 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         raise ConfigError(
             f"optim.muon_ns_steps = {o.muon_ns_steps} must be ≥ 1, e.g. 5", "optim.muon_ns_steps"
         )
-    check_seed("run.seed", r.seed)
+    check_seed("run.seed", r.seed)  # a run read or resumed; where one starts, check_run_seed as well
     check_seed("data.seed", cfg.data.seed)
     if r.max_steps is not None and not 1 <= r.max_steps <= last_step:
         raise ConfigError(

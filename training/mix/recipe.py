@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from training.config import SourceSection
+from training.config_checks import check_run_seed
 from training.contract.config_loader import ConfigError, load_config, tokens_shown
 
 
@@ -236,6 +237,10 @@ def check_mix_config(cfg: MixConfig) -> None:
             "the proposal and both baselines on every seed)",
             key="validation.seeds",
         )
+    # each is its proxies' run.seed and data.seed: refused here, not by the first proxy that trains with it
+    check_run_seed("data.seed", cfg.data.seed)
+    for seed in cfg.validation.seeds:
+        check_run_seed("validation.seeds", seed, f"validation.seeds = {cfg.validation.seeds}: {seed}")
     if cfg.swarm.seed < 0:  # numpy's generator refuses it with a traceback
         raise ConfigError(f"swarm.seed = {cfg.swarm.seed}: must be an integer ≥ 0", key="swarm.seed")
     p = cfg.proxy

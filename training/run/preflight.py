@@ -22,10 +22,11 @@ from training.checkpoint.hf_import import BaseModelError, check_base_data
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
-from training.config_checks import mesh_shape
+from training.config_checks import check_run_seed, mesh_shape
 from training.console import say
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
+from training.contract.run_layout import complete_steps
 from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, batch_shapes, check_config
 
@@ -131,6 +132,8 @@ def model_for_data(
     dataset.json: every source shares its tokenizer), and a base of model.init_from (`source`, located
     here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
     and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
+    if not _resumes(cfg):  # a fresh start: its weights are drawn from run.seed
+        check_run_seed("run.seed", cfg.run.seed)
     recorded = _recorded_base(cfg) if cfg.model.init_from else None
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
         source = locate_base(cfg.model.init_from, recorded)
@@ -153,6 +156,15 @@ def model_for_data(
             source.directory, data_dir, info, model_config.vocab_size, recorded is not None
         )
     return model_config, notes
+
+
+def _resumes(cfg: TrainConfig) -> bool:
+    """Whether the run goes on from a checkpoint (--resume PATH, or auto with one complete), whose
+    weights are its own: run.seed drew them when the run started, and is only compared with it then.
+    So an earlier run with a seed check_run_seed now refuses is still resumed (and read, verified:
+    the config's own checks keep every 64-bit seed; refusing seeds there broke them, review RV66e 1)."""
+    resume = cfg.checkpoint.resume
+    return bool(resume) and (resume != "auto" or bool(complete_steps(cfg.run.output_dir)))
 
 
 def _recorded_base(cfg: TrainConfig) -> dict[str, Any] | None:

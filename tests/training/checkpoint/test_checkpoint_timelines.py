@@ -228,6 +228,34 @@ def test_a_copy_of_a_run_whose_checkpoints_are_a_link_is_refused_not_given_the_o
     assert complete_steps(copy) == [8]
 
 
+def test_a_seed_past_32_bits_is_refused_at_a_start_and_a_run_saved_with_one_resumes(
+    dataset, tmp_path, capsys, monkeypatch
+):
+    """torch's CPU generator keeps a seed's low 32 bits: run.seed = 4294967296 trained seed 0's model
+    bit for bit (trial RV72c F2). A fresh start is refused in one line, before the run directory; a run
+    saved with such a seed (by an earlier gristmill) still resumes and verifies: its weights are the
+    checkpoint's (refusing the seed in the config's checks broke that, review RV66e 1)."""
+    big = "run.seed=4294967296"
+    assert run(dataset, tmp_path / "fresh", "run.max_steps=4", big) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: run.seed = 4294967296 is not allowed: it must be between 0 and 4294967295 (torch's CPU "
+        "generator keeps a seed's low 32 bits: the weights would start as seed 0's do)"
+    )
+    plan = ["train", "--config", TINY, "--plan", "--set", *overrides(dataset, tmp_path / "fresh", big)]
+    assert gristmill(plan) == 2  # --plan says what train would
+    assert "error: run.seed = 4294967296 is not allowed" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "fresh").exists()
+    r = tmp_path / "run"
+    with monkeypatch.context() as m:  # as an earlier gristmill started it
+        m.setattr("training.run.preflight.check_run_seed", lambda *_: None)
+        assert run(dataset, r, "run.max_steps=4", big) == 0
+    assert run(dataset, r, "run.max_steps=8", big, 'checkpoint.resume="auto"') == 0
+    assert complete_steps(r) == [4, 8]
+    assert gristmill(["verify", str(r)]) == 0
+    resume = ["train", "--config", TINY, "--plan", "--set", *overrides(dataset, r, big, "run.max_steps=8")]
+    assert gristmill([*resume, 'checkpoint.resume="auto"']) == 0
+
+
 def _safetensors_names(path: Path) -> set[str]:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))

@@ -612,6 +612,9 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         # a division by zero, a numpy traceback, and a refusal naming the trainer's data.seq_len (R16a)
         (["proxy.global_batch_tokens=0"], "proxy.global_batch_tokens = 0: must be an integer ≥ 1"),
         (["swarm.seed=-1"], "swarm.seed = -1: must be an integer ≥ 0"),
+        # the proxies' run.seed: refused by the first proxy's training, or seed 0's weights (RV72c F2)
+        (["data.seed=4294967296"], "data.seed = 4294967296 is not allowed: it must be between 0 and "),
+        (["validation.seeds=[1, -1]"], "validation.seeds = [1, -1]: -1 is not allowed: it must be between"),
         (["proxy.micro_batch=0"], "proxy.micro_batch = 0: must be an integer ≥ 1"),
         (["proxy.min_lr=1"], "need 0 ≤ proxy.min_lr ≤ proxy.lr; got lr 0.003, min_lr 1.0"),
         # proxy.set won over [proxy]'s keys, while OUT/config.toml and the console named [proxy]'s
