@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.contract.config_loader import load_config
+from training.contract.config_loader import ConfigPath, load_config
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ModelSection:
     """llama3 RoPE scaling high_freq_factor."""
     rope_original_max_seq_len: int | None = None
     """llama3 RoPE scaling original_max_position_embeddings."""
-    init_from: str | None = None
+    init_from: ConfigPath | None = None
     """A Hugging Face LlamaForCausalLM to start from: a directory (config.json + model.safetensors,
     or sharded with model.safetensors.index.json) or a hub id "org/name[@revision]", pinned to the
     commit it resolves to when the run starts. Its config.json gives the shape (a shape key set
@@ -78,7 +78,7 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    dataset: str = "runs/data/demo"
+    dataset: ConfigPath = "runs/data/demo"
     """Dataset directory written by `gristmill data build` (holds dataset.json), or an
     s3://BUCKET/PREFIX URL of one in a bucket (read through data.cache_dir; docs/object-storage.md)."""
     seq_len: int = 256
@@ -106,7 +106,7 @@ class DataSection:
     """Verify on the fly that every window keeps one separator per document and ids < vocab (on by
     default: it costs a fraction of a loader that outruns any GPU, and catches corrupted shards
     before they become gradients)."""
-    cache_dir: str = ""
+    cache_dir: ConfigPath = ""
     """Where the blocks read from s3:// datasets are kept on this node, each document checked against
     its sha256 whenever it is read; the ranks of a node share it (use a local disk, not NFS). "": the
     user's cache directory, ~/.cache/gristmill/datasets (under $XDG_CACHE_HOME if set). Local datasets
@@ -135,7 +135,7 @@ class SourceSection:
     name: str = ""
     """The source's name in phase mixes, metrics (tokens/NAME, val/NAME) and the audit's
     `consumption` view: letters, digits, `_` and `-`."""
-    dataset: str = ""
+    dataset: ConfigPath = ""
     """Dataset directory written by `gristmill data build`, or an s3://BUCKET/PREFIX URL (as
     data.dataset). Every source of a run must share one tokenizer (the same tokenizer.json hash)."""
     max_epochs: int | None = 1
@@ -279,7 +279,7 @@ class RewindSection:
 
 @dataclass
 class RunSection:
-    output_dir: str = "runs/train/tiny"
+    output_dir: ConfigPath = "runs/train/tiny"
     """Run directory: config.toml, metrics.jsonl, tensorboard events, loss.png (checkpoints later)."""
     max_steps: int | None = None
     """Stop after this many steps (default: schedule.steps); the schedule is not stretched. The stop
@@ -378,7 +378,7 @@ class CheckpointSection:
     filesystem (estimate: the last save's size, or the parameter count before the first save)."""
     on_low_disk: Literal["stop", "skip"] = "stop"
     """Below that margin: "stop" the run with a message, or "skip" the save and warn every step."""
-    resume: str = ""
+    resume: ConfigPath = ""
     """"auto": continue from the newest complete checkpoint of this run (from scratch if none); a
     path: continue from that checkpoint directory; "": start fresh. `--resume` sets it."""
 

@@ -69,7 +69,7 @@ from training.checkpoint.io import (
 from training.checkpoint.record import CheckpointDenied, CheckpointError
 from training.config import task_names
 from training.config_checks import missing_eval_module
-from training.contract.config_loader import load_config, save_config
+from training.contract.config_loader import ConfigPath, load_config, save_config
 from training.contract.dataset_format import data_identities, decontaminate_record
 from training.contract.errors import GristmillError, wrapped
 from training.contract.eval_table import (
@@ -201,7 +201,7 @@ class EvalConfig:
     positions past them)."""
     seed: int = 1234
     """lm-eval's random seeds (few-shot sampling), 0 to 4294967295."""
-    include_path: list[str] = field(default_factory=list)
+    include_path: list[ConfigPath] = field(default_factory=list)
     """Directories of your own lm-eval task YAML files (lm-eval's --include_path), e.g. the tasks a
     dataset was decontaminated against with [decontaminate] include_path."""
     plot: bool = True

@@ -149,15 +149,64 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
     synthetic_dataset, tmp_path, monkeypatch, capsys
 ):
     """run.output_dir = "" resolved to the working directory, which got the run's checkpoints,
-    config.toml, metrics.jsonl and lock."""
+    config.toml, metrics.jsonl and lock. `--plan` refuses it as the run does (it printed a plan, exit 0),
+    the value quoted as given ("   " was quoted as ""); so is an empty data.dataset, which was called
+    ". is not a gristmill dataset" without naming the key (trial RV72c F9)."""
     from pipelines.cli import main
 
     monkeypatch.chdir(tmp_path)
-    sets = [f"data.dataset={json.dumps(str(synthetic_dataset()))}", 'run.output_dir=""', "run.threads=1"]
-    assert main(["train", "--config", TINY, "--set", *sets]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == 'error: run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"', err
+    data = f"data.dataset={json.dumps(str(synthetic_dataset()))}"
+    for plan in ([], ["--plan"]):
+        for value in ('""', '"   "'):
+            sets = [data, f"run.output_dir={value}", "run.threads=1"]
+            assert main(["train", "--config", TINY, *plan, "--set", *sets]) == 2
+            err = capsys.readouterr().err.strip()
+            said = f'run.output_dir = {value}: name the run\'s directory, e.g. "runs/train/mine"'
+            assert err == f"error: {said} (--set run.output_dir={value})", err
+        for value in ('""', '" "'):
+            assert main(["train", "--config", TINY, *plan, "--set", f"data.dataset={value}"]) == 2
+            err = capsys.readouterr().err.strip()
+            said = f"data.dataset = {value}: name the dataset's directory (or s3:// URL), e.g. "
+            assert err == f'error: {said}data.dataset = "runs/data/demo" (--set data.dataset={value})', err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tilde_in_a_path_key_is_the_home_directory(synthetic_dataset, tmp_path, monkeypatch, capsys):
+    """A leading ~ in a key that names a path is the home directory for every command, as `data build`'s
+    output took it: `train` made a folder named `~` in the working directory (its plan, tensorboard,
+    lock …), then failed writing to the expanded path; `--plan` called data.dataset = "~/x" a relative
+    path not found from the working directory (trial RV72c F5, F6). The run's config.toml keeps the path
+    expanded, which every later command reads."""
+    import shutil
+
+    from pipelines.cli import main
+    from training.contract.config_loader import load_config
+    from validation.eval import EvalConfig
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(synthetic_dataset(), home / "data")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    paths = [
+        'model.init_from="~/base"', 'data.cache_dir="~/cache"', 'checkpoint.resume="~/run/checkpoints/x"',
+    ]  # fmt: skip
+    cfg = load_train_config(TINY, ['run.output_dir="~/run"', 'data.dataset="~/data"', *paths])
+    said = (cfg.run.output_dir, cfg.data.dataset, cfg.model.init_from, cfg.data.cache_dir)
+    said += (cfg.checkpoint.resume,)
+    assert said == tuple(str(home / p) for p in ("run", "data", "base", "cache", "run/checkpoints/x")), said
+    sources = load_train_config(TINY, ['data.sources=[{name = "a", dataset = "~/data"}]'])
+    assert sources.data.sources[0].dataset == str(home / "data")
+    assert load_config(EvalConfig, None, ['include_path="~/tasks"']).include_path == [str(home / "tasks")]
+    with pytest.raises(ConfigError) as e:  # a home that is not there: never a folder named `~`
+        load_train_config(TINY, ['run.output_dir="~no-such-user-here/run"'])
+    assert str(e.value).startswith('run.output_dir = "~no-such-user-here/run": ~no-such-user-here names no')
+    sets = ['data.dataset="~/data"', 'run.output_dir="~/run"', "run.threads=1", "schedule.steps=2"]
+    sets += ["schedule.warmup_steps=1", "data.val_fraction=0", "checkpoint.interval=0", "metrics.plot=false"]
+    assert main(["train", "--config", TINY, "--plan", "--set", *sets]) == 0, capsys.readouterr().err
+    assert main(["train", "--config", TINY, "--set", *sets]) == 0, capsys.readouterr().err
+    assert list(work.iterdir()) == []
+    assert load_train_config(str(home / "run" / "config.toml"), []).run.output_dir == str(home / "run")
 
 
 def test_the_can_never_rewind_warning_advises_what_would_let_it():

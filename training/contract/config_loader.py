@@ -22,7 +22,7 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
@@ -92,6 +92,33 @@ def config_from(
 
 
 _OVERRIDES = "_gristmill_overrides"
+
+
+class _HomePath:
+    """The mark of ConfigPath (see there)."""
+
+
+ConfigPath = Annotated[str, _HomePath]
+"""A config key that names a path (`run.output_dir`, `data.dataset`, a data build's `output`): a leading
+`~` or `~user` becomes that home directory when the config is loaded, so every command that reads the
+key, and the config.toml a run saves, see one path. Expanded at each use instead, one use missed it:
+`train` made a folder named `~` in the working directory, and `data.dataset = "~/x"` was read as a
+relative path (trial RV72c F5, F6). A URL (`s3://…`) or a hub id never starts with `~`."""
+
+
+def _home_expanded(value: str, key: str, source: str) -> str:
+    """`value` of ConfigPath `key` with its leading `~` expanded; one that names no home here (HOME
+    unset, an unknown user) is refused: kept as written it would become a folder named `~`."""
+    if not value.startswith("~"):
+        return value
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        raise ConfigError(
+            f"{source}: {key} = {_shown(value)}: {value.split('/', 1)[0]} names no home directory here; "
+            "write the path out in full",
+            key,
+        )
+    return expanded
 
 
 def override_of(cfg: Any, key: str) -> str | None:
@@ -270,7 +297,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
             f"{source}: [{prefix.rstrip('.')}] must be a table, got {_shown(raw)}", prefix.rstrip(".")
         )
     fields = {toml_key(f.name): f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # ConfigPath's mark kept
     for key in raw:
         if key not in fields:
             guess = difflib.get_close_matches(key, list(fields), n=1)
@@ -298,6 +325,10 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
         value = [value.value] if origin in (list, tuple) else value.value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, source, prefix=f"{key}.")
+    if origin is Annotated:
+        base, *marks = typing.get_args(tp)
+        value = _coerce(base, value, key, source)
+        return _home_expanded(value, key, source) if _HomePath in marks else value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
