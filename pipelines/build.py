@@ -273,8 +273,9 @@ def _started_record(cfg: DataConfig, out: Path) -> dict[str, Any]:
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:
     if not cfg.output.strip():  # "" resolved to the working directory, which got the dataset's files
-        raise BuildError(
-            'output = "": name the dataset\'s directory (or s3:// URL), e.g. output = "runs/data/mine"'
+        raise BuildError(  # the value as given: "   " was quoted as "" (trial RV72c)
+            f"output = {json.dumps(cfg.output)}: name the dataset's directory (or s3:// URL), e.g. "
+            'output = "runs/data/mine"'
         )
     if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
         ObjectStore(cfg.output).check_bucket()

@@ -14,6 +14,7 @@ the base), and `applied_config` is the config RUN/config.toml records: only the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -100,6 +101,12 @@ def _sources(cfg: TrainConfig) -> list[SourceSection]:
     """The run's sources: `[[data.sources]]`, or data.dataset as the one source "data"."""
     d = cfg.data
     if not d.sources:
+        if not d.dataset.strip():  # it was read as the working directory: ". is not a gristmill dataset"
+            raise ConfigError(
+                f"data.dataset = {json.dumps(d.dataset)}: name the dataset's directory (or s3:// URL), e.g. "
+                f'data.dataset = "{DataSection.dataset}"',
+                "data.dataset",
+            )
         # One source "data": read for as many epochs as [schedule] takes; under [[phase]] once.
         epochs = 1 if cfg.phase else None
         return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
@@ -125,8 +132,11 @@ def _sources(cfg: TrainConfig) -> list[SourceSection]:
                 "source needs its own name",
                 f"{key}.name",
             )
-        if not src.dataset:
-            raise ConfigError(f"{key}.dataset is empty: give the dataset directory of {src.name!r}", key)
+        if not src.dataset.strip():
+            raise ConfigError(
+                f"{key}.dataset = {json.dumps(src.dataset)}: give the dataset directory of {src.name!r}",
+                f"{key}.dataset",
+            )
         if src.max_epochs < 1:
             raise ConfigError(f"{key}.max_epochs = {src.max_epochs} must be ≥ 1", f"{key}.max_epochs")
     return [
@@ -328,6 +338,13 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
 def _checked_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     d, r = cfg.data, cfg.run
     refuse_url("run.output_dir", r.output_dir)  # runs are local; their datasets may be in a bucket
+    # "" resolved to the working directory, which got the run's files; here, not in the trainer's
+    # preflight, so that --plan refuses it too (it printed a plan, exit 0: trial RV72c F9)
+    if not r.output_dir.strip():
+        raise ConfigError(
+            f'run.output_dir = {json.dumps(r.output_dir)}: name the run\'s directory, e.g. "runs/train/mine"',
+            "run.output_dir",
+        )
     check_model_section(cfg.model)
     check_parallel_section(cfg.parallel)
     for name in ("seq_len", "micro_batch", "global_batch_tokens"):  # each named apart (RV52b F4)

@@ -94,8 +94,6 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     against the data, the device and the optimizer. Raises GristmillError with the numbers."""
     fetched_before = COUNTS.snapshot()  # a bucket's dataset.json (and a base's tokenizer) are fetched here
     spec = check_config(cfg, env.world_size)
-    if not cfg.run.output_dir.strip():  # "" resolved to the working directory, which got the run's files
-        raise GristmillError('run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"')
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
     info = dataset_info(dataset, spec.cache.timeout_s)  # a bucket's: one GET, within data.fetch_timeout_s
