@@ -439,6 +439,11 @@ def run(args: argparse.Namespace) -> int:
             f"{args.dir} is a bucket's: `gristmill data upload DIR URL` copies a local dataset directory (a "
             "build's output) into a bucket; give that directory"
         )
+    if not is_url(args.url):  # a local path: its "did you mean s3:///tmp/x" was refused too (RV72c F8)
+        raise DatasetError(
+            f"{args.url} is not a bucket's URL: `gristmill data upload DIR URL` writes into a bucket; give "
+            "s3://BUCKET/PREFIX (a local copy of the dataset is a copy of its directory: cp -r DIR DEST)"
+        )
     upload_dataset(args.dir, args.url)
     return 0
 

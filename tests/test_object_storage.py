@@ -2186,6 +2186,16 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     # a bucket's URL for DIR: read as the local path "s3:/…/dataset.json" (trial RV60a 9)
     assert gristmill(["data", "upload", s3.url("a"), s3.url("b")]) == 2
     assert capsys.readouterr().err.startswith(f"error: {s3.url('a')} is a bucket's: `gristmill data upload")
+    # a local path for URL: "did you mean s3:///tmp/x/up?", which was refused too (trial RV72c F8)
+    for local_url in (str(tmp_path / "up"), "up"):
+        assert gristmill(["data", "upload", str(local), local_url]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err == (
+            f"error: {local_url} is not a bucket's URL: `gristmill data upload DIR URL` writes into a "
+            "bucket; give s3://BUCKET/PREFIX (a local copy of the dataset is a copy of its directory: "
+            "cp -r DIR DEST)"
+        ), err
+        assert not (tmp_path / "up").exists()
     assert (local / DATASET_JSON).read_bytes() == before
     shard = sorted((local / "shards").iterdir())[0]  # refused for a local file: nor rewritten (RV32b F6)
     shard.rename(tmp_path / shard.name)
@@ -2396,6 +2406,10 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
         assert gristmill(["data", "inspect", url, *geometry]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and url in err[0] and fix in err[0], err
+    # no URL at all: no s3:// put before it, which made s3:///tmp/x, itself refused (trial RV72c F8)
+    with pytest.raises(ObjectStoreError) as e:
+        ObjectURL.parse("/tmp/x/up")
+    assert str(e.value) == "'/tmp/x/up' is not an s3://BUCKET/PREFIX URL", e.value
     demo = Path(__file__).resolve().parents[1] / "configs" / "data" / "demo.toml"
     for argv in (
         ["data", "build", "--config", str(demo), "--set", 'output="s3:/bucket/x"'],

@@ -284,9 +284,10 @@ class ObjectURL:
                 "S3-compatible API: AWS_ENDPOINT_URL=https://storage.googleapis.com, an HMAC key as "
                 f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and s3://{rest} (docs/object-storage.md)"
             )
-        if not text.startswith(SCHEME):  # a slash or the colon missing (is_url)
-            meant = SCHEME + rest
-            raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL; did you mean {meant}?")
+        if not text.startswith(SCHEME):  # a slash or the colon missing (is_url), or no URL at all
+            # s3:// before a path that is no URL (`/tmp/x`) made s3:///tmp/x, itself refused (RV72c F8)
+            meant = f"; did you mean {SCHEME + rest}?" if is_url(text) else ""
+            raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL{meant}")
         bucket, _, prefix = text.removeprefix(SCHEME).partition("/")
         if not bucket:
             raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL")
