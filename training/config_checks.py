@@ -24,7 +24,7 @@ from training.config import (
     TrainConfig,
     task_names,
 )
-from training.contract.config_loader import ConfigError
+from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
 
 BATCH_LR_RULES: dict[str, dict[str, str]] = {
@@ -184,6 +184,17 @@ def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
             "(or set shard = -1)"
         )
     return cfg.replicate, shard
+
+
+def check_output_dir(cfg: TrainConfig) -> None:
+    """run.output_dir names the run's directory: "" (or blanks) resolved to the working directory, which
+    got the run's files. The trainer's preflight and `gristmill train` before its --plan both call this,
+    so --plan refuses what the run refuses (it printed a plan, exit 0: trial RV72c F9); not check_config,
+    which the mixture search calls on its proxies' recipes before they have a directory."""
+    if not cfg.run.output_dir.strip():  # the value as given: "   " was quoted as ""
+        said = f"run.output_dir = {json.dumps(cfg.run.output_dir)}"
+        error = ConfigError(f'{said}: name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir")
+        raise naming_override(error, cfg)
 
 
 def check_training(cfg: TrainConfig, last_step: int) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import load_train_config
-from training.config_checks import check_threads, check_tracker_timeout
+from training.config_checks import check_output_dir, check_threads, check_tracker_timeout
 from training.console import ReaderSafeOut
 from training.contract.config_loader import (
     add_config_arguments,
@@ -201,6 +201,7 @@ def _run(args: argparse.Namespace) -> int:
         raise GristmillError(f"--plot {args.plot}: name a {kinds} file to draw the plan in")
     cfg = load_train_config(args.config, overrides)
     check_saved_config_place(args.config, cfg.run.output_dir, overrides)
+    check_output_dir(cfg)  # the run's refusal, before --plan too
     if args.plan:
         return show_plan(cfg, args.nproc_per_node, args.plot)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported

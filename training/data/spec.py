@@ -338,13 +338,6 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
 def _checked_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     d, r = cfg.data, cfg.run
     refuse_url("run.output_dir", r.output_dir)  # runs are local; their datasets may be in a bucket
-    # "" resolved to the working directory, which got the run's files; here, not in the trainer's
-    # preflight, so that --plan refuses it too (it printed a plan, exit 0: trial RV72c F9)
-    if not r.output_dir.strip():
-        raise ConfigError(
-            f'run.output_dir = {json.dumps(r.output_dir)}: name the run\'s directory, e.g. "runs/train/mine"',
-            "run.output_dir",
-        )
     check_model_section(cfg.model)
     check_parallel_section(cfg.parallel)
     for name in ("seq_len", "micro_batch", "global_batch_tokens"):  # each named apart (RV52b F4)

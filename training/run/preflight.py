@@ -22,7 +22,7 @@ from training.checkpoint.hf_import import BaseModelError, check_base_data
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
-from training.config_checks import check_run_seed, mesh_shape
+from training.config_checks import check_output_dir, check_run_seed, mesh_shape
 from training.console import say
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
@@ -94,6 +94,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     against the data, the device and the optimizer. Raises GristmillError with the numbers."""
     fetched_before = COUNTS.snapshot()  # a bucket's dataset.json (and a base's tokenizer) are fetched here
     spec = check_config(cfg, env.world_size)
+    check_output_dir(cfg)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
     info = dataset_info(dataset, spec.cache.timeout_s)  # a bucket's: one GET, within data.fetch_timeout_s
