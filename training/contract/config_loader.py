@@ -99,11 +99,12 @@ class _HomePath:
 
 
 ConfigPath = Annotated[str, _HomePath]
-"""A config key that names a path (`run.output_dir`, `data.dataset`, a data build's `output`): a leading
+"""A config key of a run or an eval that names a path (`run.output_dir`, `data.dataset`, …): a leading
 `~` or `~user` becomes that home directory when the config is loaded, so every command that reads the
-key, and the config.toml a run saves, see one path. Expanded at each use instead, one use missed it:
-`train` made a folder named `~` in the working directory, and `data.dataset = "~/x"` was read as a
-relative path (trial RV72c F5, F6). A URL (`s3://…`) or a hub id never starts with `~`."""
+key, and the config.toml a run saves, see one path (a data build's keys are expanded where the build
+reads them). Expanded at each use instead, one use missed it: `train` made a folder named `~` in the
+working directory, and `data.dataset = "~/x"` was read as a relative path (trial RV72c F5, F6). A URL
+(`s3://…`) or a hub id never starts with `~`."""
 
 
 def _home_expanded(value: str, key: str, source: str) -> str:
