@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -100,7 +101,17 @@ def spelled(tokenizer: Tokenizer, token: str, building: bool = False) -> str | N
     return None
 
 
-_RARE = ("€", "中", "ж", "😀")  # characters a vocabulary trained on some languages only lacks
+def _unspellable(tokenizer: Tokenizer) -> str | None:
+    """A character no entry of `tokenizer`'s vocabulary holds, which its normalizer keeps (one the
+    normalizer deletes is the normalizer's): what its model must give an unknown token or bytes for. CJK
+    ideographs first, then every later code point (a vocabulary holds some of them at most)."""
+    held = set("".join(tokenizer.get_vocab()))
+    norm = tokenizer.normalizer
+    for cp in itertools.chain(range(0x4E00, 0xD800), range(0xE000, 0x110000)):
+        if (c := chr(cp)) not in held and (norm is None or norm.normalize_str(c)):
+            return c
+    return None
+
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -242,13 +253,19 @@ class DocumentEncoder:
             )
         self.separator_id = int(sep)
         model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
-        unk = model.get("unk_token")
+        unk, unigram_unk = model.get("unk_token"), None
         if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
-            unk = model["vocab"][model["unk_id"]][0]
+            unigram_unk = model["unk_id"]
+            unk = model["vocab"][unigram_unk][0]
         # the id of what the vocabulary cannot spell (None: a model without one, byte-level BPE's): the
         # build excludes a text encoding to it, whose ids decode to other text (tokenize_shard.py)
         self.unk = unk if isinstance(unk, str) else None
-        self.unk_id = None if self.unk is None else self.tokenizer.token_to_id(self.unk)
+        # a Unigram's by its index: a piece listed twice is looked up as its last copy, and the model gives
+        # the unk_id one (review RV73c 2)
+        if unigram_unk is not None:
+            self.unk_id = unigram_unk
+        else:
+            self.unk_id = None if self.unk is None else self.tokenizer.token_to_id(self.unk)
         # A model that cannot encode what it cannot spell fails on the first such text: a new build's
         # traceback here, or a task's "Exception: Encountered an unknown token …" naming no file
         # (re-trial RV72e F3); a dataset built already passed its every document (`building`)
@@ -263,18 +280,24 @@ class DocumentEncoder:
         if cannot and model.get("type") == "Unigram" and model.get("unk_id") is None:
             raise TokenizerError(
                 f"{source}: its Unigram model has no unk_id, so the first text outside its pieces stops the "
-                f"build; set model.unk_id in {where} to the index of its unknown piece, or byte_fallback "
-                "to true"
+                f"build; set model.unk_id in {where} to the index of its unknown piece (byte_fallback needs "
+                "the 256 pieces <0x00> to <0xFF> too)"
             )
         # And one with no unknown token to give them (a BPE without unk_token, byte fallback or ByteLevel)
         # drops the characters it cannot spell: the ids decode to other text, the build said OK
-        # (re-trial RV72e F1). Characters of a few scripts, which such an alphabet lacks, show it; one its
-        # normalizer deletes is the normalizer's (a text of only those is excluded, tokenize_shard.py).
-        norm = self.tokenizer.normalizer
-        kept = [c for c in _RARE if norm is None or norm.normalize_str(c)] if building else []
-        if gone := [c for c in kept if not self.tokenizer.encode(c, add_special_tokens=False).ids]:
+        # (re-trial RV72e F1). A character its vocabulary lacks shows it; four fixed ones missed a
+        # vocabulary holding them (review RV73c 1).
+        probe = _unspellable(self.tokenizer) if building else None
+        try:
+            ids = [] if probe is None else self.tokenizer.encode(probe, add_special_tokens=False).ids
+        except Exception as e:  # tokenizers' own, a traceback: byte_fallback without its <0xNN> pieces
             raise TokenizerError(
-                f"{source}: it encodes {gone[0]!r} to no token at all (no unknown token, no byte fallback), "
+                f"{source}: encoding {probe!r}, a character its vocabulary lacks, fails ({e}), as would the "
+                f"first such text of the build; give its model an unknown token in {where}"
+            ) from None
+        if probe is not None and not ids:
+            raise TokenizerError(
+                f"{source}: it encodes {probe!r} to no token at all (no unknown token, no byte fallback), "
                 "so a text loses the characters its vocabulary lacks without a trace; use a byte-level "
                 f"tokenizer, or give its model an unk_token in {where} (the build then excludes texts "
                 "holding it)"

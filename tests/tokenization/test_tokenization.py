@@ -364,13 +364,28 @@ def test_a_new_build_refuses_a_model_that_cannot_encode_what_it_cannot_spell():
 
     bpe = Tokenizer(models.BPE(vocab={SEP: 0, "a": 1, "b": 2}, merges=[], unk_token="<missing>"))
     unigram = Tokenizer(models.Unigram([(SEP, 0.0), ("a", -1.0), ("b", -1.0)]))
+    # byte fallback without its <0xNN> pieces, as the refusal's advice once offered: a traceback (RV73c 3)
+    fallback = Tokenizer(models.Unigram([(SEP, 0.0), ("a", -1.0), ("b", -1.0)], byte_fallback=True))
     for tok, says in [
         (bpe, "its model's unk_token '<missing>' is not in its vocabulary, so the first text it cannot"),
         (unigram, "its Unigram model has no unk_id, so the first text outside its pieces stops the build"),
+        (fallback, "encoding '一', a character its vocabulary lacks, fails (Encountered an unknown token"),
     ]:
         tok.add_special_tokens([SEP])
         with pytest.raises(TokenizerError, match=re.escape(f"the tokenizer: {says}")):
             DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+
+
+def test_a_unigram_s_unknown_token_is_the_piece_its_unk_id_names():
+    """A Unigram's vocabulary may list a piece twice; looked up by name, its unknown token was the last
+    copy, where the model gives the unk_id one, and the build kept texts holding it (review RV73c 2)."""
+    from tokenizers import models
+
+    pieces = [("<unk>", 0.0), ("a", -1.0), ("b", -1.0), ("<unk>", -1.5)]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=0))
+    tok.add_special_tokens([SEP])
+    encoder = DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+    assert tok.encode("a中b").ids == [1, 0, 2] and encoder.unk_id == 0, encoder.unk_id
 
 
 def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
@@ -381,8 +396,10 @@ def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=200, special_tokens=[SEP]))
-    assert tok.encode("€").ids == []  # gone without a trace
-    with pytest.raises(TokenizerError, match=re.escape("the tokenizer: it encodes '€' to no token at all")):
+    # its alphabet holds a few characters of other scripts, not all: four fixed probes missed it (RV73c 1)
+    texts = TEXTS * 5 + ["€ 中 ж 😀"]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=[SEP]))
+    assert tok.encode("一").ids == []  # gone without a trace
+    with pytest.raises(TokenizerError, match=re.escape("the tokenizer: it encodes '一' to no token at all")):
         DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
     DocumentEncoder(train_bpe(TEXTS, 300, [SEP]), SeparatorPolicy(SEP), building=True)
