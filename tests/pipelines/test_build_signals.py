@@ -232,6 +232,28 @@ def test_an_executor_error_raised_while_stopping_is_the_stop():
     _raise_stop_behind(FileNotFoundError(2, "a task's own error"))  # no stop behind it: nothing raised
 
 
+def test_a_build_stage_whose_executor_fails_while_stopping_raises_the_stop(tmp_path):
+    """The same meeting through the build's own stage runner and a real executor (one worker: its task in
+    this process), deterministic where the process-group test above is a race: the task's error, raised
+    while it handled the stop, reaches the stage runner, which raises the stop (review RV73c 4)."""
+    from types import SimpleNamespace
+
+    from pipelines.build import _run_executor
+    from pipelines.build_logs import QuietLocalExecutor
+    from pipelines.dedup import Stage
+
+    def stopped_then_failed(data, rank, world_size):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise FileNotFoundError(2, "No such file or directory") from None  # as multiprocess's cleanup
+
+    st = Stage("build", [stopped_then_failed], 1, tmp_path / "logs", False)
+    executor = lambda: QuietLocalExecutor(st.pipeline, tasks=1, workers=1, logging_dir=str(st.logs))  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        _run_executor(SimpleNamespace(out=tmp_path), st, executor, "on 1 worker", print, verbose=False)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_kill_9_of_the_build_leaves_no_process_behind(build_fixture, tmp_path, workers):
     """Issue 47: a forked build process (datatrove's manager), the forkserver and the resource
