@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from training.contract.config_loader import json_sha256
+from training.contract.config_loader import KeptPath, json_sha256
 
 HUB_FINEWEB_EDU = "hf://datasets/HuggingFaceFW/fineweb-edu"
 
@@ -24,7 +24,7 @@ class SourceConfig:
     sources (about 1.5 MB; the second dataset of a two-source demo mixture). Offline with a hub
     source? Run `gristmill data download` where there is network, then `--set source.kind=parquet
     --set source.path=DIR`."""
-    path: str = HUB_FINEWEB_EDU
+    path: KeptPath = HUB_FINEWEB_EDU
     """hub: the dataset root (hf://datasets/ORG/NAME); parquet/jsonl: a directory (searched
     recursively) or one file; demo, demo-code: the directory the demo corpus is written to."""
     subset: str = "sample/10BT"
@@ -103,10 +103,10 @@ class DecontaminateConfig:
     ngram: int = 13
     """Words per n-gram (13, as GPT-3 and lm-eval's decontamination). Texts shorter than this
     contribute nothing to the index."""
-    index: str = ""
+    index: KeptPath = ""
     """A directory written by `gristmill data decontam-index` to use instead of building one (for
     build machines without the hub: build the index where there is network, copy it)."""
-    include_path: list[str] = field(default_factory=list)
+    include_path: list[KeptPath] = field(default_factory=list)
     """Directories of local lm-eval task YAML files (lm-eval's --include_path)."""
 
 
@@ -129,7 +129,7 @@ class TokenizerTrainConfig:
 
 @dataclass
 class TokenizerConfig:
-    path: str = ""
+    path: KeptPath = ""
     """A tokenizer.json, a directory holding one, or a hub repo id (ORG/NAME, or ORG/NAME@REV for a
     branch, tag or commit; needs network, or the hub's cache). Copied into
     the dataset as tokenizer.json; `gristmill tokenizer train` writes its tokenizer here."""
@@ -170,7 +170,7 @@ class SlurmConfig:
     env_command: str = ""
     """Shell line run before the task to set up Python (e.g. "source /opt/venv/bin/activate"). Empty
     (and no venv_path): the folder of the Python that renders the scripts goes first on PATH."""
-    venv_path: str = ""
+    venv_path: KeptPath = ""
     """Alternatively, a venv activate script to source."""
     sbatch_args: dict[str, Any] = field(default_factory=dict)
     """Extra #SBATCH directives, e.g. {account = "myacct", constraint = "cpu"}."""
@@ -217,7 +217,7 @@ class BuildConfig:
     """Run `gristmill data validate` on the finished dataset (the build fails if it fails); with an
     s3:// `output`, each task checks each of its shards before it uploads it (off, a rerun of the
     complete bucket dataset has no checked counts to hold dataset.json's to, and says so)."""
-    workdir: str = ""
+    workdir: KeptPath = ""
     """With an s3:// `output`: the local work directory, on each node, of the driver (its files,
     datatrove's logs) and of each task (tasks/NNNNN/: its output until it is uploaded, then removed).
     "": ~/.cache/gristmill/builds/BUCKET/PREFIX (under $XDG_CACHE_HOME if set). It need not be shared
@@ -231,7 +231,7 @@ class BuildConfig:
 
 @dataclass
 class DataConfig:
-    output: str = "runs/data/dataset"
+    output: KeptPath = "runs/data/dataset"
     """The dataset directory to create (see docs/design.md), or an s3://BUCKET/PREFIX URL (each task
     uploads its own output, dataset.json last; docs/object-storage.md); a rerun with the same config
     resumes it."""

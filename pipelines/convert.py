@@ -36,6 +36,7 @@ from pipelines.dataset_lock import LOCK, dataset_lock
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from pipelines.task_upload import is_task_record
 from pipelines.upload import upload_dataset
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     DATASET_JSON,
     FORMAT,
@@ -76,7 +77,7 @@ from training.contract.dataset_index import (
     unlike_manifest,
 )
 from training.contract.disk_space import check_free
-from training.contract.errors import GristmillError, Terminated, refuse_empty, sigterm_raises
+from training.contract.errors import GristmillError, Terminated, sigterm_raises
 from training.contract.object_store import ObjectStore, ObjectStoreError, ObjectURL, is_url, refuse_other_urls
 from training.contract.separator_check import documents_breaking
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
@@ -726,12 +727,17 @@ def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("old", help="a dataset of an older layout: a directory or s3://BUCKET/PREFIX")
-    parser.add_argument("new", help="where the converted dataset goes: a new directory or s3://BUCKET/PREFIX")
+    parser.add_argument(
+        "old", action=PathArgument, help="a dataset of an older layout: a directory or s3://BUCKET/PREFIX"
+    )
+    parser.add_argument(
+        "new",
+        action=PathArgument,
+        help="where the converted dataset goes: a new directory or s3://BUCKET/PREFIX",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty({"OLD": args.old, "NEW": args.new}, required=True)  # "" was `error:  names no …` (RV54a 11)
     refuse_other_urls({"OLD": args.old, "NEW": args.new}, buckets=True)
     with sigterm_raises():  # a scheduler's SIGTERM ends it as a Ctrl-C does: one line, the upload's work kept
         convert_dataset(args.old, args.new)

@@ -14,6 +14,7 @@ import numpy as np
 
 from pipelines.dataset_lock import dataset_lock
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     BEFORE_INDEX_SUFFIX,
     DATASET_JSON,
@@ -205,7 +206,9 @@ def _kept(root: Path) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="dataset directory (holds dataset.json, shards/, manifest/)")
+    parser.add_argument(
+        "dir", action=PathArgument, help="dataset directory (holds dataset.json, shards/, manifest/)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

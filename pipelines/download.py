@@ -41,8 +41,9 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import PathArgument
 from training.contract.disk_space import check_free, fmt_bytes
-from training.contract.errors import GristmillError, refuse_empty
+from training.contract.errors import GristmillError
 from training.contract.object_store import refuse_other_urls
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
@@ -83,13 +84,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--subset", default="sample/10BT", help="folder in the dataset, e.g. sample/10BT (/: all of it)"
     )
-    parser.add_argument("--to", required=True, help="destination directory (subset paths are kept under it)")
+    parser.add_argument(
+        "--to",
+        required=True,
+        action=PathArgument,
+        help="destination directory (subset paths are kept under it)",
+    )
     parser.add_argument(
         "--repo", default=DEFAULT_REPO, help=f"hub dataset repository (default {DEFAULT_REPO})"
     )
     parser.add_argument(
         "--from",
         dest="source",
+        action=PathArgument,
         default=None,
         help="fetch from this fsspec URL instead of the hub (s3://bucket/fineweb-edu, a mounted dir)",
     )
@@ -103,8 +110,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty({"--from": args.source})
-    refuse_empty({"--to": args.to}, required=True)
     refuse_other_urls({"--to": args.to})
     if not args.subset.strip():  # an unset variable: the whole repository, all of FineWeb-Edu (RV67b F8)
         raise GristmillError('--subset "": name a folder of the dataset (e.g. sample/10BT), or / for all')

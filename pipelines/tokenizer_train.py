@@ -35,20 +35,23 @@ from pipelines.sources import SourceFiles, iter_texts, list_source_files, source
 from tokenization.separator import DocumentEncoder, SeparatorPolicy, spelled
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
-from training.contract.config_loader import add_config_arguments, load_config
+from training.contract.config_loader import PathArgument, add_config_arguments, load_config
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, file_sha256
-from training.contract.errors import refuse_empty
 from training.contract.object_store import refuse_other_urls
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "configs/data/demo.toml", "tokenizer.train.vocab_size=16384")
-    parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        action=PathArgument,
+        help="where to write tokenizer.json (default: tokenizer.path)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing tokenizer file")
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty({"--out": args.out})
     refuse_other_urls({"--out": args.out})
     cfg = load_config(DataConfig, args.config, args.overrides)
     check_training_values(cfg, args.out)

@@ -45,6 +45,7 @@ from pathlib import Path
 from pipelines.data_index import lacks_documents_sum, record_documents_sum
 from pipelines.dataset_lock import dataset_lock
 from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
@@ -421,7 +422,7 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="a complete dataset directory (holds dataset.json)")
+    parser.add_argument("dir", action=PathArgument, help="a complete dataset directory (holds dataset.json)")
     parser.add_argument("url", help="s3://BUCKET/PREFIX (endpoint and credentials: the AWS_* environment)")
 
 

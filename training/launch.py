@@ -39,11 +39,12 @@ from training.config import load_train_config
 from training.config_checks import check_output_dir, check_threads, check_tracker_timeout
 from training.console import ReaderSafeOut
 from training.contract.config_loader import (
+    PathArgument,
     add_config_arguments,
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, refuse_empty, sigterm_raises, wrapped
+from training.contract.errors import GristmillError, sigterm_raises, wrapped
 from training.contract.lifetime import AGENT_PID_VAR, signal_at_parent_death
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--plot",
+        action=PathArgument,
         metavar="FILE",
         help="with --plan: draw the plan (LR, tokens per step, each source's share) to FILE, creating no run",
     )
@@ -192,7 +194,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)
-    refuse_empty({"--plot": args.plot})
     if args.plot and not args.plan:
         raise GristmillError(f"--plot {args.plot} draws the plan: use it with --plan")
     # another suffix was matplotlib's traceback; a directory or a bare name was drawn to NAME.png

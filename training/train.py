@@ -744,7 +744,10 @@ def main(
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except GristmillError as e:  # a path argument's refusal (PathArgument): its one line
+        return print_error(e)
     if torchrun_worker():  # never outlive the launcher
         exit_with_agent()
     try:

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.console import answer_on_stdout
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     DATASET_JSON,
     LOGS_DIR,
@@ -42,7 +43,7 @@ from training.contract.dataset_format import (
     relative_location,
     task_of_file,
 )
-from training.contract.errors import GristmillError, print_error, refuse_empty, sigterm_raises
+from training.contract.errors import GristmillError, print_error, sigterm_raises
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import (
     CONFIG_TOML,
@@ -543,7 +544,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{AUDIT_DOC}#views (or --sql 'SHOW ALL TABLES')"
     )
     parser.add_argument(
-        "dirs", nargs="+", metavar="DIR", help="dataset directories or s3:// URLs (several: compare them)"
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        action=PathArgument,
+        help="dataset directories or s3:// URLs (several: compare them)",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
@@ -555,8 +560,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--sql", help="run one read-only SQL query over the views")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     parser.add_argument("--max-rows", type=int, default=50, help="rows per table in --format table (0: all)")
-    parser.add_argument("--plots", metavar="OUT_DIR", help="also write PNG charts of the presets there")
-    parser.add_argument("--db", metavar="FILE", help="also write the views into this duckdb database file")
+    parser.add_argument(
+        "--plots", metavar="OUT_DIR", action=PathArgument, help="also write PNG charts of the presets there"
+    )
+    parser.add_argument(
+        "--db",
+        metavar="FILE",
+        action=PathArgument,
+        help="also write the views into this duckdb database file",
+    )
     add_cache_argument(parser)
 
 
@@ -746,7 +758,6 @@ def _run(args: argparse.Namespace) -> int:
             f"{of_run} reads a training run's files, and {', '.join(args.dirs)} holds no "
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
-    refuse_empty({"--db": args.db, "--plots": args.plots})
     if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
         check_db_path(args.db)
         _refuse_other_file(Path(args.db))

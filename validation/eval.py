@@ -69,7 +69,7 @@ from training.checkpoint.io import (
 from training.checkpoint.record import CheckpointDenied, CheckpointError
 from training.config import task_names
 from training.config_checks import missing_eval_module
-from training.contract.config_loader import ConfigPath, load_config, save_config
+from training.contract.config_loader import ConfigPath, PathArgument, load_config, save_config
 from training.contract.dataset_format import data_identities, decontaminate_record
 from training.contract.errors import GristmillError, wrapped
 from training.contract.eval_table import (
@@ -1581,9 +1581,13 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, m
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n")[1]
-    parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, exports/)")
     parser.add_argument(
-        "--config", help="eval recipe (TOML), e.g. configs/eval/demo.toml (default: built-in)"
+        "run", metavar="RUN", action=PathArgument, help="training run directory (holds config.toml, exports/)"
+    )
+    parser.add_argument(
+        "--config",
+        action=PathArgument,
+        help="eval recipe (TOML), e.g. configs/eval/demo.toml (default: built-in)",
     )
     parser.add_argument(
         "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",

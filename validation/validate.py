@@ -65,6 +65,7 @@ from tqdm import tqdm
 from tokenization.separator import vocab_size_of
 from training.contract import dataset_format, object_store, separator_check
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
@@ -1620,7 +1621,9 @@ def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "dir", help="dataset directory (holds dataset.json, shards/, manifest/), or its s3:// URL"
+        "dir",
+        action=PathArgument,
+        help="dataset directory (holds dataset.json, shards/, manifest/), or its s3:// URL",
     )
     parser.add_argument(
         "--workers",

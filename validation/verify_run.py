@@ -50,6 +50,7 @@ from training.checkpoint.record import (
     resume_model_record,
 )
 from training.contract.batch_record import BatchEntry, read_batches
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import DatasetError
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
@@ -400,7 +401,12 @@ def _timeline_problems(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
+    parser.add_argument(
+        "run",
+        metavar="RUN",
+        action=PathArgument,
+        help="training run directory (holds config.toml, checkpoints/)",
+    )
     parser.add_argument(
         "--step",
         type=int,

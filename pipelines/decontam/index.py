@@ -58,8 +58,9 @@ from pipelines.decontam.ngram import (
     read_manifest,
     write_index,
 )
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
-from training.contract.errors import GristmillError, refuse_empty, unwritable
+from training.contract.errors import GristmillError, unwritable
 from training.contract.lifetime import host, pid_alive
 from training.contract.run_layout import artifact_in
 from validation.eval_data import (
@@ -87,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = __doc__.split("\n\n")[1]
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
     parser.add_argument("--ngram", type=int, default=13, help="words per n-gram (default 13)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the index into")
+    parser.add_argument(
+        "--out", required=True, action=PathArgument, metavar="DIR", help="directory to write the index into"
+    )
     parser.add_argument(
         "--include-path",
         action="append",
@@ -102,7 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # "": the working directory, its manifest.json replaced (R22d S2)
-    refuse_empty({"--out": args.out}, required=True)
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -99,6 +99,12 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
             "shards.encode_batch_chars=0",
             "shards.encode_batch_chars = 0: characters handed to the tokenizer per call; set it ≥ 1",
         ),
+        # a ~ that names no home: "RuntimeError: Could not determine home directory", a traceback (trial
+        # RV73a 4); the recipe keeps a path as written (its identity hashes it so), the build expands it
+        *[
+            (f'{key}="~no-such-user-here/x"', f'{key} = "~no-such-user-here/x": ~no-such-user-here names no')
+            for key in ("output", "source.path", "tokenizer.path", "build.workdir")
+        ],
     ],
 )
 def test_values_that_cannot_build_are_one_line_first(

@@ -198,6 +198,9 @@ def test_a_tilde_in_a_path_key_is_the_home_directory(synthetic_dataset, tmp_path
     sources = load_train_config(TINY, ['data.sources=[{name = "a", dataset = "~/data"}]'])
     assert sources.data.sources[0].dataset == str(home / "data")
     assert load_config(EvalConfig, None, ['include_path="~/tasks"']).include_path == [str(home / "tasks")]
+    from pipelines.config import DataConfig  # a build's kept as written: its identity hashes its recipe so
+
+    assert load_config(DataConfig, None, ['output="~/ds"', 'source.path="~/c"']).source.path == "~/c"
     with pytest.raises(ConfigError) as e:  # a home that is not there: never a folder named `~`
         load_train_config(TINY, ['run.output_dir="~no-such-user-here/run"'])
     assert str(e.value).startswith('run.output_dir = "~no-such-user-here/run": ~no-such-user-here names no')
@@ -237,3 +240,56 @@ def test_the_can_never_rewind_warning_advises_what_would_let_it():
     assert advice("checkpoint.interval=10", f"{margin}2") == "lower checkpoint.interval"
     assert advice("checkpoint.interval=10", f"{margin}0") == "lower checkpoint.interval"
     assert advice("checkpoint.interval=4", f"{margin}2", saved=[4, 8], after=10) is None  # nothing to train
+
+
+# What each command's path arguments are called (argparse dests); every one is a PathArgument
+PATH_DESTS = {"config", "resume", "out", "plot", "dataset", "cache_dir", "run", "dir", "dirs", "old", "new"}
+PATH_DESTS |= {"to", "source", "plots", "db"}
+
+
+def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, monkeypatch):
+    """No shell expands `~` after `--out=` or in quotes: `mix propose --out=~/m` put its search in a folder
+    named `~` and its proxies, whose run.output_dir the loader expands, in the home directory (trial
+    RV73a 1); `export --out=~/x` said `~/x` and wrote `./~/x` (RV73a 2). A blank positional was the
+    working directory: `data upload "" URL` uploaded it (RV73a 3). Every command's path argument is
+    expanded as a config's path key is, and a blank one or a `~` naming no home is refused, one line."""
+    import argparse
+    import importlib
+
+    from pipelines.cli import COMMANDS
+    from training.contract.config_loader import PathArgument
+    from training.contract.errors import GristmillError
+
+    seen = set()
+    for words, (module_name, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=" ".join(words))
+        importlib.import_module(module_name).add_arguments(parser)
+        for action in parser._actions:
+            if action.dest in PATH_DESTS:
+                assert isinstance(action, PathArgument), (words, action.dest)
+                seen.add(action.dest)
+    assert seen == PATH_DESTS, PATH_DESTS - seen
+    from training.checkpoint.hf_export import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = parser.parse_args(["~/run", "--out=~/x"])
+    assert (args.run, args.out) == (str(tmp_path / "run"), str(tmp_path / "x"))
+    assert parser.parse_args(["a/~/run"]).run == "a/~/run"
+    for argv, said in [
+        (["", "--out=x"], 'RUN "": name a path'),
+        (["  "], 'RUN "  ": name a path'),
+        (["r", "--out", ""], '--out "": name a path, or leave the option out'),
+        (["r", "--out=~no-such-user-here/x"], "--out ~no-such-user-here/x: ~no-such-user-here names no home"),
+    ]:
+        with pytest.raises(GristmillError) as e:
+            parser.parse_args(argv)
+        assert str(e.value).startswith(said), e.value
+    monkeypatch.setenv("HOME", "")  # expanduser made ~/x the root's /x
+    with pytest.raises(GristmillError) as e:
+        parser.parse_args(["~/run"])
+    assert (
+        str(e.value)
+        == "RUN ~/run: ~ names no home directory here (HOME is empty); write the path out in full"
+    )

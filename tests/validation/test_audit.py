@@ -718,7 +718,7 @@ def test_db_naming_a_data_file_or_a_foreign_table_is_one_line(built_dataset, tmp
     assert [line for line in capsys.readouterr().err.splitlines() if line.strip()] == said
 
 
-def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
+def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys, tmp_path, monkeypatch):
     """`--report consumption` of a dataset printed "(no rows)", exit 0, and `--report all` an empty
     consumption table (review R18a F5), while a dataset report asked of a run is refused."""
     capsys.readouterr()
@@ -744,6 +744,15 @@ def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
     for flag in ("--db", "--plots"):  # "" wrote nothing, exit 0 (review R22a A7)
         assert main(["data", "audit", str(built_dataset), flag, ""]) == 2
         assert capsys.readouterr().err.strip() == f'error: {flag} "": name a path, or leave the option out'
+    # `--plots=~/plots` (no shell expands it there) said "wrote 5 plots to ~/plots" and wrote them into
+    # ./~/plots (trial RV73a 2)
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert main(["data", "audit", str(built_dataset), "--plots=~/plots"]) == 0
+    assert f"wrote 5 plots to {home / 'plots'}: " in capsys.readouterr().err
+    assert list((home / "plots").glob("*.png")) and list(work.iterdir()) == []
 
 
 def test_validation_status_stale_and_failed(built_dataset, tmp_path):

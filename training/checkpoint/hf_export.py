@@ -95,7 +95,7 @@ from training.checkpoint.record import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.contract.config_loader import load_config
+from training.contract.config_loader import PathArgument, load_config
 from training.contract.dataset_format import (
     TOKENIZER_JSON,
     file_sha256,
@@ -1948,7 +1948,12 @@ def check_base_export(export: Path, run_dir: Path) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
+    parser.add_argument(
+        "run",
+        metavar="RUN",
+        action=PathArgument,
+        help="training run directory (holds config.toml, checkpoints/)",
+    )
     parser.add_argument(
         "--step",
         type=int,
@@ -1970,6 +1975,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
+        action=PathArgument,
         metavar="DIR",
         help="write the export to DIR (a new directory) instead of RUN/exports/step-N; made from the "
         "checkpoint, or from RUN/exports/step-N when the checkpoint is gone",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from training.contract.atomic_write import write_atomic
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, refuse_empty
 
 T = TypeVar("T")
 
@@ -94,11 +94,14 @@ def config_from(
 _OVERRIDES = "_gristmill_overrides"
 
 
+@dataclasses.dataclass(frozen=True)
 class _HomePath:
-    """The mark of ConfigPath (see there)."""
+    """The mark of ConfigPath and KeptPath (see there): `expand` the `~`, or keep the value as written."""
+
+    expand: bool
 
 
-ConfigPath = Annotated[str, _HomePath]
+ConfigPath = Annotated[str, _HomePath(expand=True)]
 """A config key of a run or an eval that names a path (`run.output_dir`, `data.dataset`, …): a leading
 `~` or `~user` becomes that home directory when the config is loaded, so every command that reads the
 key, and the config.toml a run saves, see one path (a data build's keys are expanded where the build
@@ -106,20 +109,60 @@ reads them). Expanded at each use instead, one use missed it: `train` made a fol
 working directory, and `data.dataset = "~/x"` was read as a relative path (trial RV72c F5, F6). A URL
 (`s3://…`) or a hub id never starts with `~`."""
 
+KeptPath = Annotated[str, _HomePath(expand=False)]
+"""A data build's path key (`output`, `source.path`, `tokenizer.path`, …): a `~` that names no home is
+refused as a ConfigPath's (it was a traceback, "Could not determine home directory": trial RV73a 4), and
+the value is kept as written, expanded where the build reads it: the build's identity hashes its recipe
+as written, and a build started with `~/corpus` goes on as that."""
+
+
+def _home_of(value: str) -> str | None:
+    """`value` with its leading `~` or `~user` expanded; None where it names no home here (an unknown
+    user, HOME set but empty: expanduser made `~/x` the root's `/x`, trial RV73a 5)."""
+    if not value.startswith("~"):
+        return value
+    if value.split("/", 1)[0] == "~" and os.environ.get("HOME", None) == "":
+        return None
+    expanded = os.path.expanduser(value)
+    return None if expanded.startswith("~") else expanded
+
+
+def _no_home(value: str) -> str:
+    name = value.split("/", 1)[0]
+    empty = " (HOME is empty)" if name == "~" else ""
+    return f"{name} names no home directory here{empty}; write the path out in full"
+
 
 def _home_expanded(value: str, key: str, source: str) -> str:
     """`value` of ConfigPath `key` with its leading `~` expanded; one that names no home here (HOME
     unset, an unknown user) is refused: kept as written it would become a folder named `~`."""
-    if not value.startswith("~"):
-        return value
-    expanded = os.path.expanduser(value)
-    if expanded.startswith("~"):
-        raise ConfigError(
-            f"{source}: {key} = {_shown(value)}: {value.split('/', 1)[0]} names no home directory here; "
-            "write the path out in full",
-            key,
-        )
+    if (expanded := _home_of(value)) is None:
+        raise ConfigError(f"{source}: {key} = {_shown(value)}: {_no_home(value)}", key)
     return expanded
+
+
+class PathArgument(argparse.Action):
+    """argparse action of a command's path argument (`--out DIR`, RUN, a dataset DIR): its leading `~`
+    expanded as a ConfigPath's, and a blank one refused (refuse_empty). The shell expands no `~` after
+    `--out=` or in quotes: `mix propose --out=~/m` wrote its search into a folder named `~` and its
+    proxies, whose run.output_dir is a ConfigPath, into the home directory, and looked for them in the
+    first (trial RV73a 1); `export --out=~/x` said `~/x` and wrote `./~/x` (RV73a 2); `data upload ""`
+    uploaded the working directory (RV73a 3). Raised here, a GristmillError is the command's one line."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        name = option_string or self.metavar or self.dest.upper()
+
+        def expanded(value: str) -> str:
+            refuse_empty({name: value}, required=self.required)
+            if (path := _home_of(value)) is None:
+                raise GristmillError(f"{name} {value}: {_no_home(value)}")
+            return path
+
+        setattr(
+            namespace,
+            self.dest,
+            [expanded(v) for v in values] if isinstance(values, list) else expanded(values),
+        )
 
 
 def override_of(cfg: Any, key: str) -> str | None:
@@ -155,7 +198,7 @@ def _covers(override_key: str, bad_key: str | None, inside: bool = True) -> bool
 
 def add_config_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
     """`--config RECIPE` and `--set KEY=VALUE ...` (into args.config / args.overrides), for every stage."""
-    parser.add_argument("--config", required=True, help=f"recipe (TOML), e.g. {recipe}")
+    parser.add_argument("--config", required=True, action=PathArgument, help=f"recipe (TOML), e.g. {recipe}")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -172,6 +215,7 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
     `-m training.train`); `with_resume` turns it into its override."""
     parser.add_argument(
         "--resume",
+        action=PathArgument,
         metavar="auto|PATH",
         help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
         "directory PATH (same as --set checkpoint.resume=...)",
@@ -329,7 +373,11 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     if origin is Annotated:
         base, *marks = typing.get_args(tp)
         value = _coerce(base, value, key, source)
-        return _home_expanded(value, key, source) if _HomePath in marks else value
+        for mark in marks:
+            if isinstance(mark, _HomePath):
+                expanded = _home_expanded(value, key, source)
+                return expanded if mark.expand else value
+        return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:

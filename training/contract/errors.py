@@ -3,6 +3,7 @@ the standard streams they go to, held open at each entry point (`hold_closed_str
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import signal
@@ -78,7 +79,7 @@ def refuse_empty(options: dict[str, str | None], required: bool = False) -> None
     for flag, value in options.items():
         if value is not None and not str(value).strip():
             raise GristmillError(
-                f'{flag} "": name a path' + ("" if required else ", or leave the option out")
+                f"{flag} {json.dumps(value)}: name a path" + ("" if required else ", or leave the option out")
             )
 
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from training.config_checks import check_seed
 from training.console import answer_on_stdout
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     DATASET_JSON,
     MANIFEST_DIR,
@@ -40,7 +41,11 @@ from training.data.remote import add_cache_argument, cache_of, ensure_dirs, orig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", help="training run directory (holds config.toml), or a dataset directory")
+    p.add_argument(
+        "dataset",
+        action=PathArgument,
+        help="training run directory (holds config.toml), or a dataset directory",
+    )
     p.add_argument("--seq-len", type=int, help="dataset mode: training seq_len")
     p.add_argument("--global-batch", type=int, help="dataset mode: global batch in sequences (G)")
     p.add_argument("--seed", type=int, help="dataset mode: data seed of the run")

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from training.console import say
 from training.contract.atomic_write import move_into_place, write_atomic
+from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
     DATASET_JSON,
     TASK_RECORDS_DIR,
@@ -125,6 +126,7 @@ def add_cache_argument(parser, bounded: bool = False) -> None:
     (data.cache_gb's). validate and audit fetch whole files, outside the bound (`cache_of`)."""
     parser.add_argument(
         "--cache-dir",
+        action=PathArgument,
         default="",
         metavar="DIR",
         help="where an s3:// dataset's files are cached, each checked by sha256 (default: "

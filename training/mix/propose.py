@@ -31,8 +31,14 @@ import numpy as np
 
 from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
-from training.contract.config_loader import ConfigError, add_config_arguments, save_config, tokens_shown
-from training.contract.errors import GristmillError, refuse_empty, sigterm_raises
+from training.contract.config_loader import (
+    ConfigError,
+    PathArgument,
+    add_config_arguments,
+    save_config,
+    tokens_shown,
+)
+from training.contract.errors import GristmillError, sigterm_raises
 from training.contract.run_layout import artifact_in, dataset_around
 from training.mix import fit as mix_fit
 from training.mix import simplex
@@ -67,7 +73,10 @@ BASELINES = ("uniform", "proportional")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "configs/mix/demo.toml", "proxy.tokens=50000 swarm.size=9")
     parser.add_argument(
-        "--out", required=True, help="the search's directory: proxies, report.json, proposal.toml, mix.png"
+        "--out",
+        required=True,
+        action=PathArgument,
+        help="the search's directory: proxies, report.json, proposal.toml, mix.png",
     )
     parser.add_argument(
         "--write-commands",
@@ -197,7 +206,6 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = load_mix_config(args.config, args.overrides)
-    refuse_empty({"--out": args.out}, required=True)  # "": the working directory's config.toml (R22d S1)
     out = Path(args.out)
     # its config.toml is replaced by the recipe: a dataset's or a run's was, exit 0 (review R22b F4)
     if (inside := dataset_around(out)) is not None:  # its runs' files in a dataset it does not record

@@ -23,7 +23,7 @@ from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import interrupted
-from training.mix.propose import RUN_TOKENS, SEARCH, _on_bound, bounds, epoch_caps
+from training.mix.propose import COMMANDS_SH, RUN_TOKENS, SEARCH, _on_bound, bounds, epoch_caps
 from training.mix.proxies import Proxy, check_supply, open_mix_sources
 from training.mix.recipe import load_mix_config, names
 from training.run.faults import SPIKE_WINDOW
@@ -732,6 +732,23 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
     monkeypatch.chdir(tmp_path)
     assert gristmill(["mix", "propose", "--config", str(config), "--out", ""]) == 2
     assert capsys.readouterr().err.strip() == 'error: --out "": name a path'
+
+
+def test_a_search_s_out_with_a_tilde_holds_its_proxies(tmp_path, shared_sources, capsys, monkeypatch):
+    """`--out=~/m` (no shell expands it there) was the search's folder `./~/m`, while its proxies, whose
+    run.output_dir the loader expands, trained into the home directory: each then "no run there", the
+    search stopped, and a rerun the same (trial RV73a 1). One folder for both."""
+    config = recipe(tmp_path, shared_sources)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert gristmill(["mix", "propose", "--config", str(config), "--out=~/m", "--write-commands"]) == 0
+    capsys.readouterr()
+    commands = (home / "m" / COMMANDS_SH).read_text()
+    assert f"{home / 'm' / 'swarm'}/p00" in commands, commands
+    assert list(work.iterdir()) == []
 
 
 def test_a_source_too_small_for_any_max_epochs_is_said_to_be(
