@@ -96,7 +96,7 @@ def check_run_seed(key: str, seed: int, named: str | None = None) -> None:
     if not 0 <= seed < 2**32:
         raise ConfigError(
             f"{named or f'{key} = {seed}'} is not allowed: it must be between 0 and {2**32 - 1} (torch's "
-            f"CPU generator keeps a seed's low 32 bits: the weights would start as seed {seed % 2**32}'s do)",
+            f"CPU generator keeps a seed's low 32 bits: it would draw as seed {seed % 2**32} does)",
             key,
         )
 

@@ -24,6 +24,7 @@ from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
 from training.config_checks import check_output_dir, check_run_seed, mesh_shape
 from training.console import say
+from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
 from training.contract.run_layout import complete_steps
@@ -132,7 +133,10 @@ def model_for_data(
     here when None) against its tokenizer, vocabulary and separator, before any work. `train --plan`
     and the trainer both call it (--plan passed a recipe train then refused: trial RV53a 6)."""
     if not _resumes(cfg):  # a fresh start: its weights are drawn from run.seed
-        check_run_seed("run.seed", cfg.run.seed)
+        try:
+            check_run_seed("run.seed", cfg.run.seed)
+        except ConfigError as e:  # the --set that gave it named, as the loader's refusals do (RV73a 8)
+            raise naming_override(e, cfg) from None
     recorded = _recorded_base(cfg) if cfg.model.init_from else None
     if cfg.model.init_from and source is None:  # as the trainer: a resume's recorded base (review RV54b 3)
         source = locate_base(cfg.model.init_from, recorded)

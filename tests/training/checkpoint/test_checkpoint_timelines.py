@@ -239,7 +239,7 @@ def test_a_seed_past_32_bits_is_refused_at_a_start_and_a_run_saved_with_one_resu
     assert run(dataset, tmp_path / "fresh", "run.max_steps=4", big) == 2
     assert one_error_line(capsys.readouterr().err) == (
         "error: run.seed = 4294967296 is not allowed: it must be between 0 and 4294967295 (torch's CPU "
-        "generator keeps a seed's low 32 bits: the weights would start as seed 0's do)"
+        "generator keeps a seed's low 32 bits: it would draw as seed 0 does) (--set run.seed=4294967296)"
     )
     plan = ["train", "--config", TINY, "--plan", "--set", *overrides(dataset, tmp_path / "fresh", big)]
     assert gristmill(plan) == 2  # --plan says what train would
