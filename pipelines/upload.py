@@ -441,8 +441,10 @@ def run(args: argparse.Namespace) -> int:
             "build's output) into a bucket; give that directory"
         )
     if not is_url(args.url):  # a local path: its "did you mean s3:///tmp/x" was refused too (RV72c F8)
+        # quoted where blanks would hide it: "error:  is not a bucket's URL" (trial RV73a 9)
+        said = args.url if args.url and args.url.strip() == args.url else json.dumps(args.url)
         raise DatasetError(
-            f"{args.url} is not a bucket's URL: `gristmill data upload DIR URL` writes into a bucket; give "
+            f"{said} is not a bucket's URL: `gristmill data upload DIR URL` writes into a bucket; give "
             "s3://BUCKET/PREFIX (a local copy of the dataset is a copy of its directory: cp -r DIR DEST)"
         )
     upload_dataset(args.dir, args.url)

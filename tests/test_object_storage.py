@@ -2187,11 +2187,11 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     assert gristmill(["data", "upload", s3.url("a"), s3.url("b")]) == 2
     assert capsys.readouterr().err.startswith(f"error: {s3.url('a')} is a bucket's: `gristmill data upload")
     # a local path for URL: "did you mean s3:///tmp/x/up?", which was refused too (trial RV72c F8)
-    for local_url in (str(tmp_path / "up"), "up"):
+    for local_url, said in ((str(tmp_path / "up"), str(tmp_path / "up")), ("up", "up"), ("", '""')):
         assert gristmill(["data", "upload", str(local), local_url]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert err == (
-            f"error: {local_url} is not a bucket's URL: `gristmill data upload DIR URL` writes into a "
+            f"error: {said} is not a bucket's URL: `gristmill data upload DIR URL` writes into a "
             "bucket; give s3://BUCKET/PREFIX (a local copy of the dataset is a copy of its directory: "
             "cp -r DIR DEST)"
         ), err
