@@ -44,6 +44,10 @@ ACCESS_DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
     b"<Message>Access Denied</Message></Error>"
 )
+BAD_DIGEST = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadDigest</Code>'
+    b"<Message>The Content-MD5 you specified did not match what we received.</Message></Error>"
+)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
 
@@ -147,6 +151,8 @@ class FaultProxy:
         self.opaque_etags = False  # the same ETags, without the encryption header that says so
         self._flips: tuple[str, int | None, set[int], int, int | None] | None = None  # flip_gets
         self._flip_seen = 0
+        self._put_flips: tuple[str, set[int], bool] | None = None  # damage_puts
+        self._put_seen = 0
         # (method, path) → whether the store refuses it (403 AccessDenied): credentials scoped to a prefix
         self.forbidden: Callable[[str, str], bool] | None = None
         self.counts = ProxyCounts()
@@ -205,6 +211,11 @@ class FaultProxy:
                 if fault == "slow_down":
                     send_error(self, 503, "Slow Down", SLOW_DOWN)
                     return
+                if self.command == "PUT":
+                    body, refused = proxy._damaged_put(self.path, body)
+                    if refused:  # as S3 answers a body that is not its Content-MD5
+                        send_error(self, 400, "Bad Request", BAD_DIGEST)
+                        return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -286,6 +297,28 @@ class FaultProxy:
         with self._lock:
             self._flips = (suffix, range_from, set(nth), seed, at) if nth else None
             self._flip_seen = 0
+
+    def damage_puts(self, suffix: str, *nth: int, checked: bool = True) -> None:
+        """Flip one bit of the body of the `nth` PUTs (1: the first, counted from now) whose path ends with
+        `suffix`: an upload damaged on the way. `checked`: the store compares it with its Content-MD5 and
+        answers 400 BadDigest, as S3 does; else it stores the damaged body (moto checks no Content-MD5),
+        and its ETag is not the MD5 sent. No `nth`: none damaged."""
+        with self._lock:
+            self._put_flips = (suffix, set(nth), checked) if nth else None
+            self._put_seen = 0
+
+    def _damaged_put(self, path: str, body: bytes) -> tuple[bytes, bool]:
+        """(the body forwarded, whether the store refuses it) of a PUT of `path` (damage_puts)."""
+        with self._lock:
+            if self._put_flips is None or not body or not path.split("?")[0].endswith(self._put_flips[0]):
+                return body, False
+            self._put_seen += 1
+            if self._put_seen not in self._put_flips[1]:
+                return body, False
+            self.counts.flipped += 1
+            damaged = bytearray(body)
+            damaged[len(damaged) // 2] ^= 1
+            return bytes(damaged), self._put_flips[2]
 
     def _flipped(self, path: str, range_header: str | None, data: bytes) -> bytes:
         with self._lock:

@@ -643,7 +643,10 @@ class ObjectStore:
     def _transient_code(e: Any) -> bool:
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         code = e.response.get("Error", {}).get("Code", "")
-        return status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout", "RequestTimeTooSkewed")
+        # BadDigest, IncompleteBody: an upload's body damaged or cut on the way, sent again (one flipped
+        # bit stopped every task of a bucket build: trial RV73b 3)
+        transient = ("SlowDown", "Throttling", "RequestTimeout", "RequestTimeTooSkewed", "BadDigest")
+        return status >= 500 or code in (*transient, "IncompleteBody")
 
     def _error(
         self,
@@ -980,9 +983,13 @@ class ObjectStore:
                 )
             self.counts.add("bytes", size)
             etag = resp.get("ETag", "").strip('"')
-            if md5_etag(etag, resp) not in (None, md5):  # the store checks Content-MD5: never seen
-                raise ObjectStoreError(
-                    f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of what was sent"
+            if md5_etag(etag, resp) not in (None, md5):
+                # a store that checks no Content-MD5 kept a body damaged on the way: sent again, as a
+                # BadDigest is (it ended the build, naming no cause: trial RV73b 3)
+                _, exc = _botocore()
+                raise exc.ResponseStreamingError(
+                    error=f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of what was sent "
+                    "(the body was damaged on the way)"
                 )
             return etag
 
