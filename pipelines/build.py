@@ -142,7 +142,15 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_format import finished_tasks as completed_ranks
 from training.contract.errors import GristmillError, unwritable
-from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
+from training.contract.object_store import (
+    ObjectMissing,
+    ObjectStore,
+    ObjectURL,
+    endpoint,
+    endpoint_setting,
+    file_digests,
+    is_url,
+)
 from training.contract.run_layout import check_saved_config_place
 from training.contract.transfer import DamagedInTransit, download_twice
 from validation.audit_reports import WHY_DROPPED_SQL
@@ -1309,6 +1317,16 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
             )
         except DamagedInTransit as e:
             raise BuildError(str(e)) from None
+        if digest != spec["sha256"] and spec.get("md5") == spec["etag"] != file_digests(dest)[0]:
+            # the store's ETag, the recorded one, is the MD5 of the bytes the task uploaded, and what came
+            # twice alike is not: damaged between the store and here (a caching proxy), the object intact;
+            # deleting the task's record, as advised, redid a healthy task (trial RV73b 2)
+            raise BuildError(
+                f"{store.url.child(rel)}: fetched twice, the same other bytes each time, though the store's "
+                f"ETag says it holds what task {task} recorded: the transfers were damaged on the way (a "
+                f"proxy or cache between here and the store); check the network to {endpoint_setting()} = "
+                f"{endpoint()}, then run again (task {task}'s record is kept)"
+            )
         if digest != spec["sha256"]:
             raise BuildError(
                 f"{store.url.child(rel)} does not hash as task {task} recorded, though its ETag is the "

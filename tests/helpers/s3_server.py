@@ -149,7 +149,7 @@ class FaultProxy:
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
         self.opaque_etags = False  # the same ETags, without the encryption header that says so
-        self._flips: tuple[str, int | None, set[int], int, int | None] | None = None  # flip_gets
+        self._flips: tuple[str, int | None, set[int], int, int | None, int | None] | None = None  # flip_gets
         self._flip_seen = 0
         self._put_flips: tuple[str, set[int], bool] | None = None  # damage_puts
         self._put_seen = 0
@@ -287,15 +287,22 @@ class FaultProxy:
             self.rng = random.Random(mix.seed if mix else 0)
 
     def flip_gets(
-        self, suffix: str, *nth: int, seed: int = 0, range_from: int | None = None, at: int | None = None
+        self,
+        suffix: str,
+        *nth: int,
+        seed: int = 0,
+        range_from: int | None = None,
+        at: int | None = None,
+        bit: int | None = None,
     ) -> None:
         """Flip one bit of the body (its length kept: nothing but a hash tells it) of the `nth` GETs (1:
         the first, counted from now) whose path ends with `suffix`, and with `range_from` whose Range
         starts at that byte: a transfer damaged, the object in the bucket intact. The byte (unless `at`
         names it: an index into the body) and the bit are drawn from an RNG seeded with `seed` and the
-        GET's number. No `nth`: none flipped."""
+        GET's number; `at` and `bit` both given: the same damage each time (a cache between serving it).
+        No `nth`: none flipped."""
         with self._lock:
-            self._flips = (suffix, range_from, set(nth), seed, at) if nth else None
+            self._flips = (suffix, range_from, set(nth), seed, at, bit) if nth else None
             self._flip_seen = 0
 
     def damage_puts(self, suffix: str, *nth: int, checked: bool = True) -> None:
@@ -324,7 +331,7 @@ class FaultProxy:
         with self._lock:
             if self._flips is None or not data:
                 return data
-            suffix, range_from, nth, seed, at = self._flips
+            suffix, range_from, nth, seed, at, bit = self._flips
             if not path.split("?")[0].endswith(suffix):
                 return data
             if range_from is not None and not (range_header or "").startswith(f"bytes={range_from}-"):
@@ -336,7 +343,7 @@ class FaultProxy:
             rng = random.Random(seed * 1_000_003 + self._flip_seen)
         body = bytearray(data)
         at = rng.randrange(len(body)) if at is None else at
-        body[at] ^= 1 << rng.randrange(8)
+        body[at] ^= 1 << (rng.randrange(8) if bit is None else bit)
         return bytes(body)
 
     def _draw(self, method: str, path: str) -> str | None:
