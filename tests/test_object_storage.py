@@ -3678,13 +3678,24 @@ def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, s
 def test_a_held_out_prefix_damaged_in_the_bucket_names_the_object_and_its_repair(s3, synthetic, tmp_path):
     """heldout.bin's prefix is read by range and never kept, so a damaged chunk is the object's fault:
     the refusal named the cache's path of a file the cache does not hold and advised `gristmill data
-    index`, which cannot run on a bucket (review RV42a M3)."""
+    index`, which cannot run on a bucket (review RV42a M3). Two reads of other damage each are the
+    transfer's, named so: they were the bucket's, whose repair repaired nothing (trial RV73b 1)."""
     from training.contract.dataset_index import INDEX_DIR
 
     local, _ = synthetic
     url = s3.url("heldout-damaged")
     upload_dataset(local, url, log=lambda *a: None)
     key = f"heldout-damaged/{INDEX_DIR}/heldout.bin"
+    s3.proxy.flip_gets("/" + key, 1, 2)
+    try:
+        with pytest.raises(DatasetError) as refused:
+            DocumentTable(url, split="val", val_fraction=0.2, cache=cache(tmp_path))
+    finally:
+        s3.proxy.flip_gets("")
+    said = str(refused.value)
+    assert said.startswith(f"{url}/{INDEX_DIR}/heldout.bin: chunk 0 "), said
+    assert "other bytes each time: at least one transfer was damaged on the way" in said, said
+    assert "upload" not in said, said
     body = bytearray(s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
     body[5] ^= 1
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))

@@ -75,6 +75,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.heldout import ENTRY, PrefixError, SortedWriter, read_prefix
 from training.contract.object_store import ObjectCutShort, ObjectMissing
+from training.contract.transfer import DamagedInTransit, damaged_in_transit
 
 # /3 added the sample totals and the held-out file (what planning reads); "-nosha": a dataset of
 # gristmill-shards/1, whose manifest records no per-document sha256.
@@ -738,8 +739,14 @@ class DocIndex:
         except (ObjectMissing, ObjectCutShort) as e:  # the store's own line named no fix (trial RV60a 6)
             raise DatasetError(f"{e}: the bucket lacks what its dataset.json records; {self.fix}") from None
         except PrefixError as e:
-            # a bucket's prefix is read by range, never kept: the object is at fault, not the cache (RV42a M3)
+            # a bucket's prefix is read by range, never kept: the object is at fault, not the cache (RV42a
+            # M3), where both reads agree; two that differ are the transfer's (re-indexing and uploading,
+            # as advised, repaired nothing: trial RV73b 1)
             where = f"{self.url or self.root}/{INDEX_DIR}/{HELDOUT}"
+            if self.read_range is not None and not e.alike:
+                raise DamagedInTransit(
+                    f"{where}: {e}, other bytes each time: {damaged_in_transit()}"
+                ) from None
             raise DatasetError(f"{where}: {e}, twice: the file was damaged or replaced; {self.fix}") from None
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:

@@ -145,7 +145,12 @@ class SortedWriter:
 
 
 class PrefixError(ValueError):
-    """A chunk of heldout.bin that does not hash as heldout_sha256.bin records (read twice)."""
+    """A chunk of heldout.bin that does not hash as heldout_sha256.bin records (read twice); `alike`: both
+    reads gave the same bytes (the file's), else at least one read was damaged on the way."""
+
+    def __init__(self, message: str, alike: bool):
+        super().__init__(message)
+        self.alike = alike
 
 
 def read_prefix(
@@ -161,12 +166,17 @@ def read_prefix(
     for c in range(chunks if limit else 0):
         lo, hi = c * CHUNK * ENTRY.itemsize, min((c + 1) * CHUNK, n_rows) * ENTRY.itemsize
         want = hashes[c * HASH_BYTES : (c + 1) * HASH_BYTES]
+        reads = []
         for _ in range(2):
             data = read(lo, hi)
             if hashlib.sha256(data).digest() == want:
                 break
+            reads.append(data)
         else:
-            raise PrefixError(f"chunk {c} (bytes {lo:,}–{hi - 1:,}) does not hash as heldout_sha256.bin says")
+            raise PrefixError(
+                f"chunk {c} (bytes {lo:,}–{hi - 1:,}) does not hash as heldout_sha256.bin says",
+                reads[0] == reads[1],
+            )
         entries = np.frombuffer(data, ENTRY)
         held = row_hash(entries["row"]) < limit
         parts.append(entries[held])
