@@ -99,6 +99,7 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import (
+    _DATASET_JSONS,
     ORIGIN,
     CacheError,
     CacheSettings,
@@ -1459,6 +1460,7 @@ def test_a_dataset_json_damaged_in_transit_is_fetched_again(s3, synthetic, tmp_p
         assert ObjectStore(url).get(DATASET_JSON) == raw
         assert len(s3.proxy.counts.gets(rel)) == (1 if etags == "md5" else 2)  # the same bytes twice
         for n, read in enumerate([lambda: dataset_info(url), lambda: (gristmill(argv), capsys.readouterr())]):
+            _DATASET_JSONS.clear()  # as a process that has not read it: its whole body (no conditional GET)
             s3.proxy.flip_gets(rel, 1, at=0)  # its `{`: never JSON
             s3.proxy.reset_counts()
             before = COUNTS.snapshot()
@@ -2163,6 +2165,26 @@ def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path, m
     table = DocumentTable(s3.url("summed"), cache=cache(tmp_path))
     assert table.index.documents_sha256_sum() == total == DocumentTable(again).index.documents_sha256_sum()
     assert not s3.proxy.counts.range_gets("doc_sha256.bin")
+
+
+def test_a_bucket_s_dataset_json_is_read_whole_once_a_process_while_it_is_unchanged(s3, synthetic):
+    """A training's start read its dataset.json whole five times (preflight, the loader, the tokenizer,
+    the held-out split …), a cost that grows with the shards it records (trial RV73b 4). Read again
+    while its ETag is the one read (a conditional GET, no body); changed, it is read whole again."""
+    local, _ = synthetic
+    url = s3.url("dataset-json-once")
+    upload_dataset(local, url, log=lambda *a: None)
+    s3.proxy.reset_counts()
+    first = dataset_info(url)
+    size = len((local / DATASET_JSON).read_bytes())
+    assert s3.proxy.counts.body_bytes >= size
+    s3.proxy.reset_counts()
+    assert dataset_info(url) == dataset_info(url) == first
+    assert s3.proxy.counts.gets(DATASET_JSON) and s3.proxy.counts.body_bytes == 0
+    raw = (local / DATASET_JSON).read_bytes() + b"\n"  # the same record, other bytes: another ETag
+    s3.client.put_object(Bucket=BUCKET, Key=f"dataset-json-once/{DATASET_JSON}", Body=raw)
+    s3.proxy.reset_counts()
+    assert dataset_info(url) == first and s3.proxy.counts.body_bytes == len(raw)
 
 
 def test_an_upload_body_damaged_on_the_way_is_sent_again(s3, synthetic):

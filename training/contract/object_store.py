@@ -748,23 +748,38 @@ class ObjectStore:
         advice to delete the healthy object (trial RV71a F1); one of a build task's record on a KMS
         store committed a shard's sha256 other than its bytes', exit 0 (trial RV71g 1). The ETag only
         asks for another read, never vouches for the content."""
+        return self.get_versioned(rel)[0]
 
-        def fetch(c) -> tuple[bytes, bool]:
-            resp = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel))
-            body = resp["Body"].read()
+    def get_versioned(self, rel: str, known: tuple[str, bytes] | None = None) -> tuple[bytes, str]:
+        """get's bytes of object `rel` and its ETag. `known`: (ETag, bytes) of an earlier get of it in
+        this process, given again without the body while the object keeps that ETag (a conditional GET:
+        a training's start fetched its dataset.json whole five times, trial RV73b 4); another ETag
+        is read as get reads."""
+        _, exc = _botocore()
+
+        def fetch(c) -> tuple[bytes, bool, str]:
+            args = {"Bucket": self.url.bucket, "Key": self.url.key(rel)}
+            if known is not None:
+                args["IfNoneMatch"] = f'"{known[0]}"'
+            try:
+                resp = c.get_object(**args)
+            except exc.ClientError as e:
+                if known is not None and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
+                    return known[1], True, known[0]  # checked when it was read
+                raise
+            body, etag = resp["Body"].read(), resp.get("ETag", "").strip('"')
             self.counts.add("bytes", len(body))
-            md5 = md5_etag(resp.get("ETag", "").strip('"'), resp)
-            return body, md5 is not None and hashlib.md5(body).hexdigest() == md5
+            md5 = md5_etag(etag, resp)
+            return body, md5 is not None and hashlib.md5(body).hexdigest() == md5, etag
 
-        def get(c):
-            body, vouched = fetch(c)
+        def get(c) -> tuple[bytes, str]:
+            body, vouched, etag = fetch(c)
             if vouched or len(body) > CHECKED_GET_BYTES:
-                return body
+                return body, etag
             self.counts.add("requests")  # a second read of this try, to compare
-            again, vouched = fetch(c)
+            again, vouched, etag = fetch(c)
             if vouched or again == body:  # consistent bytes: the object's, whatever its ETag
-                return again
-            _, exc = _botocore()
+                return again, etag
             raise exc.ResponseStreamingError(
                 error=f"{self.url.child(rel)}: two reads gave different bytes, neither vouched for by the "
                 "ETag (damaged on the way)"

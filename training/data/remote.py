@@ -57,6 +57,7 @@ from training.contract.object_store import (
     ObjectMissing,
     ObjectStore,
     ObjectURL,
+    endpoint,
     is_url,
     refuse_url,
     user_cache_dir,
@@ -420,12 +421,18 @@ def dataset_info(location: str | Path, within_s: float | None = None) -> dict[st
     return read_dataset_info(location)
 
 
+# (endpoint, URL) → (ETag, bytes) of each bucket's dataset.json this process read: read again only when it
+# changed (ObjectStore.get_versioned), not whole at each of a training start's five reads (trial RV73b 4)
+_DATASET_JSONS: dict[tuple[str, str], tuple[str, bytes]] = {}
+
+
 def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[bytes, dict[str, Any]]:
     """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file (its
     transfer checked by ObjectStore.get: a damaged read was refused with advice to delete it, RV71a F1)."""
     url = ObjectURL.parse(location)
+    key = (endpoint(), str(url))
     try:
-        raw = ObjectStore(url, within_s=within_s).get(DATASET_JSON)
+        raw, etag = ObjectStore(url, within_s=within_s).get_versioned(DATASET_JSON, _DATASET_JSONS.get(key))
     except ObjectMissing:
         raise DatasetError(
             f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
@@ -435,6 +442,8 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
     fix = rewrite_bucket_dataset_json(str(url))  # the bucket's repair, not a rebuild (review RV42a M4)
     info = parse_dataset_info(raw, url.child(DATASET_JSON), fix)
     check_fingerprint(str(url), info, fix)
+    if etag:  # once checked
+        _DATASET_JSONS[key] = (etag, raw)
     return raw, info
 
 
