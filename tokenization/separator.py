@@ -116,6 +116,44 @@ def _unspellable(tokenizer: Tokenizer) -> str | None:
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def _spelled_back(
+    tokenizer: Tokenizer, ids: list[int], probe: str, unk_id: int | None, byte_level: bool
+) -> bool:
+    """Whether `ids`, the encoding of `probe`, keep it: the unknown token, or text that holds it (as its
+    normalizer writes it) when decoded, or when its tokens are read as bytes (byte-fallback pieces, a
+    byte-level alphabet's characters: a tokenizer without their decoder)."""
+    if unk_id is not None and unk_id in ids:
+        return True
+    norm = tokenizer.normalizer
+    want = norm.normalize_str(probe) if norm is not None else probe
+    if want in tokenizer.decode(ids, skip_special_tokens=False):
+        return True
+    inverse = {c: b for b, c in _byte_level_chars().items()} if byte_level else {}
+    raw = b""
+    for token in (tokenizer.id_to_token(i) or "" for i in ids):
+        if (m := _BYTE_FALLBACK.fullmatch(token)) is not None:
+            raw += bytes([int(m.group(1), 16)])
+        elif inverse and all(c in inverse for c in token):
+            raw += bytes(inverse[c] for c in token)
+        else:
+            raw += token.encode()
+    return want.encode() in raw
+
+
+def _byte_gaps(tokenizer: Tokenizer, byte_level: bool, model: dict[str, Any]) -> tuple[str, list[int]] | None:
+    """(what, the bytes it lacks) of a byte-level alphabet or byte fallback that lacks some of the 256
+    (a byte-level BPE's alphabet is its single-character tokens); None where it holds them all or the
+    model has neither."""
+    if byte_level:
+        chars = _byte_level_chars()
+        lacking = [b for b in range(256) if tokenizer.token_to_id(chars[b]) is None]
+        return ("byte-level alphabet", lacking) if lacking else None
+    if model.get("byte_fallback"):
+        lacking = [b for b in range(256) if tokenizer.token_to_id(f"<0x{b:02X}>") is None]
+        return ("byte fallback", lacking) if lacking else None
+    return None
+
+
 def _meant(tokenizer: Tokenizer, tid: int, token: str) -> list[str]:
     """Texts holding what id `tid` stands for, other than `token` itself: its decoded text, and where it
     is bytes that are part of a character (a byte-level entry, a byte-fallback `<0xE4>`), characters
@@ -295,12 +333,36 @@ class DocumentEncoder:
                 f"{source}: encoding {probe!r}, a character its vocabulary lacks, fails ({e}), as would the "
                 f"first such text of the build; give its model an unknown token in {where}"
             ) from None
-        if probe is not None and not ids:
+        byte_level = any('"ByteLevel"' in json.dumps(spec.get(k)) for k in ("pre_tokenizer", "decoder"))
+        # A byte alphabet, or byte fallback, must hold all 256 bytes: the probe below tries three (a BPE
+        # trained without ByteLevel's initial alphabet spelled '€' as nothing: re-trial RV73d 2)
+        if building and self.unk_id is None and (gap := _byte_gaps(self.tokenizer, byte_level, model)):
+            kind, lacking = gap
+            shown = ", ".join(f"0x{b:02X}" for b in lacking[:8]) + (" …" if len(lacking) > 8 else "")
+            fix = (
+                "train it with every byte (`gristmill tokenizer train` does: ByteLevel.alphabet() as its "
+                "initial alphabet)"
+                if byte_level
+                else f"add the pieces <0x00> to <0xFF> to its vocabulary in {where}"
+            )
             raise TokenizerError(
-                f"{source}: it encodes {probe!r} to no token at all (no unknown token, no byte fallback), "
-                "so a text loses the characters its vocabulary lacks without a trace; use a byte-level "
-                f"tokenizer, or give its model an unk_token in {where} (the build then excludes texts "
-                "holding it)"
+                f"{source}: its {kind} lacks {len(lacking)} of the 256 bytes ({shown}), so a text holding "
+                f"them loses them without a trace; {fix}, or give its model an unk_token in {where} (the "
+                "build then excludes texts holding it)"
+            )
+        # Some tokens are not enough: a Metaspace BPE gave '一' as '▁' alone (re-trial RV73d 1); what
+        # comes out must be the unknown token, or spell the character back
+        if probe is not None and not _spelled_back(self.tokenizer, ids, probe, self.unk_id, byte_level):
+            tokens = [self.tokenizer.id_to_token(i) for i in ids]
+            said = (
+                f"to tokens that do not spell it ({', '.join(map(repr, tokens))})"
+                if ids
+                else "to no token at all"
+            )
+            raise TokenizerError(
+                f"{source}: it encodes {probe!r} {said} (no unknown token, no byte fallback), so a text "
+                "loses the characters its vocabulary lacks without a trace; use a byte-level tokenizer, "
+                f"or give its model an unk_token in {where} (the build then excludes texts holding it)"
             )
         # A Unigram's vocab is a list of pieces, which may hold one twice: tokenizers' own trainer, on a
         # corpus quoting "</s>", learned it as a piece beside the special entry, and the refusal below

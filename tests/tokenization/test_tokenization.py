@@ -392,7 +392,9 @@ def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
     """A BPE with no unk_token, byte fallback or ByteLevel deletes the characters its alphabet lacks:
     "Zebra river" was stored as "e b r a river", validation OK (re-trial RV72e F1). One line before any
     task; byte-level and unk-giving models pass."""
-    from tokenizers import models, pre_tokenizers, trainers
+    import string
+
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -402,4 +404,33 @@ def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
     assert tok.encode("一").ids == []  # gone without a trace
     with pytest.raises(TokenizerError, match=re.escape("the tokenizer: it encodes '一' to no token at all")):
         DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+    # Some token is not enough: a Metaspace BPE gave '一' as '▁' alone (re-trial RV73d 1)
+    letters = ["▁", *string.ascii_letters, *string.digits]
+    meta = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(letters)}, merges=[]))
+    meta.pre_tokenizer, meta.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    says = "the tokenizer: it encodes '一' to tokens that do not spell it ('▁') (no unknown token"
+    # A byte alphabet or byte fallback lacking bytes: one probe tries three (re-trial RV73d 2)
+    partial = Tokenizer(models.BPE())
+    partial.pre_tokenizer, partial.decoder = pre_tokenizers.ByteLevel(), decoders.ByteLevel()
+    partial.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=[SEP]))
+    some = {**{c: i for i, c in enumerate(letters)}, "<0xE4>": 63}
+    fallback = Tokenizer(models.BPE(vocab=some, merges=[], byte_fallback=True))
+    for bad, said in [
+        (meta, says),
+        (partial, "the tokenizer: its byte-level alphabet lacks "),
+        (fallback, "the tokenizer: its byte fallback lacks 255 of the 256 bytes (0x00, 0x01"),
+    ]:
+        bad.add_special_tokens([SEP])
+        with pytest.raises(TokenizerError, match=re.escape(said)):
+            DocumentEncoder(bad, SeparatorPolicy(SEP), building=True)
+    # and sound ones pass: Llama-2's kind (Metaspace, byte fallback whole), WordPiece's [UNK]
+    pieces = {f"<0x{b:02X}>": len(letters) + b for b in range(256)}
+    whole = {**{c: i for i, c in enumerate(letters)}, **pieces}
+    llama = Tokenizer(models.BPE(vocab=whole, merges=[], byte_fallback=True))
+    llama.pre_tokenizer, llama.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, **{c: i + 1 for i, c in enumerate(letters)}}))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    for sound in (llama, wordpiece):
+        sound.add_special_tokens([SEP])
+        DocumentEncoder(sound, SeparatorPolicy(SEP), building=True)
     DocumentEncoder(train_bpe(TEXTS, 300, [SEP]), SeparatorPolicy(SEP), building=True)
