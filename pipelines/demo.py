@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipelines.cli import DEMO_STAGES
 from training.contract.batch_record import BatchEntry, batch_file, read_batches
+from training.contract.config_loader import PathArgument
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     BATCHES_BIN,
@@ -44,22 +45,39 @@ from training.contract.run_layout import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
     parser.add_argument(
-        "--code-config", default="configs/data/demo-code.toml", help="second data recipe (the code source)"
+        "--data-config", action=PathArgument, default="configs/data/demo.toml", help="data recipe to build"
     )
-    parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
-    parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
+    parser.add_argument(
+        "--code-config",
+        action=PathArgument,
+        default="configs/data/demo-code.toml",
+        help="second data recipe (the code source)",
+    )
+    parser.add_argument(
+        "--train-config", action=PathArgument, default="configs/train/demo.toml", help="training recipe"
+    )
+    parser.add_argument(
+        "--eval-config",
+        action=PathArgument,
+        default="configs/eval/demo.toml",
+        help="eval recipe (local tasks)",
+    )
     parser.add_argument(
         "--continue-config",
+        action=PathArgument,
         default="configs/train/demo-continued.toml",
         help="continued-pretraining recipe (model.init_from = the step-150 export)",
     )
     parser.add_argument(
-        "--rewind-config", default="configs/train/demo-rewind.toml", help="the rewind stage's training recipe"
+        "--rewind-config",
+        action=PathArgument,
+        default="configs/train/demo-rewind.toml",
+        help="the rewind stage's training recipe",
     )
     parser.add_argument(
         "--bucket-config",
+        action=PathArgument,
         default="configs/train/demo-bucket.toml",
         help="the bucket stage's training recipe (data.dataset = s3://gristmill-demo/demo)",
     )

@@ -93,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--include-path",
-        action="append",
+        action=PathArgument,
+        append=True,
         default=[],
         metavar="DIR",
         help="a directory of lm-eval task YAML files (repeatable), as lm-eval's --include_path",

@@ -244,7 +244,9 @@ def test_the_can_never_rewind_warning_advises_what_would_let_it():
 
 # What each command's path arguments are called (argparse dests); every one is a PathArgument
 PATH_DESTS = {"config", "resume", "out", "plot", "dataset", "cache_dir", "run", "dir", "dirs", "old", "new"}
-PATH_DESTS |= {"to", "source", "plots", "db"}
+PATH_DESTS |= {"to", "source", "plots", "db", "include_path"}
+DEMO_STAGES = ("data", "code", "train", "eval", "continue", "rewind", "bucket")
+PATH_DESTS |= {f"{stage}_config" for stage in DEMO_STAGES}
 
 
 def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, monkeypatch):
@@ -286,7 +288,16 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
         with pytest.raises(GristmillError) as e:
             parser.parse_args(argv)
         assert str(e.value).startswith(said), e.value
+    from pipelines.decontam.index import add_arguments as index_arguments
+
+    parser = argparse.ArgumentParser()  # a repeatable one: each given, expanded (re-trial RV73d 4)
+    index_arguments(parser)
+    args = parser.parse_args(["--tasks", "t", "--out", "o", "--include-path=~/a", "--include-path", "b"])
+    assert args.include_path == [str(tmp_path / "a"), "b"]
+    assert parser.parse_args(["--tasks", "t", "--out", "o"]).include_path == []
     monkeypatch.setenv("HOME", "")  # expanduser made ~/x the root's /x
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
     with pytest.raises(GristmillError) as e:
         parser.parse_args(["~/run"])
     assert (

@@ -147,7 +147,12 @@ class PathArgument(argparse.Action):
     `--out=` or in quotes: `mix propose --out=~/m` wrote its search into a folder named `~` and its
     proxies, whose run.output_dir is a ConfigPath, into the home directory, and looked for them in the
     first (trial RV73a 1); `export --out=~/x` said `~/x` and wrote `./~/x` (RV73a 2); `data upload ""`
-    uploaded the working directory (RV73a 3). Raised here, a GristmillError is the command's one line."""
+    uploaded the working directory (RV73a 3). Raised here, a GristmillError is the command's one line.
+    `append`: each one given is added to a list (argparse's "append", a repeatable option)."""
+
+    def __init__(self, *args, append: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.append = append
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         name = option_string or self.metavar or self.dest.upper()
@@ -158,11 +163,10 @@ class PathArgument(argparse.Action):
                 raise GristmillError(f"{name} {value}: {_no_home(value)}")
             return path
 
-        setattr(
-            namespace,
-            self.dest,
-            [expanded(v) for v in values] if isinstance(values, list) else expanded(values),
-        )
+        value = [expanded(v) for v in values] if isinstance(values, list) else expanded(values)
+        if self.append:  # a new list: the default's is the parser's
+            value = [*(getattr(namespace, self.dest, None) or []), value]
+        setattr(namespace, self.dest, value)
 
 
 def override_of(cfg: Any, key: str) -> str | None:

@@ -43,6 +43,7 @@ from training.data.remote import add_cache_argument, cache_of, ensure_dirs, orig
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "dataset",
+        metavar="DATASET",  # as its refusals name it
         action=PathArgument,
         help="training run directory (holds config.toml), or a dataset directory",
     )
