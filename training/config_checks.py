@@ -187,11 +187,12 @@ def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
 
 
 def check_output_dir(cfg: TrainConfig) -> None:
-    """run.output_dir names the run's directory: "" (or blanks) resolved to the working directory, which
-    got the run's files. The trainer's preflight and `gristmill train` before its --plan both call this,
-    so --plan refuses what the run refuses (it printed a plan, exit 0: trial RV72c F9); not check_config,
-    which the mixture search calls on its proxies' recipes before they have a directory."""
-    if not cfg.run.output_dir.strip():  # the value as given: "   " was quoted as ""
+    """run.output_dir names the run's directory: "" resolved to the working directory, which got the
+    run's files (blanks alone are refused when the config is loaded, as any path key's: ConfigPath).
+    The trainer's preflight and `gristmill train` before its --plan both call this, so --plan refuses
+    what the run refuses (it printed a plan, exit 0: trial RV72c F9); not check_config, which the
+    mixture search calls on its proxies' recipes before they have a directory."""
+    if not cfg.run.output_dir.strip():
         said = f"run.output_dir = {json.dumps(cfg.run.output_dir)}"
         error = ConfigError(f'{said}: name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir")
         raise naming_override(error, cfg)

@@ -157,17 +157,27 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
     monkeypatch.chdir(tmp_path)
     data = f"data.dataset={json.dumps(str(synthetic_dataset()))}"
     for plan in ([], ["--plan"]):
-        for value in ('""', '"   "'):
-            sets = [data, f"run.output_dir={value}", "run.threads=1"]
-            assert main(["train", "--config", TINY, *plan, "--set", *sets]) == 2
+        sets = [data, 'run.output_dir=""', "run.threads=1"]
+        assert main(["train", "--config", TINY, *plan, "--set", *sets]) == 2
+        err = capsys.readouterr().err.strip()
+        said = 'run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"'
+        assert err == f'error: {said} (--set run.output_dir="")', err
+        assert main(["train", "--config", TINY, *plan, "--set", 'data.dataset=""']) == 2
+        err = capsys.readouterr().err.strip()
+        said = 'data.dataset = "": name the dataset\'s directory (or s3:// URL), e.g. '
+        assert err == f'error: {said}data.dataset = "runs/data/demo" (--set data.dataset="")', err
+        # blanks, for any path key: a plan printed for a checkpoint.resume train refused, a cache folder
+        # named "  " (trial RV73a 7)
+        for key in (
+            "run.output_dir",
+            "data.dataset",
+            "checkpoint.resume",
+            "data.cache_dir",
+            "model.init_from",
+        ):
+            assert main(["train", "--config", TINY, *plan, "--set", data, f'{key}="  "']) == 2
             err = capsys.readouterr().err.strip()
-            said = f'run.output_dir = {value}: name the run\'s directory, e.g. "runs/train/mine"'
-            assert err == f"error: {said} (--set run.output_dir={value})", err
-        for value in ('""', '" "'):
-            assert main(["train", "--config", TINY, *plan, "--set", f"data.dataset={value}"]) == 2
-            err = capsys.readouterr().err.strip()
-            said = f"data.dataset = {value}: name the dataset's directory (or s3:// URL), e.g. "
-            assert err == f'error: {said}data.dataset = "runs/data/demo" (--set data.dataset={value})', err
+            assert err == f'error: {key} = "  ": blanks are no path; name one (--set {key}="  ")', err
     assert list(tmp_path.iterdir()) == []
 
 

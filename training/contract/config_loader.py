@@ -135,7 +135,11 @@ def _no_home(value: str) -> str:
 
 def _home_expanded(value: str, key: str, source: str) -> str:
     """`value` of ConfigPath `key` with its leading `~` expanded; one that names no home here (HOME
-    unset, an unknown user) is refused: kept as written it would become a folder named `~`."""
+    unset, an unknown user) is refused: kept as written it would become a folder named `~`. So is one of
+    blanks alone: a folder of that name (data.cache_dir), a plan printed for a checkpoint.resume train
+    then refused (trial RV73a 7), or the working directory."""
+    if value and not value.strip():
+        raise ConfigError(f"{source}: {key} = {_shown(value)}: blanks are no path; name one", key)
     if (expanded := _home_of(value)) is None:
         raise ConfigError(f"{source}: {key} = {_shown(value)}: {_no_home(value)}", key)
     return expanded
