@@ -2210,6 +2210,49 @@ def test_an_upload_body_damaged_on_the_way_is_sent_again(s3, synthetic):
         s3.proxy.reset_counts()
 
 
+def test_an_upload_is_checked_by_what_the_store_holds_where_its_etag_is_no_md5(s3, tmp_path, monkeypatch):
+    """What a damaged or odd upload is, told apart (re-trial RV73e): a store whose ETags only look like
+    an MD5 (an encrypting MinIO) failed every upload, now nine times over blaming the network: what it
+    holds, read back, is what was sent, and it is taken (a damaged body still sent again); a file
+    written since it was hashed was sent ten times and blamed on the network: one PUT, its change named;
+    a multipart upload's damaged part was completed into the object, replacing the good one, and then
+    refused: the part is sent again."""
+    from training.contract import object_store
+
+    store = ObjectStore(s3.url("etag-checks"))
+    f = tmp_path / "f.bin"
+    f.write_bytes(bytes(range(256)) * 40)
+    for damaged in ((), (1,)):
+        s3.proxy.opaque_etags = True
+        s3.proxy.damage_puts("f.bin", *damaged, checked=False)
+        try:
+            store.put_file(f, "f.bin")
+        finally:
+            s3.proxy.opaque_etags = False
+            s3.proxy.damage_puts("")
+        held = s3.client.get_object(Bucket=BUCKET, Key="etag-checks/f.bin")["Body"].read()
+        assert held == f.read_bytes()
+    digests = object_store.file_digests(f)
+    f.write_bytes(b"written since" * 100)
+    s3.proxy.reset_counts()
+    with pytest.raises(ObjectStoreError) as e:
+        store.put_file(f, "changed.bin", digests=digests)
+    assert "changed.bin: its file changed since it was hashed (its MD5 now " in str(e.value), e.value
+    assert s3.proxy.counts.requests.get("PUT") == 1
+    monkeypatch.setattr(object_store, "MAX_PUT_BYTES", 1 << 20)  # parts of PART_BYTES: at least 5 MiB
+    monkeypatch.setattr(object_store, "PART_BYTES", 5 << 20)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 << 20))
+    s3.proxy.damage_puts("big.bin", 2, checked=False)  # the second part
+    try:
+        store.put_file(big, "big.bin")
+    finally:
+        flipped = s3.proxy.counts.flipped
+        s3.proxy.damage_puts("")
+    held = s3.client.get_object(Bucket=BUCKET, Key="etag-checks/big.bin")["Body"].read()
+    assert flipped == 1 and hashlib.sha256(held).digest() == hashlib.sha256(big.read_bytes()).digest()
+
+
 def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_on_where_it_cannot(
     s3, tmp_path, capsys
 ):

@@ -141,17 +141,22 @@ def _spelled_back(
 
 
 def _byte_gaps(tokenizer: Tokenizer, byte_level: bool, model: dict[str, Any]) -> tuple[str, list[int]] | None:
-    """(what, the bytes it lacks) of a byte-level alphabet or byte fallback that lacks some of the 256
-    (a byte-level BPE's alphabet is its single-character tokens); None where it holds them all or the
-    model has neither."""
+    """(what, the bytes it lacks) of a byte-level alphabet or byte fallback that lacks some of the 243
+    bytes UTF-8 text holds (a byte-level BPE's alphabet is its single-character tokens); None where it
+    holds them all or the model has neither."""
     if byte_level:
         chars = _byte_level_chars()
-        lacking = [b for b in range(256) if tokenizer.token_to_id(chars[b]) is None]
+        lacking = [b for b in _UTF8_BYTES if tokenizer.token_to_id(chars[b]) is None]
         return ("byte-level alphabet", lacking) if lacking else None
     if model.get("byte_fallback"):
-        lacking = [b for b in range(256) if tokenizer.token_to_id(f"<0x{b:02X}>") is None]
+        lacking = [b for b in _UTF8_BYTES if tokenizer.token_to_id(f"<0x{b:02X}>") is None]
         return ("byte fallback", lacking) if lacking else None
     return None
+
+
+# The bytes UTF-8 text can hold: never 0xC0, 0xC1 or 0xF5–0xFF, which a vocabulary trained on every
+# valid byte lacks (they were refused: re-trial RV73e 4)
+_UTF8_BYTES = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
 
 
 def _meant(tokenizer: Tokenizer, tid: int, token: str) -> list[str]:
@@ -346,9 +351,9 @@ class DocumentEncoder:
                 else f"add the pieces <0x00> to <0xFF> to its vocabulary in {where}"
             )
             raise TokenizerError(
-                f"{source}: its {kind} lacks {len(lacking)} of the 256 bytes ({shown}), so a text holding "
-                f"them loses them without a trace; {fix}, or give its model an unk_token in {where} (the "
-                "build then excludes texts holding it)"
+                f"{source}: its {kind} lacks {len(lacking)} of the 243 bytes of UTF-8 text ({shown}), so a "
+                f"text holding them loses them without a trace; {fix}, or give its model an unk_token in "
+                f"{where} (the build then excludes texts holding it)"
             )
         # Some tokens are not enough: a Metaspace BPE gave '一' as '▁' alone (re-trial RV73d 1); what
         # comes out must be the unknown token, or spell the character back

@@ -149,6 +149,7 @@ class FaultProxy:
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
         self.opaque_etags = False  # the same ETags, without the encryption header that says so
+        self.real_etags: dict[str, str] = {}  # the ETag either gave → the store's (If-Match, If-None-Match)
         self._flips: tuple[str, int | None, set[int], int, int | None, int | None] | None = None  # flip_gets
         self._flip_seen = 0
         self._put_flips: tuple[str, set[int], bool] | None = None  # damage_puts
@@ -219,6 +220,11 @@ class FaultProxy:
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                    if proxy.kms or proxy.opaque_etags:  # a condition on an ETag it gave: the store's own
+                        for k, v in headers.items():
+                            if k.lower() in ("if-match", "if-none-match"):
+                                real = proxy.real_etags.get(v.strip('"'), v.strip('"'))
+                                headers[k] = f'"{real}"'
                     headers["Content-Length"] = str(len(body))
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
@@ -227,6 +233,9 @@ class FaultProxy:
                 finally:
                     conn.close()
                 if proxy.kms or proxy.opaque_etags:
+                    for k, v in resp_headers:
+                        if k.lower() == "etag":
+                            proxy.real_etags[_kms_etag(v.strip('"'))] = v.strip('"')
                     resp_headers, data = kms_view(resp_headers, data, said=proxy.kms)
                 if self.command == "GET" and resp.status in (200, 206):
                     data = proxy._flipped(self.path, self.headers.get("Range"), data)

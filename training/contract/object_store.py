@@ -927,9 +927,9 @@ class ObjectStore:
                     whole.update(data)
                     sent += len(data)
                     md5s.append(hashlib.md5(data).digest())
-                    digest = base64.b64encode(md5s[-1]).decode()
+                    digest, md5 = base64.b64encode(md5s[-1]).decode(), md5s[-1].hex()
 
-                    def put(c, data=data, number=number, digest=digest):
+                    def put(c, data=data, number=number, digest=digest, md5=md5):
                         r = c.upload_part(
                             Bucket=self.url.bucket,
                             Key=key,
@@ -940,7 +940,15 @@ class ObjectStore:
                             ContentMD5=digest,
                         )
                         self.counts.add("bytes", len(data))
-                        return r.get("ETag", "").strip('"')
+                        etag = r.get("ETag", "").strip('"')
+                        if md5_etag(etag, r) not in (None, md5):  # a part damaged on the way: sent again,
+                            # not completed into the object (it replaced the good one: re-trial RV73e 1)
+                            _, exc = _botocore()
+                            raise exc.ResponseStreamingError(
+                                error=f"{self.url.child(rel)}: part {number}'s ETag {etag} is not the MD5 "
+                                "sent (damaged on the way)"
+                            )
+                        return etag
 
                     parts.append({"ETag": self._call("PUT part", rel, put), "PartNumber": number})
             if whole.hexdigest() != sha:
@@ -985,30 +993,62 @@ class ObjectStore:
 
     def _put(self, rel: str, open_body: Callable[[], Any], size: int, md5: str, sha: str) -> str:
         digest = base64.b64encode(bytes.fromhex(md5)).decode()
+        _, exc = _botocore()
+
+        def unchanged() -> None:
+            """Raise where the body is no longer the bytes hashed: its file was written since (by a
+            rebuild into the same folder): sent again and again, that was blamed on the network (RV73e 2)."""
+            with open_body() as body:
+                h = hashlib.md5()
+                for block in iter(lambda: body.read(CHUNK), b""):
+                    h.update(block)
+            if h.hexdigest() != md5:
+                raise ObjectStoreError(
+                    f"{self.url.child(rel)}: its file changed since it was hashed (its MD5 now "
+                    f"{h.hexdigest()}, not {md5}): something writes it during the upload; rerun once nothing "
+                    "does"
+                )
 
         def put(c):
-            with open_body() as body:
-                resp = c.put_object(
-                    Bucket=self.url.bucket,
-                    Key=self.url.key(rel),
-                    Body=body,
-                    ContentLength=size,
-                    ContentMD5=digest,
-                    Metadata={"sha256": sha},
-                )
+            try:
+                with open_body() as body:
+                    resp = c.put_object(
+                        Bucket=self.url.bucket,
+                        Key=self.url.key(rel),
+                        Body=body,
+                        ContentLength=size,
+                        ContentMD5=digest,
+                        Metadata={"sha256": sha},
+                    )
+            except exc.ClientError as e:
+                if e.response.get("Error", {}).get("Code") == "BadDigest":  # retried, unless the file changed
+                    unchanged()
+                raise
             self.counts.add("bytes", size)
             etag = resp.get("ETag", "").strip('"')
             if md5_etag(etag, resp) not in (None, md5):
                 # a store that checks no Content-MD5 kept a body damaged on the way: sent again, as a
-                # BadDigest is (it ended the build, naming no cause: trial RV73b 3)
-                _, exc = _botocore()
+                # BadDigest is (it ended the build, naming no cause: trial RV73b 3); or a store whose ETags
+                # only look like an MD5 (an encrypting MinIO): what it holds, read back, is what was sent
+                unchanged()
+                if self._stored_md5(c, rel, etag) == md5:
+                    return etag
                 raise exc.ResponseStreamingError(
-                    error=f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of what was sent "
-                    "(the body was damaged on the way)"
+                    error=f"{self.url.child(rel)}: the object stored is not the bytes sent (damaged on the "
+                    "way)"
                 )
             return etag
 
         return self._call("PUT", rel, put)
+
+    def _stored_md5(self, c, rel: str, etag: str) -> str:
+        """The MD5 of object `rel` as the store holds it (version `etag`), read back whole."""
+        resp = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel), IfMatch=f'"{etag}"')
+        h = hashlib.md5()
+        for block in resp["Body"].iter_chunks(CHUNK):
+            h.update(block)
+            self.counts.add("bytes", len(block))
+        return h.hexdigest()
 
     def delete(self, rel: str) -> None:
         """Remove object `rel` (gone already: nothing to do)."""
