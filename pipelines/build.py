@@ -1325,7 +1325,9 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
                 f"{store.url.child(rel)}: fetched twice, the same other bytes each time, though the store's "
                 f"ETag says it holds what task {task} recorded: the transfers were damaged on the way (a "
                 f"proxy or cache between here and the store); check the network to {endpoint_setting()} = "
-                f"{endpoint()}, then run again (task {task}'s record is kept)"
+                f"{endpoint()}, then run again (task {task}'s record is kept; should the same come again "
+                f"from a healthy network, the store's copy is damaged where it keeps it: delete "
+                f"{store.url.child(record_rel(task))} and run again)"
             )
         if digest != spec["sha256"]:
             raise BuildError(

@@ -178,6 +178,9 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
             assert main(["train", "--config", TINY, *plan, "--set", data, f'{key}="  "']) == 2
             err = capsys.readouterr().err.strip()
             assert err == f'error: {key} = "  ": blanks are no path; name one (--set {key}="  ")', err
+        assert main(["train", "--config", TINY, *plan, "--set", data, 'data.cache_dir=" ~/c"']) == 2
+        err = capsys.readouterr().err.strip()  # a folder named " ~" (re-trial RV73e 6)
+        assert err.startswith('error: data.cache_dir = " ~/c": it starts with a blank; remove it'), err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -293,6 +296,10 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
         (["", "--out=x"], 'RUN "": name a path'),
         (["  "], 'RUN "  ": name a path'),
         (["r", "--out", ""], '--out "": name a path, or leave the option out'),
+        (
+            ["r", "--out", " ~/x"],
+            '--out " ~/x": it starts with a blank; remove it',
+        ),  # a folder " ~" (RV73e 6)
         (["r", "--out=~no-such-user-here/x"], "--out ~no-such-user-here/x: ~no-such-user-here names no home"),
     ]:
         with pytest.raises(GristmillError) as e:

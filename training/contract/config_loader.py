@@ -140,6 +140,8 @@ def _home_expanded(value: str, key: str, source: str) -> str:
     then refused (trial RV73a 7), or the working directory."""
     if value and not value.strip():
         raise ConfigError(f"{source}: {key} = {_shown(value)}: blanks are no path; name one", key)
+    if value[:1].isspace():  # " ~/x": a folder named " ~" in the working directory (re-trial RV73e 6)
+        raise ConfigError(f"{source}: {key} = {_shown(value)}: it starts with a blank; remove it", key)
     if (expanded := _home_of(value)) is None:
         raise ConfigError(f"{source}: {key} = {_shown(value)}: {_no_home(value)}", key)
     return expanded
@@ -163,6 +165,8 @@ class PathArgument(argparse.Action):
 
         def expanded(value: str) -> str:
             refuse_empty({name: value}, required=self.required)
+            if value[:1].isspace():  # " ~/x": a folder named " ~" (re-trial RV73e 6)
+                raise GristmillError(f"{name} {json.dumps(value)}: it starts with a blank; remove it")
             if (path := _home_of(value)) is None:
                 raise GristmillError(f"{name} {value}: {_no_home(value)}")
             return path
