@@ -324,7 +324,7 @@ class DocumentEncoder:
             raise TokenizerError(
                 f"{source}: its Unigram model has no unk_id, so the first text outside its pieces stops the "
                 f"build; set model.unk_id in {where} to the index of its unknown piece (byte_fallback needs "
-                "the 256 pieces <0x00> to <0xFF> too)"
+                "the pieces <0x00> to <0xFF> too)"
             )
         # And one with no unknown token to give them (a BPE without unk_token, byte fallback or ByteLevel)
         # drops the characters it cannot spell: the ids decode to other text, the build said OK
@@ -339,8 +339,8 @@ class DocumentEncoder:
                 f"first such text of the build; give its model an unknown token in {where}"
             ) from None
         byte_level = any('"ByteLevel"' in json.dumps(spec.get(k)) for k in ("pre_tokenizer", "decoder"))
-        # A byte alphabet, or byte fallback, must hold all 256 bytes: the probe below tries three (a BPE
-        # trained without ByteLevel's initial alphabet spelled '€' as nothing: re-trial RV73d 2)
+        # A byte alphabet, or byte fallback, must hold every byte UTF-8 text holds: the probe below tries
+        # three (a BPE trained without ByteLevel's initial alphabet spelled '€' as nothing: RV73d 2)
         if building and self.unk_id is None and (gap := _byte_gaps(self.tokenizer, byte_level, model)):
             kind, lacking = gap
             shown = ", ".join(f"0x{b:02X}" for b in lacking[:8]) + (" …" if len(lacking) > 8 else "")

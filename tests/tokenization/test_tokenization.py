@@ -437,7 +437,10 @@ def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
         **{f"<0x{b:02X}>": len(letters) + i for i, b in enumerate(utf8)},
     }
     text_bytes = Tokenizer(models.BPE(vocab=some_bytes, merges=[], byte_fallback=True))
-    for sound in (llama, wordpiece, text_bytes):
+    # a byte-level BPE without its decoder: its tokens read as bytes spell the character (review RV73g 5)
+    undecoded = train_bpe(TEXTS, 300, [SEP])
+    undecoded.decoder = decoders.Fuse()
+    for sound in (llama, wordpiece, text_bytes, undecoded):
         sound.add_special_tokens([SEP])
         DocumentEncoder(sound, SeparatorPolicy(SEP), building=True)
     DocumentEncoder(train_bpe(TEXTS, 300, [SEP]), SeparatorPolicy(SEP), building=True)

@@ -300,7 +300,10 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
             ["r", "--out", " ~/x"],
             '--out " ~/x": it starts with a blank; remove it',
         ),  # a folder " ~" (RV73e 6)
-        (["r", "--out=~no-such-user-here/x"], "--out ~no-such-user-here/x: ~no-such-user-here names no home"),
+        (
+            ["r", "--out=~no-such-user-here/x"],
+            '--out "~no-such-user-here/x": ~no-such-user-here names no home',
+        ),
     ]:
         with pytest.raises(GristmillError) as e:
             parser.parse_args(argv)
@@ -319,5 +322,5 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
         parser.parse_args(["~/run"])
     assert (
         str(e.value)
-        == "RUN ~/run: ~ names no home directory here (HOME is empty); write the path out in full"
+        == 'RUN "~/run": ~ names no home directory here (HOME is empty); write the path out in full'
     )

@@ -138,13 +138,23 @@ def _home_expanded(value: str, key: str, source: str) -> str:
     unset, an unknown user) is refused: kept as written it would become a folder named `~`. So is one of
     blanks alone: a folder of that name (data.cache_dir), a plan printed for a checkpoint.resume train
     then refused (trial RV73a 7), or the working directory."""
+    path, why = _as_path(value)
+    if why is not None:
+        raise ConfigError(f"{source}: {key} = {_shown(value)}: {why}", key)
+    return path
+
+
+def _as_path(value: str) -> tuple[str, str | None]:
+    """(`value` with its leading `~` expanded, None), or (`value`, why it names no path): blanks alone, a
+    leading blank (" ~/x": a folder named " ~" in the working directory, re-trial RV73e 6), a `~` that
+    names no home here. The one rule of a config's path keys and a command's path arguments."""
     if value and not value.strip():
-        raise ConfigError(f"{source}: {key} = {_shown(value)}: blanks are no path; name one", key)
-    if value[:1].isspace():  # " ~/x": a folder named " ~" in the working directory (re-trial RV73e 6)
-        raise ConfigError(f"{source}: {key} = {_shown(value)}: it starts with a blank; remove it", key)
+        return value, "blanks are no path; name one"
+    if value[:1].isspace():
+        return value, "it starts with a blank; remove it"
     if (expanded := _home_of(value)) is None:
-        raise ConfigError(f"{source}: {key} = {_shown(value)}: {_no_home(value)}", key)
-    return expanded
+        return value, _no_home(value)
+    return expanded, None
 
 
 class PathArgument(argparse.Action):
@@ -165,10 +175,9 @@ class PathArgument(argparse.Action):
 
         def expanded(value: str) -> str:
             refuse_empty({name: value}, required=self.required)
-            if value[:1].isspace():  # " ~/x": a folder named " ~" (re-trial RV73e 6)
-                raise GristmillError(f"{name} {json.dumps(value)}: it starts with a blank; remove it")
-            if (path := _home_of(value)) is None:
-                raise GristmillError(f"{name} {value}: {_no_home(value)}")
+            path, why = _as_path(value)
+            if why is not None:
+                raise GristmillError(f"{name} {json.dumps(value)}: {why}")
             return path
 
         value = [expanded(v) for v in values] if isinstance(values, list) else expanded(values)
