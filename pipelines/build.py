@@ -143,6 +143,7 @@ from training.contract.dataset_format import (
 from training.contract.dataset_format import finished_tasks as completed_ranks
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import (
+    ObjectChanged,
     ObjectMissing,
     ObjectStore,
     ObjectURL,
@@ -1313,10 +1314,23 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             digest = download_twice(
-                store, rel, dest, spec["bytes"], spec["sha256"], trained=False, recorded_by=f"task {task}"
+                store,
+                rel,
+                dest,
+                spec["bytes"],
+                spec["sha256"],
+                if_match=spec["etag"],  # the version listed: what the verdicts below speak of
+                trained=False,
+                recorded_by=f"task {task}",
             )
         except DamagedInTransit as e:
             raise BuildError(str(e)) from None
+        except ObjectChanged as e:  # written again since it was listed: called the transfer's (RV73g 3)
+            raise BuildError(
+                f"{e}, after task {task} recorded it: another writer (a leftover job of this build?); run "
+                f"again once nothing else writes {store.url}: the bucket is checked against the tasks' "
+                "records again"
+            ) from None
         if digest != spec["sha256"] and spec.get("md5") == spec["etag"] != file_digests(dest)[0]:
             # the store's ETag, the recorded one, is the MD5 of the bytes the task uploaded, and what came
             # twice alike is not: damaged between the store and here (a caching proxy), the object intact;

@@ -5218,6 +5218,30 @@ def test_a_bucket_build_s_task_output_damaged_in_transit_is_fetched_again_and_no
         s3.proxy.flip_gets("")
     assert build(cfg, log=lambda *a: None).ok
     assert dataset_info(url)["fingerprint"] == want
+    # written again between the listing and the fetch (another writer): its other bytes twice were
+    # called the transfer's, the store's listed ETag taken for the object's (review RV73g 3)
+    key = f"transit-build/{rel}"
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.delete_object(Bucket=BUCKET, Key=f"transit-build/{DATASET_JSON}")
+
+    def writer(method: str, path: str) -> bool:  # another writer, just before the first fetch of it
+        if method == "GET" and path.split("?")[0].endswith(key) and s3.proxy.forbidden is not None:
+            s3.proxy.forbidden = None
+            s3.client.put_object(Bucket=BUCKET, Key=key, Body=good + b"x")
+        return False
+
+    s3.proxy.forbidden = writer
+    try:
+        with pytest.raises(BuildError) as e:
+            build(cfg, log=lambda *a: None)
+    finally:
+        s3.proxy.forbidden = None
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=good)  # as the task wrote it: its ETag again
+    assert (
+        f"{url}/{rel} changed since it was listed (another ETag), after task 0 recorded it: another "
+        in str(e.value)
+    ), e.value
+    assert build(cfg, log=lambda *a: None).ok and dataset_info(url)["fingerprint"] == want
 
 
 def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is_refused(
