@@ -2232,13 +2232,36 @@ def test_an_upload_is_checked_by_what_the_store_holds_where_its_etag_is_no_md5(s
             s3.proxy.damage_puts("")
         held = s3.client.get_object(Bucket=BUCKET, Key="etag-checks/f.bin")["Body"].read()
         assert held == f.read_bytes()
+
+    # another writer between the upload and its read-back: "changed since it was listed" (RV73g 6)
+    def writer(method: str, path: str) -> bool:
+        if method == "GET" and path.split("?")[0].endswith("etag-checks/f.bin"):
+            s3.proxy.forbidden = None
+            s3.client.put_object(Bucket=BUCKET, Key="etag-checks/f.bin", Body=b"theirs")
+        return False
+
+    s3.proxy.opaque_etags, s3.proxy.forbidden = True, writer
+    try:
+        with pytest.raises(ObjectStoreError) as e:
+            store.put_file(f, "f.bin")
+    finally:
+        s3.proxy.opaque_etags, s3.proxy.forbidden = False, None
+    assert str(e.value) == (
+        f"{s3.url('etag-checks')}/f.bin was written by another writer during this upload (its ETag changed "
+        "before it was read back); rerun once nothing else writes it"
+    ), e.value
     digests = object_store.file_digests(f)
     f.write_bytes(b"written since" * 100)
-    s3.proxy.reset_counts()
-    with pytest.raises(ObjectStoreError) as e:
-        store.put_file(f, "changed.bin", digests=digests)
-    assert "changed.bin: its file changed since it was hashed (its MD5 now " in str(e.value), e.value
-    assert s3.proxy.counts.requests.get("PUT") == 1
+    for checked in (False, True):  # told by the ETag (moto), or by S3's BadDigest (review RV73g 4)
+        s3.proxy.reset_counts()
+        s3.proxy.check_md5 = checked
+        try:
+            with pytest.raises(ObjectStoreError) as e:
+                store.put_file(f, "changed.bin", digests=digests)
+        finally:
+            s3.proxy.check_md5 = False
+        assert "changed.bin: its file changed since it was hashed (its MD5 now " in str(e.value), e.value
+        assert s3.proxy.counts.requests.get("PUT") == 1
     monkeypatch.setattr(object_store, "MAX_PUT_BYTES", 1 << 20)  # parts of PART_BYTES: at least 5 MiB
     monkeypatch.setattr(object_store, "PART_BYTES", 5 << 20)
     big = tmp_path / "big.bin"

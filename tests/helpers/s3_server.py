@@ -17,6 +17,7 @@ points gristmill there; `bucket_objects`, `puts` and `damage` look at and spoil 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import http.client
@@ -149,6 +150,7 @@ class FaultProxy:
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
         self.opaque_etags = False  # the same ETags, without the encryption header that says so
+        self.check_md5 = False  # PUTs checked against their Content-MD5 (400 BadDigest), as S3 does
         self.real_etags: dict[str, str] = {}  # the ETag either gave → the store's (If-Match, If-None-Match)
         self._flips: tuple[str, int | None, set[int], int, int | None, int | None] | None = None  # flip_gets
         self._flip_seen = 0
@@ -214,6 +216,9 @@ class FaultProxy:
                     return
                 if self.command == "PUT":
                     body, refused = proxy._damaged_put(self.path, body)
+                    said = self.headers.get("Content-MD5")
+                    if proxy.check_md5 and said is not None:  # as S3 checks a body against its header
+                        refused = refused or base64.b64encode(hashlib.md5(body).digest()).decode() != said
                     if refused:  # as S3 answers a body that is not its Content-MD5
                         send_error(self, 400, "Bad Request", BAD_DIGEST)
                         return

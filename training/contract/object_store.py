@@ -1031,8 +1031,16 @@ class ObjectStore:
                 # BadDigest is (it ended the build, naming no cause: trial RV73b 3); or a store whose ETags
                 # only look like an MD5 (an encrypting MinIO): what it holds, read back, is what was sent
                 unchanged()
-                if self._stored_md5(c, rel, etag) == md5:
-                    return etag
+                try:
+                    if self._stored_md5(c, rel, etag) == md5:
+                        return etag
+                except exc.ClientError as e:  # 412: another ETag already; "changed since it was listed"
+                    if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:  # (RV73g 6)
+                        raise
+                    raise ObjectStoreError(
+                        f"{self.url.child(rel)} was written by another writer during this upload (its ETag "
+                        "changed before it was read back); rerun once nothing else writes it"
+                    ) from None
                 raise exc.ResponseStreamingError(
                     error=f"{self.url.child(rel)}: the object stored is not the bytes sent (damaged on the "
                     "way)"
