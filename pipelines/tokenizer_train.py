@@ -19,6 +19,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -239,12 +240,13 @@ def train_tokenizer(
 
 def _spelled_specials(specials: list[str], trained: Any = None) -> str:
     """The refusal of the special tokens plain text spells, "" when none does: whitespace or nothing; a
-    character of the byte alphabet every byte-level vocabulary holds (its id is the special token's), or
-    any one character; with the `trained` tokenizer (encode_special_tokens set), a text encoding to its
-    id (a merge). The separator's extra separators aside, transformers (an export's tokenizer) splits a
-    special token out of any text holding it, where the build's encoding keeps the text: a special "a"
-    (or " ") made an export encode every "a" otherwise than the shards hold it (trial RV72b F2). All
-    named at once, before training where they can be (review RV72d F5)."""
+    character of the byte alphabet every byte-level vocabulary holds (its id is the special token's),
+    any one character, or a word (letters, digits, `_`: trial RV73f 1); with the `trained` tokenizer
+    (encode_special_tokens set), a text encoding to its id (a merge). The separator's extra separators
+    aside, transformers (an export's tokenizer) splits a special token out of any text holding it, where
+    the build's encoding keeps the text: a special "a" (or " ") made an export encode every "a" otherwise
+    than the shards hold it (trial RV72b F2). All named at once, before training where they can be
+    (review RV72d F5)."""
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
     said = []
     for token in dict.fromkeys(specials):
@@ -254,6 +256,8 @@ def _spelled_specials(specials: list[str], trained: Any = None) -> str:
             said.append(f"{token!r} (a byte every byte-level vocabulary holds)")
         elif len(token) == 1:  # "€", "中": text holds it as often as any character (re-trial RV72e F4)
             said.append(f"{token!r} (one character)")
+        elif re.fullmatch(r"\w+", token):  # "river": every text holding the word (trial RV73f 1)
+            said.append(f"{token!r} (a word)")
         elif trained is not None and (text := spelled(trained, token)) is not None:
             said.append(f"{token!r} (literal text {text!r} encodes to its id)")
     if not said:

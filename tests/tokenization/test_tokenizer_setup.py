@@ -150,10 +150,13 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
     [
         ("a", None, "tokenizer.train.special_tokens: plain text spells 'a' (a byte every byte-level "),
         ("Ġ", None, "tokenizer.train.special_tokens: plain text spells 'Ġ' (a byte every byte-level "),
-        ("the", None, "the trained tokenizer cannot frame documents: literal text "),  # a merge's
+        ("the", None, "tokenizer.train.special_tokens: plain text spells 'the' (a word)"),
+        ("==", None, "the trained tokenizer cannot frame documents: literal text "),  # a merge's
         ("<|endoftext|>", "a", "tokenizer.train.special_tokens: plain text spells 'a' (a byte every "),
         ("<|endoftext|>", " ", "tokenizer.train.special_tokens: plain text spells ' ' (whitespace or "),
-        ("<|endoftext|>", "the", "tokenizer.train.special_tokens: plain text spells 'the' (literal text "),
+        ("<|endoftext|>", "==", "tokenizer.train.special_tokens: plain text spells '==' (literal text "),
+        # a word: transformers split "river" out of every text holding it, the build kept it (RV73f 1)
+        ("<|endoftext|>", "river", "tokenizer.train.special_tokens: plain text spells 'river' (a word)"),
         ("<|endoftext|>", "€", "tokenizer.train.special_tokens: plain text spells '€' (one character)"),
     ],
 )
