@@ -56,7 +56,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("data", "audit"): (
         "validation.audit",
-        "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)",
+        "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint, and a run's "
+        "consumption and evals (duckdb)",
     ),
     ("data", "inspect"): (
         "training.data.inspect",

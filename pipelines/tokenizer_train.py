@@ -253,7 +253,7 @@ def _spelled_specials(specials: list[str], trained: Any = None) -> str:
         if not token.strip():
             said.append(f"{token!r} (whitespace or nothing)")
         elif token in alphabet:
-            said.append(f"{token!r} (a byte every byte-level vocabulary holds)")
+            said.append(f"{token!r} (a byte-level vocabulary's character for a byte, which every one holds)")
         elif len(token) == 1:  # "€", "中": text holds it as often as any character (re-trial RV72e F4)
             said.append(f"{token!r} (one character)")
         elif re.fullmatch(r"\w+", token):  # "river": every text holding the word (trial RV73f 1)

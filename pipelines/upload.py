@@ -422,8 +422,12 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", action=PathArgument, help="a complete dataset directory (holds dataset.json)")
-    parser.add_argument("url", help="s3://BUCKET/PREFIX (endpoint and credentials: the AWS_* environment)")
+    parser.add_argument(
+        "dir", metavar="DIR", action=PathArgument, help="a complete dataset directory (holds dataset.json)"
+    )
+    parser.add_argument(
+        "url", metavar="URL", help="s3://BUCKET/PREFIX (endpoint and credentials: the AWS_* environment)"
+    )
 
 
 def _strays(listing: dict[str, int], files: dict[str, dict]) -> list[str]:

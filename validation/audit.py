@@ -548,7 +548,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="DIR",
         action=PathArgument,
-        help="dataset directories or s3:// URLs (several: compare them)",
+        help="dataset directories or s3:// URLs, or training run directories (several: compare them)",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(

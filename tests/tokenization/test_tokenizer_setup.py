@@ -148,11 +148,23 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
 @pytest.mark.parametrize(
     "separator, other, says",
     [
-        ("a", None, "tokenizer.train.special_tokens: plain text spells 'a' (a byte every byte-level "),
-        ("Ġ", None, "tokenizer.train.special_tokens: plain text spells 'Ġ' (a byte every byte-level "),
+        (
+            "a",
+            None,
+            "tokenizer.train.special_tokens: plain text spells 'a' (a byte-level vocabulary's character",
+        ),
+        (
+            "Ġ",
+            None,
+            "tokenizer.train.special_tokens: plain text spells 'Ġ' (a byte-level vocabulary's character",
+        ),
         ("the", None, "tokenizer.train.special_tokens: plain text spells 'the' (a word)"),
         ("==", None, "the trained tokenizer cannot frame documents: literal text "),  # a merge's
-        ("<|endoftext|>", "a", "tokenizer.train.special_tokens: plain text spells 'a' (a byte every "),
+        (
+            "<|endoftext|>",
+            "a",
+            "tokenizer.train.special_tokens: plain text spells 'a' (a byte-level vocabulary's ",
+        ),
         ("<|endoftext|>", " ", "tokenizer.train.special_tokens: plain text spells ' ' (whitespace or "),
         ("<|endoftext|>", "==", "tokenizer.train.special_tokens: plain text spells '==' (literal text "),
         # a word: transformers split "river" out of every text holding it, the build kept it (RV73f 1)

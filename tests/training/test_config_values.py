@@ -300,6 +300,7 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
             ["r", "--out", " ~/x"],
             '--out " ~/x": it starts with a blank; remove it',
         ),  # a folder " ~" (RV73e 6)
+        (["r", "--out", "out/x "], '--out "out/x ": it ends with a blank; remove it'),  # (trial RV73f 6)
         (
             ["r", "--out=~no-such-user-here/x"],
             '--out "~no-such-user-here/x": ~no-such-user-here names no home',
@@ -324,3 +325,15 @@ def test_every_command_line_path_expands_a_tilde_and_refuses_a_blank(tmp_path, m
         str(e.value)
         == 'RUN "~/run": ~ names no home directory here (HOME is empty); write the path out in full'
     )
+
+
+def test_a_recipe_s_data_dataset_gives_way_to_sources_set_beside_it_as_empty(synthetic_dataset):
+    """data.dataset beside [[data.sources]] is refused; a --set cannot remove a recipe's data.dataset, so
+    "" is none: a recipe naming one could not be switched to sources from the command line (trial RV73f
+    7)."""
+    sources = f'data.sources=[{{name = "a", dataset = "{synthetic_dataset()}"}}]'
+    with pytest.raises(ConfigError) as e:
+        check_config(load_train_config(TINY, [sources, 'data.dataset="x"']), 1)
+    assert str(e.value).startswith('--set data.dataset="x" and [[data.sources]] are both set'), e.value
+    spec = check_config(load_train_config(TINY, [sources, 'data.dataset=""']), 1)
+    assert [s.name for s in spec.sources] == ["a"]

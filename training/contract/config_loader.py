@@ -146,12 +146,12 @@ def _home_expanded(value: str, key: str, source: str) -> str:
 
 def _as_path(value: str) -> tuple[str, str | None]:
     """(`value` with its leading `~` expanded, None), or (`value`, why it names no path): blanks alone, a
-    leading blank (" ~/x": a folder named " ~" in the working directory, re-trial RV73e 6), a `~` that
-    names no home here. The one rule of a config's path keys and a command's path arguments."""
+    blank at either end (" ~/x": a folder named " ~" in the working directory, re-trial RV73e 6), a `~`
+    that names no home here. The one rule of a config's path keys and a command's path arguments."""
     if value and not value.strip():
         return value, "blanks are no path; name one"
-    if value[:1].isspace():
-        return value, "it starts with a blank; remove it"
+    if value[:1].isspace() or value[-1:].isspace():  # "out/x ": a folder of that name (RV73f 6)
+        return value, f"it {'starts' if value[:1].isspace() else 'ends'} with a blank; remove it"
     if (expanded := _home_of(value)) is None:
         return value, _no_home(value)
     return expanded, None

@@ -111,11 +111,13 @@ def _sources(cfg: TrainConfig) -> list[SourceSection]:
         epochs = 1 if cfg.phase else None
         return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
     given = override_of(cfg, "data.dataset")
-    if d.dataset != DataSection.dataset or given:
+    # "" is none: a --set cannot remove a recipe's data.dataset, and one naming it could not be switched
+    # to sources from the command line (trial RV73f 7)
+    if d.dataset and (d.dataset != DataSection.dataset or given):
         raise ConfigError(
             f"{given or f'data.dataset = {d.dataset!r}'} and [[data.sources]] are "
             "both set; with sources, name each dataset in a [[data.sources]] table and leave "
-            "data.dataset out",
+            'data.dataset out (or set it to "")',
             "data.dataset",
         )
     names = [src.name for src in d.sources]
