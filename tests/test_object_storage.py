@@ -2511,7 +2511,7 @@ def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys, tmp_pa
         ("s3://bucket/a/./x", "write the prefix without them"),
         ("s3://bucket//x", "write the prefix without it"),  # read as s3://bucket/x (trial RV55c 2)
         ("s3://bucket/a//x", "write the prefix without it"),
-        ("s3://bucket/x ", "write the URL without it"),  # wrote keys `x /…` (trial RV65a F4)
+        ("s3://bucket/x ", "it ends with a blank; remove it"),  # keys `x /…` (RV65a F4); any path's rule
         ("s3://bucket/ a/x", "write the URL without it"),
     ):
         assert gristmill(["data", "inspect", url, *geometry]) == 2
