@@ -2208,6 +2208,20 @@ def test_an_upload_body_damaged_on_the_way_is_sent_again(s3, synthetic):
                 assert held[rel] == hashlib.md5(path.read_bytes()).hexdigest(), rel
         assert flipped >= 1
         s3.proxy.reset_counts()
+    # damaged every time: the last try's cause in our words, not botocore's "An error occurred while
+    # reading from response stream", which points at a download (trial RV73f 3)
+    f = local / DATASET_JSON
+    s3.proxy.damage_puts(DATASET_JSON, 1, 2, checked=False)
+    try:
+        with pytest.raises(ObjectStoreError) as e:
+            ObjectStore(s3.url("damaged-put-always"), attempts=2).put_file(f, DATASET_JSON)
+    finally:
+        s3.proxy.damage_puts("")
+    said = str(e.value)
+    assert "PUT failed 2 time(s), last with " in said and "response stream" not in said, said
+    assert f"{DATASET_JSON}: the object stored is not the bytes sent (damaged on the way); check" in said, (
+        said
+    )
 
 
 def test_an_upload_is_checked_by_what_the_store_holds_where_its_etag_is_no_md5(s3, tmp_path, monkeypatch):
@@ -4327,7 +4341,10 @@ def test_a_store_that_hangs_at_a_training_s_start_and_under_a_data_command_ends_
     assert said.endswith("then run the command again (a training: or raise data.fetch_timeout_s)"), said
     note = capsys.readouterr().err
     assert note.startswith(f"note: {url}/{DATASET_JSON}: failing for 1 s (Read timeout") and endpoint in note
-    assert "; retrying for up to 1 s more (the data commands' window, 2 s)" in note, note
+    # the tries left too: "up to 300 s more" where the tenth try ended it seconds later (trial RV73f 4)
+    assert "; retrying for up to 1 s more, 9 more tries at most (the data commands' window, 2 s)" in note, (
+        note
+    )
 
 
 def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[float, str]:

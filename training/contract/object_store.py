@@ -215,6 +215,15 @@ class ObjectCutShort(ObjectStoreError):
     """The object is shorter than the range asked of it: the data's problem, not the transport's."""
 
 
+class DamagedOnTheWay(Exception):
+    """A body our own check found damaged on the way (two reads that differ, an upload whose ETag is not
+    the MD5 sent): retried as a body cut short is, and said in our words, not botocore's "An error
+    occurred while reading from response stream" (trial RV73f 3)."""
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} (damaged on the way)"
+
+
 class ObjectChanged(ObjectStoreError):
     """The object is no longer the version asked for (If-Match: another ETag now)."""
 
@@ -575,7 +584,8 @@ class ObjectStore:
                 exc.HTTPClientError,
                 exc.ConnectionError,
                 exc.IncompleteReadError,
-            ) as e:  # reset, cut, refused
+                DamagedOnTheWay,
+            ) as e:  # reset, cut, refused, damaged
                 last = e
                 refused += isinstance(e, exc.EndpointConnectionError)
                 # when the store was last heard from, seconds ago: a cut or a reset now; a read timeout
@@ -603,7 +613,7 @@ class ObjectStore:
                 raise self._error(what, rel, last, attempt + 1, tried) from None
             wait = min(wait, window.until - now)
             if now - first >= WAITING_NOTE_AFTER_S:
-                self._say_waiting(rel, last, now - first, window.until - now)
+                self._say_waiting(rel, last, now - first, window.until - now, None if patient else attempt)
             self.counts.add("retries")
             if patient:
                 STOP_FETCHING.wait(wait)  # a stop ends the wait: checked before the next try
@@ -611,21 +621,28 @@ class ObjectStore:
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _say_waiting(self, rel: str | None, e: Exception, waited: float, left: float) -> None:
+    def _say_waiting(
+        self, rel: str | None, e: Exception, waited: float, left: float, attempt: int | None
+    ) -> None:
         """One line on stderr while a window's fetches keep failing: `data inspect` (and a run's data)
-        waited out data.fetch_timeout_s, 300 s, without a word (trial RV62a F7)."""
+        waited out data.fetch_timeout_s, 300 s, without a word (trial RV62a F7). `attempt`: the try that
+        failed (from 0) of a request with tries of its own, whose tries left the line says: it said
+        "up to 300 s more" where the tenth try ended it seconds later (trial RV73f 4)."""
         now = time.monotonic()
         with _WAITING_NOTED_LOCK:
             if now - _WAITING_NOTED[0] < WAITING_NOTE_EVERY_S and _WAITING_NOTED[0]:
                 return
             _WAITING_NOTED[0] = now
         where = self.url.child(rel) if rel else str(self.url)
-        up_to = "" if self.attempts is None else "up to "  # `attempts` may end it first
+        up_to, tries = "", ""
+        if attempt is not None and self.attempts is not None:  # `attempts` may end it first
+            more = self.attempts - attempt - 1
+            up_to, tries = "up to ", f", {more} more tr{'y' if more == 1 else 'ies'} at most"
         # which rank waits, as a failure's line says (torchrun's environment; a loader worker inherits it)
         rank = f"rank {os.environ.get('RANK', '?')}: " if int(os.environ.get("WORLD_SIZE") or 1) > 1 else ""
         print(
             f"note: {rank}{where}: failing for {waited:.0f} s ({self._cause(e)}); retrying for "
-            f"{up_to}{left:.0f} s more ({self.window_said}); check the store and the network "
+            f"{up_to}{left:.0f} s more{tries} ({self.window_said}); check the store and the network "
             f"({endpoint_setting()} = {endpoint()}), or Ctrl-C",
             file=sys.stderr,
             flush=True,
@@ -780,9 +797,8 @@ class ObjectStore:
             again, vouched, etag = fetch(c)
             if vouched or again == body:  # consistent bytes: the object's, whatever its ETag
                 return again, etag
-            raise exc.ResponseStreamingError(
-                error=f"{self.url.child(rel)}: two reads gave different bytes, neither vouched for by the "
-                "ETag (damaged on the way)"
+            raise DamagedOnTheWay(
+                f"{self.url.child(rel)}: two reads gave different bytes, neither vouched for by the ETag"
             )
 
         return self._call("GET", rel, get)
@@ -943,10 +959,8 @@ class ObjectStore:
                         etag = r.get("ETag", "").strip('"')
                         if md5_etag(etag, r) not in (None, md5):  # a part damaged on the way: sent again,
                             # not completed into the object (it replaced the good one: re-trial RV73e 1)
-                            _, exc = _botocore()
-                            raise exc.ResponseStreamingError(
-                                error=f"{self.url.child(rel)}: part {number}'s ETag {etag} is not the MD5 "
-                                "sent (damaged on the way)"
+                            raise DamagedOnTheWay(
+                                f"{self.url.child(rel)}: part {number}'s ETag {etag} is not the MD5 sent"
                             )
                         return etag
 
@@ -1041,10 +1055,7 @@ class ObjectStore:
                         f"{self.url.child(rel)} was written by another writer during this upload (its ETag "
                         "changed before it was read back); rerun once nothing else writes it"
                     ) from None
-                raise exc.ResponseStreamingError(
-                    error=f"{self.url.child(rel)}: the object stored is not the bytes sent (damaged on the "
-                    "way)"
-                )
+                raise DamagedOnTheWay(f"{self.url.child(rel)}: the object stored is not the bytes sent")
             return etag
 
         return self._call("PUT", rel, put)
