@@ -414,9 +414,20 @@ class DocumentEncoder:
                 f"literal text {text!r} encodes to the separator id {sep} (tokenizer.separator "
                 f"{policy.token!r}), so documents quoting it would gain extra separators"
             )
+            fix = "fix the tokenizer's added_tokens and vocabulary so no text spells it"
+            if at:  # a piece of its Unigram model, which the model matches in text: the advice to make it a
+                # special added token, which it was, did not name that (trial RV73f 2)
+                why += (
+                    f": it is piece {at[0]} of its Unigram model.vocab (tokenizers' UnigramTrainer keeps one "
+                    "for each special token), which the model matches in plain text"
+                )
+                fix = (
+                    "use a byte-level BPE (`gristmill tokenizer train`) or a Unigram whose model.vocab holds "
+                )
+                fix += "no piece of it"
             raise TokenizerError(  # `cause`: the why alone, for `tokenizer train`'s own advice
-                f"{source}: {why}; {_pick_special(specials, usable, other=True)}, or fix the tokenizer's "
-                f"added_tokens and vocabulary so no text spells it{_configured(path, usable)}",
+                f"{source}: {why}; {_pick_special(specials, usable, other=True)}, or {fix}"
+                f"{_configured(path, usable)}",
                 cause=why,
             )
 

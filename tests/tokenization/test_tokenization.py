@@ -444,3 +444,25 @@ def test_a_new_build_refuses_a_model_that_drops_what_it_cannot_spell():
         sound.add_special_tokens([SEP])
         DocumentEncoder(sound, SeparatorPolicy(SEP), building=True)
     DocumentEncoder(train_bpe(TEXTS, 300, [SEP]), SeparatorPolicy(SEP), building=True)
+
+
+def test_a_separator_that_is_a_piece_of_a_unigram_model_is_refused_naming_that():
+    """tokenizers' UnigramTrainer keeps each special token as a piece of model.vocab, which the model
+    matches in plain text: the refusal advised making it a special added token, which it was (trial
+    RV73f 2). The cause is named, with advice that applies."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    texts = ["the river runs to the sea and a zebra drinks", "hello world, a test of the unigram model"]
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator(
+        texts * 50, trainers.UnigramTrainer(vocab_size=120, special_tokens=["<unk>", SEP], unk_token="<unk>")
+    )
+    said = (
+        "it is piece 1 of its Unigram model.vocab (tokenizers' UnigramTrainer keeps one for each special "
+        "token), which the model matches in plain text; "
+    )
+    with pytest.raises(TokenizerError, match=re.escape(said)) as e:
+        DocumentEncoder(tok, SeparatorPolicy(SEP), building=True)
+    fix = ", or use a byte-level BPE (`gristmill tokenizer train`) or a Unigram whose model.vocab holds"
+    assert fix in str(e.value), e.value
