@@ -1531,7 +1531,11 @@ def test_validating_a_bucket_fetches_a_shard_damaged_in_transit_again_and_record
     assert not record()["ok"] and f"shards/{name}" in {p["shard"] for p in record()["problems"]}
 
 
-def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthetic, small_blocks, tmp_path):
+def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(
+    s3, synthetic, small_blocks, tmp_path, capsys
+):
+    """Each bad copy is fetched again, never read, and said once: repaired without a word, a cache disk
+    that damages files went unseen (trial RV73b 6)."""
     local, url = synthetic
     settings = cache(tmp_path)
     want = hashes(local, 30)
@@ -1555,6 +1559,12 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     before = COUNTS.snapshot()["refetches"]
     assert hashes(url, 30, cache=settings) == want  # the same batches: the bad copies are not read
     assert COUNTS.snapshot()["refetches"] - before == 2
+    notes = [line for line in capsys.readouterr().err.splitlines() if "the cache's copy of" in line]
+    assert len(notes) == 2 and {n.split(":")[1].strip() for n in notes} == {str(damaged), str(swapped)}, notes
+    assert all(
+        n.endswith("removed and fetched again; if this repeats, check the disk of data.cache_dir")
+        for n in notes
+    )
     refetched = [unit_of_range(table, p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert {int(damaged.stem), int(swapped.stem)} <= set(refetched)  # (and blocks the lookahead reaches)
     assert len(refetched) == len(set(refetched))

@@ -46,6 +46,7 @@ import json
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -870,6 +871,14 @@ class CachedBlocks:
         failed.add(copy)
         if removed:  # counted where it is removed: once on the node, however many processes saw it
             COUNTS.add("refetches")
+            # said, once a copy: repaired without a word, a cache disk that damages files went unseen,
+            # its refetches counted with the transfers' (trial RV73b 6)
+            print(
+                f"note: {path}: the cache's copy of {self.unit_name(u)} failed its check ({bad.why}): "
+                "removed and fetched again; if this repeats, check the disk of data.cache_dir",
+                file=sys.stderr,
+                flush=True,
+            )
         if len(failed) >= 2:
             if (changed := self._index_changed()) is not None:
                 raise changed
