@@ -238,10 +238,14 @@ def train_tokenizer(
     return out
 
 
+_MARKER = re.compile(r"<.+>|\[.+\]", re.S)  # a special token's shape: <|endoftext|>, </s>, [CLS]
+
+
 def _spelled_specials(specials: list[str], trained: Any = None) -> str:
     """The refusal of the special tokens plain text spells, "" when none does: whitespace or nothing; a
     character of the byte alphabet every byte-level vocabulary holds (its id is the special token's),
-    any one character, or a word (letters, digits, `_`: trial RV73f 1); with the `trained` tokenizer
+    any one character, or text with a letter or digit outside a marker's brackets (`<…>`, `[…]`: trials
+    RV73f 1, RV73h 1); with the `trained` tokenizer
     (encode_special_tokens set), a text encoding to its id (a merge). The separator's extra separators
     aside, transformers (an export's tokenizer) splits a special token out of any text holding it, where
     the build's encoding keeps the text: a special "a" (or " ") made an export encode every "a" otherwise
@@ -256,8 +260,10 @@ def _spelled_specials(specials: list[str], trained: Any = None) -> str:
             said.append(f"{token!r} (a byte-level vocabulary's character for a byte, which every one holds)")
         elif len(token) == 1:  # "€", "中": text holds it as often as any character (re-trial RV72e F4)
             said.append(f"{token!r} (one character)")
-        elif re.fullmatch(r"\w+", token):  # "river": every text holding the word (trial RV73f 1)
-            said.append(f"{token!r} (a word)")
+        elif re.search(r"[^\W_]", token) and not _MARKER.fullmatch(token):
+            # "river", "e.g.", "river bank": text, which transformers splits out of every text holding it
+            # (trials RV73f 1, RV73h 1); a marker's brackets keep it out of ordinary text
+            said.append(f"{token!r} (text, not a marker in <…> or […])")
         elif trained is not None and (text := spelled(trained, token)) is not None:
             said.append(f"{token!r} (literal text {text!r} encodes to its id)")
     if not said:

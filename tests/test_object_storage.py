@@ -2229,9 +2229,8 @@ def test_an_upload_body_damaged_on_the_way_is_sent_again(s3, synthetic):
         s3.proxy.damage_puts("")
     said = str(e.value)
     assert "PUT failed 2 time(s), last with " in said and "response stream" not in said, said
-    assert f"{DATASET_JSON}: the object stored is not the bytes sent (damaged on the way); check" in said, (
-        said
-    )
+    assert f"{DATASET_JSON}: PUT failed 2 time(s), last with the object stored is not the bytes sent" in said
+    assert said.count(DATASET_JSON) == 1, said  # the object named once (review RV73h 3)
 
 
 def test_an_upload_is_checked_by_what_the_store_holds_where_its_etag_is_no_md5(s3, tmp_path, monkeypatch):
@@ -2286,6 +2285,7 @@ def test_an_upload_is_checked_by_what_the_store_holds_where_its_etag_is_no_md5(s
             s3.proxy.check_md5 = False
         assert "changed.bin: its file changed since it was hashed (its MD5 now " in str(e.value), e.value
         assert s3.proxy.counts.requests.get("PUT") == 1
+        assert s3.proxy.counts.bad_digests == checked  # that path taken (review RV73h 2)
     monkeypatch.setattr(object_store, "MAX_PUT_BYTES", 1 << 20)  # parts of PART_BYTES: at least 5 MiB
     monkeypatch.setattr(object_store, "PART_BYTES", 5 << 20)
     big = tmp_path / "big.bin"

@@ -87,6 +87,7 @@ class ProxyCounts:
     log: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request, in order
     ranges: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header) of each GET
     body_bytes: int = 0  # response body bytes sent to clients (what a store bills as egress)
+    bad_digests: int = 0  # PUTs answered 400 BadDigest (damage_puts, check_md5)
     flipped: int = 0  # GET bodies sent with a bit flipped (FaultProxy.flip_gets)
 
     def total(self) -> int:
@@ -220,6 +221,8 @@ class FaultProxy:
                     if proxy.check_md5 and said is not None:  # as S3 checks a body against its header
                         refused = refused or base64.b64encode(hashlib.md5(body).digest()).decode() != said
                     if refused:  # as S3 answers a body that is not its Content-MD5
+                        with proxy._lock:
+                            proxy.counts.bad_digests += 1
                         send_error(self, 400, "Bad Request", BAD_DIGEST)
                         return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)

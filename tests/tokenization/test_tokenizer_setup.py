@@ -158,7 +158,11 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
             None,
             "tokenizer.train.special_tokens: plain text spells 'Ġ' (a byte-level vocabulary's character",
         ),
-        ("the", None, "tokenizer.train.special_tokens: plain text spells 'the' (a word)"),
+        (
+            "the",
+            None,
+            "tokenizer.train.special_tokens: plain text spells 'the' (text, not a marker in <…> or",
+        ),
         ("==", None, "the trained tokenizer cannot frame documents: literal text "),  # a merge's
         (
             "<|endoftext|>",
@@ -168,7 +172,17 @@ def test_tokenizer_training_refuses_the_filters_the_build_refuses(
         ("<|endoftext|>", " ", "tokenizer.train.special_tokens: plain text spells ' ' (whitespace or "),
         ("<|endoftext|>", "==", "tokenizer.train.special_tokens: plain text spells '==' (literal text "),
         # a word: transformers split "river" out of every text holding it, the build kept it (RV73f 1)
-        ("<|endoftext|>", "river", "tokenizer.train.special_tokens: plain text spells 'river' (a word)"),
+        ("<|endoftext|>", "river", "tokenizer.train.special_tokens: plain text spells 'river' (text, not a"),
+        (
+            "<|endoftext|>",
+            "e.g.",
+            "tokenizer.train.special_tokens: plain text spells 'e.g.' (text, not a",
+        ),  # RV73h 1
+        (
+            "<|endoftext|>",
+            "river bank",
+            "tokenizer.train.special_tokens: plain text spells 'river bank' (text",
+        ),
         ("<|endoftext|>", "€", "tokenizer.train.special_tokens: plain text spells '€' (one character)"),
     ],
 )

@@ -218,7 +218,7 @@ class ObjectCutShort(ObjectStoreError):
 class DamagedOnTheWay(Exception):
     """A body our own check found damaged on the way (two reads that differ, an upload whose ETag is not
     the MD5 sent): retried as a body cut short is, and said in our words, not botocore's "An error
-    occurred while reading from response stream" (trial RV73f 3)."""
+    occurred while reading from response stream" (trial RV73f 3); the failure's line names the object."""
 
     def __str__(self) -> str:
         return f"{self.args[0]} (damaged on the way)"
@@ -797,9 +797,7 @@ class ObjectStore:
             again, vouched, etag = fetch(c)
             if vouched or again == body:  # consistent bytes: the object's, whatever its ETag
                 return again, etag
-            raise DamagedOnTheWay(
-                f"{self.url.child(rel)}: two reads gave different bytes, neither vouched for by the ETag"
-            )
+            raise DamagedOnTheWay("two reads gave different bytes, neither vouched for by the ETag")
 
         return self._call("GET", rel, get)
 
@@ -959,9 +957,7 @@ class ObjectStore:
                         etag = r.get("ETag", "").strip('"')
                         if md5_etag(etag, r) not in (None, md5):  # a part damaged on the way: sent again,
                             # not completed into the object (it replaced the good one: re-trial RV73e 1)
-                            raise DamagedOnTheWay(
-                                f"{self.url.child(rel)}: part {number}'s ETag {etag} is not the MD5 sent"
-                            )
+                            raise DamagedOnTheWay(f"part {number}'s ETag {etag} is not the MD5 sent")
                         return etag
 
                     parts.append({"ETag": self._call("PUT part", rel, put), "PartNumber": number})
@@ -1055,7 +1051,7 @@ class ObjectStore:
                         f"{self.url.child(rel)} was written by another writer during this upload (its ETag "
                         "changed before it was read back); rerun once nothing else writes it"
                     ) from None
-                raise DamagedOnTheWay(f"{self.url.child(rel)}: the object stored is not the bytes sent")
+                raise DamagedOnTheWay("the object stored is not the bytes sent")
             return etag
 
         return self._call("PUT", rel, put)
