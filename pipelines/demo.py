@@ -43,44 +43,29 @@ from training.contract.run_layout import (
     complete_steps,
 )
 
+# The demo's recipes: (stage, default, what it is), each a --STAGE-config option
+RECIPES = (
+    ("data", "configs/data/demo.toml", "data recipe to build"),
+    ("code", "configs/data/demo-code.toml", "second data recipe (the code source)"),
+    ("train", "configs/train/demo.toml", "training recipe"),
+    ("eval", "configs/eval/demo.toml", "eval recipe (local tasks)"),
+    (
+        "continue",
+        "configs/train/demo-continued.toml",
+        "continued-pretraining recipe (model.init_from = the step-150 export)",
+    ),
+    ("rewind", "configs/train/demo-rewind.toml", "the rewind stage's training recipe"),
+    (
+        "bucket",
+        "configs/train/demo-bucket.toml",
+        "the bucket stage's training recipe (data.dataset = s3://gristmill-demo/demo)",
+    ),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data-config", action=PathArgument, default="configs/data/demo.toml", help="data recipe to build"
-    )
-    parser.add_argument(
-        "--code-config",
-        action=PathArgument,
-        default="configs/data/demo-code.toml",
-        help="second data recipe (the code source)",
-    )
-    parser.add_argument(
-        "--train-config", action=PathArgument, default="configs/train/demo.toml", help="training recipe"
-    )
-    parser.add_argument(
-        "--eval-config",
-        action=PathArgument,
-        default="configs/eval/demo.toml",
-        help="eval recipe (local tasks)",
-    )
-    parser.add_argument(
-        "--continue-config",
-        action=PathArgument,
-        default="configs/train/demo-continued.toml",
-        help="continued-pretraining recipe (model.init_from = the step-150 export)",
-    )
-    parser.add_argument(
-        "--rewind-config",
-        action=PathArgument,
-        default="configs/train/demo-rewind.toml",
-        help="the rewind stage's training recipe",
-    )
-    parser.add_argument(
-        "--bucket-config",
-        action=PathArgument,
-        default="configs/train/demo-bucket.toml",
-        help="the bucket stage's training recipe (data.dataset = s3://gristmill-demo/demo)",
-    )
+    for stage, default, what in RECIPES:
+        parser.add_argument(f"--{stage}-config", action=PathArgument, default=default, help=what)
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 

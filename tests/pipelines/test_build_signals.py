@@ -132,13 +132,22 @@ def test_a_stopped_worker_does_not_keep_the_build_from_ending(build_fixture, tmp
     """A worker stopped (SIGSTOP, a debugger) kept the SIGTERM the pool's end sends it pending, and the
     end joined it forever: a build's SIGTERM or Ctrl-C hung (trial RV66f F1)."""
     _, _, config = build_fixture
-    out = tmp_path / "ds"
-    proc = parked_build(config, out)
-    try:
-        until_parked(proc, out)
+
+    def stop(proc) -> None:
         for pid in _pool_workers(proc.pid):
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(sig)
+
+    _says_it_stopped(config, tmp_path / "ds", stop)
+
+
+def _says_it_stopped(config, out, stop) -> None:
+    """A build parked in its tasks, `stop(proc)` applied: it ends 130 with the stop's line, then any
+    process of its session left is killed."""
+    proc = parked_build(config, out)
+    try:
+        until_parked(proc, out)
+        stop(proc)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
         assert stderr.strip().splitlines()[-1].startswith("error: stopped by a signal before"), stderr
@@ -202,17 +211,7 @@ def test_a_signal_to_the_build_s_process_group_says_it_stopped(build_fixture, tm
     pool's cleanup then failed on a dead worker's resource, and the build said "4 of 4 tasks did not
     finish (FileNotFoundError …) … Fix the cause" (trial RV72c F7). It says it was stopped."""
     _, _, config = build_fixture
-    out = tmp_path / "ds"
-    proc = parked_build(config, out)
-    try:
-        until_parked(proc, out)
-        os.killpg(proc.pid, sig)
-        stdout, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
-        assert stderr.strip().splitlines()[-1].startswith("error: stopped by a signal before"), stderr
-    finally:
-        for pid in session_processes(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+    _says_it_stopped(config, tmp_path / "ds", lambda proc: os.killpg(proc.pid, sig))
 
 
 def test_an_executor_error_raised_while_stopping_is_the_stop():
