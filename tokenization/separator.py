@@ -128,16 +128,20 @@ def _spelled_back(
     want = norm.normalize_str(probe) if norm is not None else probe
     if want in tokenizer.decode(ids, skip_special_tokens=False):
         return True
-    inverse = {c: b for b, c in _byte_level_chars().items()} if byte_level else {}
-    raw = b""
-    for token in (tokenizer.id_to_token(i) or "" for i in ids):
-        if (m := _BYTE_FALLBACK.fullmatch(token)) is not None:
-            raw += bytes([int(m.group(1), 16)])
-        elif inverse and all(c in inverse for c in token):
-            raw += bytes(inverse[c] for c in token)
-        else:
-            raw += token.encode()
+    tokens = (tokenizer.id_to_token(i) or "" for i in ids)
+    raw = b"".join(_token_bytes(t, byte_level) or t.encode() for t in tokens)
     return want.encode() in raw
+
+
+def _token_bytes(token: str, byte_level: bool = True) -> bytes | None:
+    """The bytes vocabulary entry `token` stands for where it spells bytes: a byte-fallback piece
+    (`<0xE4>`), or (`byte_level`) a byte-level alphabet's characters; else None."""
+    if (m := _BYTE_FALLBACK.fullmatch(token)) is not None:
+        return bytes([int(m.group(1), 16)])
+    inverse = _byte_level_bytes()
+    if byte_level and token and all(c in inverse for c in token):
+        return bytes(inverse[c] for c in token)
+    return None
 
 
 def _byte_gaps(tokenizer: Tokenizer, byte_level: bool, model: dict[str, Any]) -> tuple[str, list[int]] | None:
@@ -164,18 +168,18 @@ def _meant(tokenizer: Tokenizer, tid: int, token: str) -> list[str]:
     is bytes that are part of a character (a byte-level entry, a byte-fallback `<0xE4>`), characters
     holding them."""
     texts = [tokenizer.decode([tid], skip_special_tokens=False)]
-    inverse = {c: b for b, c in _byte_level_chars().items()}
-    raw = None
-    if (m := _BYTE_FALLBACK.fullmatch(token)) is not None:
-        raw = bytes([int(m.group(1), 16)])
-    elif token and all(c in inverse for c in token):
-        raw = bytes(inverse[c] for c in token)
-    if raw is not None:
+    if (raw := _token_bytes(token)) is not None:
         for lead in (b"", b"\xc3", b"\xe4", b"\xe4\xb8", b"\xf0\x9f", b"\xf0\x9f\x98"):
             for tail in (b"", b"\x80", b"\x80\x80", b"\x80\x80\x80"):
                 with contextlib.suppress(UnicodeDecodeError):
                     texts.append((lead + raw + tail).decode("utf-8"))
     return [t for t in dict.fromkeys(texts) if t and t != token and "\ufffd" not in t]
+
+
+@functools.cache
+def _byte_level_bytes() -> dict[str, int]:
+    """_byte_level_chars read back: character → the byte it spells."""
+    return {c: b for b, c in _byte_level_chars().items()}
 
 
 @functools.cache
