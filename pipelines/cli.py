@@ -11,6 +11,7 @@ torch, datatrove, duckdb or lm-eval import, and shows every command even where a
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import io
@@ -142,8 +143,40 @@ def main(argv: list[str] | None = None) -> int:
                 if words == ("train",) or (said := _path_error(e)) is None:
                     raise
                 return print_error(said)
-    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] not in ("-h", "--help") and argv[1:2] not in (["-h"], ["--help"]):
+        print(f"error: {_unknown_command(argv)}", file=sys.stderr)
+        return 2
+    print(_usage())
+    return 0
+
+
+def _unknown_command(argv: list[str]) -> str:
+    """The one line for words that name no command: the nearest command when a typo is near one
+    (`gristmill trian`, `gristmill data biuld`, `gristmill build`), else where the list is."""
+    names = [" ".join(words) for words in COMMANDS]
+    groups = {words[0] for words in COMMANDS if len(words) > 1}
+    second = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+    if argv[0] in groups and second is None:
+        under = ", ".join(f"`gristmill {name}`" for name in names if name.startswith(argv[0] + " "))
+        return f"`gristmill {argv[0]}` needs a command after it: {under}"
+    typed = f"{argv[0]} {second}" if argv[0] in groups else argv[0]
+    # a command's last word alone (`gristmill build`) or one it begins or ends (`evaluate`, `exp`),
+    # else a typo of a whole command (`trian`) or of a last word
+    last_words = {name.split()[-1]: name for name in names}  # the later `train` wins: not tokenizer's
+    word = typed.split()[-1]
+    begun = {
+        name
+        for last, name in last_words.items()
+        if min(len(word), len(last)) >= 3 and (word.startswith(last) or last.startswith(word))
+    }
+    near = (
+        sorted(begun)[:1]
+        if len(begun) == 1
+        else difflib.get_close_matches(typed, names, n=1, cutoff=0.7)
+        or [last_words[w] for w in difflib.get_close_matches(word, list(last_words), n=1, cutoff=0.7)]
+    )
+    guess = f"did you mean `gristmill {near[0]}`? " if near else ""
+    return f"`gristmill {typed}` is no command; {guess}`gristmill --help` lists them"
 
 
 # What a path a user gave can be that no command's own check caught: one line naming it, not a traceback

@@ -40,9 +40,43 @@ def test_listing_the_commands_imports_no_stage(argv):
     probe = json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1])
     assert probe["heavy"] == [], f"`gristmill {' '.join(argv)}` imported {probe['heavy']}"
     assert probe["code"] == (2 if argv == ["no-such-command"] else 0)
-    listing = proc.stderr if argv == ["no-such-command"] else proc.stdout
+    if argv == ["no-such-command"]:  # one line, not the listing
+        assert (
+            proc.stderr == "error: `gristmill no-such-command` is no command; `gristmill --help` lists them\n"
+        )
+        return
     for words, (_, help_text) in COMMANDS.items():
-        assert f"  {' '.join(words):<20} {help_text}" in listing
+        assert f"  {' '.join(words):<20} {help_text}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, meant",
+    [
+        (["trian", "--config", "x.toml"], "train"),  # a typo of a whole command
+        (["data", "biuld"], "data build"),  # of a group's command
+        (["build"], "data build"),  # a command's last word alone
+        (["propose", "--out", "m"], "mix propose"),
+        (["evaluate"], "eval"),  # a word a command begins
+        (["trainn"], "train"),  # not tokenizer train
+    ],
+)
+def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
+    assert main(argv) == 2
+    typed = " ".join(argv[:2] if argv[0] == "data" else argv[:1])
+    assert capsys.readouterr().err == (
+        f"error: `gristmill {typed}` is no command; did you mean `gristmill {meant}`? "
+        "`gristmill --help` lists them\n"
+    )
+
+
+def test_a_group_alone_names_its_commands(capsys):
+    assert main(["mix"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: `gristmill mix` needs a command after it: `gristmill mix propose`\n"
+    )
+    assert main(["data", "--help"]) == 0  # the listing, as `gristmill --help`
+    assert "  data build " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("words", list(COMMANDS), ids=" ".join)
