@@ -81,6 +81,12 @@ def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
     for key, low in (("sample_docs", 1), ("sample_chars", 1), ("min_frequency", 0)):
         if getattr(tc, key) < low:  # min_frequency -1 was the tokenizers library's OverflowError
             raise TokenizerError(f"tokenizer.train.{key} = {getattr(tc, key)} must be ≥ {low}")
+    twice = sorted({token for token in tc.special_tokens if tc.special_tokens.count(token) > 1})
+    if twice:  # one vocabulary entry each: the room for merges was counted one short per repeat
+        raise TokenizerError(
+            f"tokenizer.train.special_tokens names {', '.join(map(repr, twice))} more than once; list "
+            "each once"
+        )
     check_filters(cfg.filters)  # it samples through the build's filters (review R27d m2)
 
 

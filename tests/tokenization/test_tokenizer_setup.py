@@ -107,6 +107,10 @@ def test_local_directory_without_tokenizer_json_is_one_line(build_fixture, tmp_p
         ("tokenizer.train.min_frequency=-1", "tokenizer.train.min_frequency = -1 must be ≥ 0"),  # a traceback
         ("tokenizer.train.sample_docs=0", "tokenizer.train.sample_docs = 0 must be ≥ 1"),
         ('tokenizer.path=""', "tokenizer.path is empty; set it"),  # "error: . already exists"
+        (  # one entry in the vocabulary, two in the room for merges' count (an older lead of RV72b)
+            'tokenizer.train.special_tokens=["<|endoftext|>", "<|pad|>", "<|endoftext|>"]',
+            "tokenizer.train.special_tokens names '<|endoftext|>' more than once; list each once",
+        ),
     ],
 )
 def test_tokenizer_training_values_that_cannot_train_are_one_line(
