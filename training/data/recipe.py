@@ -240,7 +240,8 @@ def _partly_shared_line(
     )
     vals = " and ".join(f"val/{names[x]}" for x in scored)
     # both: one alone holding nothing out trains what the other holds out (review RV70f 5)
-    zero = " and ".join(f"data.sources[{x}].val_fraction=0" for x in pair)
+    # (of those not there yet: one at 0 already was named too, trial RV74b 3)
+    zero = " and ".join(f"data.sources[{x}].val_fraction=0" for x in pair if tables[x].val_fraction > 0)
     return (
         f"{head}; {held}, so {vals} {'scores' if len(scored) == 1 else 'score'} text the run trains on; "
         f"build the sources disjoint (filter the shared documents out of one), or set {zero}, or accept it"

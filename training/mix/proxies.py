@@ -147,9 +147,9 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
             )
         if key in LENGTH:
             raise ConfigError(
-                f"proxy.set {item!r}: each proxy trains proxy.tokens at {LENGTH[key]} (its steps and its "
-                f"validation at the last one follow from them), so {key} would train another length or "
-                f"do nothing; set {LENGTH[key]} instead",
+                f"proxy.set {item!r}: each proxy trains proxy.tokens in batches of proxy.global_batch_tokens "
+                f"at proxy.seq_len (its steps and its validation at the last one follow from them), so {key} "
+                f"would train another length or do nothing; set {LENGTH[key]} instead",
                 key="proxy.set",
             )
         if key in SKIPPING:

@@ -179,8 +179,12 @@ def check_mix_config(cfg: MixConfig) -> None:
             )
     t = cfg.target
     if bool(t.mix) == bool(t.source):
+        # both: a recipe's target.mix beside a --set target.source (trial RV74b 2), which an empty
+        # target.mix makes the target
+        both = "give one of them, not both (a target.mix = {} makes target.source the target)"
         raise ConfigError(
-            "[target]: give one of target.mix (e.g. { prose = 0.2, code = 0.8 }) and target.source",
+            "[target]: "
+            + (both if t.mix else "give target.mix (e.g. { prose = 0.2, code = 0.8 }) or target.source"),
             key="target",
         )
     known = ", ".join(sources)

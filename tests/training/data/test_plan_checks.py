@@ -195,6 +195,16 @@ def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, c
         out, err = capsys.readouterr()
         said = out + err
         assert said.count(warning) == 1 and said.count("warning: sources") == 1, (extra, out, err)
+    # one holding nothing out already: the advice names the other alone (trial RV74b 3)
+    assert (
+        gristmill(["train", "--config", str(config), "--plan", "--set", "data.sources[1].val_fraction=0"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    said = [line for line in (out + err).splitlines() if line.startswith("warning: sources")]
+    assert len(said) == 1 and said[0].endswith(
+        "(filter the shared documents out of one), or set data.sources[0].val_fraction=0, or accept it"
+    ), said
     # nothing held out: documents read twice, an upsampling if meant
     unheld = ["data.sources[0].val_fraction=0", "data.sources[1].val_fraction=0", "run.val_every=0"]
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *unheld]) == 0

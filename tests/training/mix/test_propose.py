@@ -589,6 +589,12 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "proxy.global_batch_tokens instead",
         ),
         (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
+        (  # it said "trains proxy.tokens at proxy.tokens" (trial RV74b 1)
+            ["proxy.set=['run.max_steps=3']"],
+            "each proxy trains proxy.tokens in batches of proxy.global_batch_tokens at proxy.seq_len (its "
+            "steps and its validation at the last one follow from them), so run.max_steps would train "
+            "another length or do nothing; set proxy.tokens instead",
+        ),
         # refused as "[schedule] is the one-phase form; remove [schedule]", of a recipe with none
         (["proxy.set=['schedule.steps=3']"], "a proxy is one [[phase]] of the search's (proxy.tokens long"),
         # the trainer's model check: every proxy refused it, or --write-commands wrote them (R18h 1)
@@ -597,7 +603,11 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['run={threads=1}']"], "a whole [run] would replace run.output_dir, run.seed"),
         # … and so did one of a table [proxy] fills (optim.lr, model.preset …: review R6)
         (["proxy.set=['optim={weight_decay=0.0}']"], "a whole [optim] would replace proxy.lr, proxy.min_lr"),
-        (["target.source=code"], "[target]: give one of target.mix"),
+        (  # beside the recipe's target.mix (trial RV74b 2)
+            ["target.source=code"],
+            "[target]: give one of them, not both (a target.mix = {} makes target.source the target)",
+        ),
+        (["target.mix={}"], "[target]: give target.mix (e.g. { prose = 0.2, code = 0.8 }) or target.source"),
         (["swarm.sizes=3"], "swarm.sizes"),
         # the proxies' training recipe refused in the search's keys (issue 47), the user's own kept
         (
