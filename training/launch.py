@@ -119,18 +119,20 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     )  # fmt: skip
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
     room = check_run_room(spec, loader, validation)  # as train checks, from step 0
-    resumed = []
-    if cfg.checkpoint.resume and trained is not None and trained.loader_state is not None:
+    resumed = cfg.checkpoint.resume and trained is not None and trained.loader_state is not None
+    if resumed:
         # the resume's own check of the plan's past, and its notes on the future: --plan printed a
         # plan of a past the run did not train, which train then refused (trial RV64a 1)
         try:
             loader.load_state_dict(trained.loader_state)
         except GristmillError as e:
             raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
-        resumed = [n.removeprefix("note: ") for n in loader.resume_notes]
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
+    if resumed:
+        loader.note_cut_skips(skips)  # as train says them, of the skips its record holds
     base = [n.removeprefix("note: ") for n in base_notes]
-    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + resumed, skips):
+    notes = [n.removeprefix("note: ") for n in loader.resume_notes]  # none unless resumed
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + notes, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
         note = plot_plan(plan, Path(plot), skips)

@@ -575,6 +575,29 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
     # as every row with rewinds on: its attempt, and the tokens its weights trained on (review R13c F4)
     ten = next(r for r in metrics(run) if r["step"] == 10 and not r.get("discarded_by_rewind"))
     assert final["attempt"] == 3 and final["tokens_seen"] == ten["tokens_seen"] > 0, final
+    # a resume with a phase of 2 more steps trains them, where a run of 32 from its start would have
+    # skipped on: --plan and train say so of the skip cut at 30 (only the timeline held it: trial RV74a 1)
+    monkeypatch.delenv(SPIKE_WINDOW)
+    saved = (run / "config.toml").read_text().replace("phase = []\n", "")
+    schedule = "[schedule]\nwarmup_steps = 3\nsteps = 30\n"
+    assert saved.count(schedule) == 1
+    phases = (  # the one-phase plan [schedule] is, and one more
+        '[[phase]]\nname = "main"\nsteps = 30\nlr = { warmup_steps = 3, shape = "cosine" }\n\n'
+        '[[phase]]\nname = "more"\nsteps = 2\nlr = { shape = "constant" }\n'
+    )
+    config = tmp_path / "longer.toml"
+    config.write_text(saved.replace(schedule, "") + "\n" + phases)
+    longer = ["checkpoint.resume=auto"]
+    note = (
+        "note: rewind 2 skipped steps 23–30, to the plan's last step then: if its line said \"cut at the "
+        "plan's last step\", the steps after it train now, where a run of this plan from its start would "
+        "have skipped on, up to run.rewind.skip_steps steps after step 22"
+    )
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *longer]) == 0
+    assert note in capsys.readouterr().out.splitlines()
+    assert main(["--config", str(config), "--set", *longer]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out.count(note) == 1 and not any("rewind 1 skipped" in line for line in out), out
 
 
 def test_a_skip_is_the_plans_not_this_invocations(tmp_path, dataset, monkeypatch):

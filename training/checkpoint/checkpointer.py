@@ -726,6 +726,8 @@ class Checkpointer:
                 state.expect(None)
         if older:
             timeline.adopt(loader.saved_skips)
+        if loader is not None and timeline is not None:
+            loader.note_cut_skips(timeline.skips)
         trained = self.states["train_state"].step
         furthest = max((s.spike_step for s in timeline.skips), default=0) if timeline is not None else 0
         # this run's own (another run's discarded rows are not in this directory: R18g 2)

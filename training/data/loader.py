@@ -716,6 +716,11 @@ class TokenLoader:
         saved = self.saved_plan
         return None if saved is None else data_plan.from_description(saved).total_steps
 
+    def note_cut_skips(self, skips: Sequence[data_plan.Skip]) -> None:
+        """Adds to resume_notes the resumed run's skips (its timeline's, known once every state is
+        loaded) that a plan longer than the checkpoint's trains after (data_plan.cut_skip_notes)."""
+        self.resume_notes += data_plan.cut_skip_notes(self.saved_total_steps, self.plan, skips)
+
     def check_trained_through(self, step: int, why: str) -> None:
         """The plan's past, as load_state_dict checks it, up to `step` rather than the checkpoint's: a
         rewind's discarded attempt trained past its checkpoint (to its spike), and its rows and batch

@@ -938,20 +938,25 @@ def check_resume(
                 *_shown_apart(old.lr(s), plan.lr(s)),
             )
     changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
-    notes = ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
-    longer = plan.total_steps is None or (old.total_steps is not None and plan.total_steps > old.total_steps)
-    for s in skips_from(saved):
-        if longer and s.last_step == old.total_steps:
-            # its skip ended at the plan's end then, cut there or not (the plan records no skip_steps: the
-            # rewind's line said which); a cut one, a run of this plan from its start would have skipped
-            # on past it (trial RV71d 1: the steps trained, unsaid)
-            notes.append(
-                f"rewind {s.rewind} skipped steps {s.first_step}–{s.last_step}, to the plan's last step "
-                'then: if its line said "cut at the plan\'s last step", the steps after it train now, where '
-                "a run of this plan from its start would have skipped on, up to run.rewind.skip_steps steps "
-                f"after step {s.checkpoint_step}"
-            )
-    return notes
+    return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
+
+
+def cut_skip_notes(saved_total_steps: int | None, plan: Plan, skips: Sequence[Skip]) -> list[str]:
+    """A note for each of a resumed run's `skips` (its timeline's) that ended at the last step of the
+    checkpoint's plan (`saved_total_steps`) where this plan trains past it: cut there or not (the plan
+    records no skip_steps: the rewind's line said which), a cut one a run of this plan from its start
+    would have skipped on past (trial RV71d 1: the steps trained, unsaid). The skips are the timeline's,
+    not the saved plan's: a checkpoint keeps them apart, and the note never came (trial RV74a 1)."""
+    if saved_total_steps is None or (plan.total_steps is not None and plan.total_steps <= saved_total_steps):
+        return []
+    return [
+        f"rewind {s.rewind} skipped steps {s.first_step}–{s.last_step}, to the plan's last step then: if "
+        'its line said "cut at the plan\'s last step", the steps after it train now, where a run of this '
+        "plan from its start would have skipped on, up to run.rewind.skip_steps steps after step "
+        f"{s.checkpoint_step}"
+        for s in skips
+        if s.last_step == saved_total_steps
+    ]
 
 
 def _budget_change(old: Plan, plan: Plan, p: int, name: str, was: int, now: int) -> str:

@@ -185,16 +185,15 @@ def test_a_skip_that_ended_at_the_plans_end_is_noted_when_a_resume_adds_steps():
     longer = small_plan()
     longer.phases.append(Phase("more", 5, 32, 4, (1, 1), LRPiece(1e-4, 1e-4, "constant")))
     longer = Plan(longer.sources, longer.phases, seed=7)
-    notes = data_plan.check_resume(saved, longer, 22, lambda a, b: a == b)
-    assert notes[-1] == (
+    assert data_plan.cut_skip_notes(plan.total_steps, longer, (to_the_end,)) == [
         "rewind 1 skipped steps 19–22, to the plan's last step then: if its line said \"cut at the plan's "
         'last step", the steps after it train now, where a run of this plan from its start would have '
         "skipped on, up to run.rewind.skip_steps steps after step 18"
-    ), notes
-    assert data_plan.check_resume(saved, small_plan(), 22, lambda a, b: a == b) == []  # the same end: none
-    inside = json.loads(plan.to_json(SKIPS))  # skips that end before the plan's end: none either
-    assert not any(
-        "skipped steps" in n for n in data_plan.check_resume(inside, longer, 22, lambda a, b: a == b)
+    ]
+    assert data_plan.cut_skip_notes(plan.total_steps, small_plan(), (to_the_end,)) == []  # the same end
+    assert data_plan.cut_skip_notes(plan.total_steps, longer, SKIPS) == []  # skips that end before it
+    assert not any(  # the checkpoint's plan holds no skips of a current run (a resume notes them apart)
+        "skipped steps" in n for n in data_plan.check_resume(saved, longer, 22, lambda a, b: a == b)
     )
 
 
