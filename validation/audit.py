@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any, TextIO
@@ -200,8 +201,38 @@ class Result:
 
 
 def run_preset(con: duckdb.DuckDBPyConnection, name: str) -> Result:
-    cur = con.execute(PRESETS[name])
-    return Result(name, [d[0] for d in cur.description], cur.fetchall())
+    return Result(name, *_answered(con, PRESETS[name]))
+
+
+def _answered(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple]]:
+    """The columns and rows of `sql`, run in a thread of its own while this one waits: a Ctrl-C or a
+    SIGTERM (sigterm_raises) reaches Python between bytecodes only, never inside duckdb's execute, so
+    a long query ran on through both (trial RV74a 2). Now either interrupts the query and is raised
+    here, and the audit ends as on any other stop (its copies' folder removed)."""
+    answer: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.join: one a signal's handler interrupts took the thread for
+    # ended while it ran (Python 3.11's _wait_for_tstate_lock), and the connection was still busy
+
+    def query() -> None:
+        try:
+            cur = con.execute(sql)
+            answer["rows"] = ([d[0] for d in cur.description], cur.fetchall())
+        except BaseException as e:  # noqa: BLE001 (raised in the waiting thread)
+            answer["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=query, name="gristmill-audit-query", daemon=True).start()
+    try:
+        while not done.wait(0.1):  # a signal's handler runs in between
+            pass
+    except BaseException:
+        con.interrupt()
+        done.wait()
+        raise
+    if "error" in answer:
+        raise answer["error"]
+    return answer["rows"]
 
 
 def _views_text(con: duckdb.DuckDBPyConnection) -> str:
@@ -241,8 +272,7 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> Result:
             "with duckdb"
         )
     try:
-        cur = con.execute(sql)
-        return Result("sql", [d[0] for d in cur.description], cur.fetchall())
+        return Result("sql", *_answered(con, sql))
     except duckdb.PermissionException as e:
         raise AuditQueryError(
             f"refused: the audit reads only inside the dataset directories ({str(e).splitlines()[0]})"
