@@ -26,6 +26,7 @@ from training.config import (
 )
 from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
+from training.contract.run_layout import artifact_in, dataset_around
 
 BATCH_LR_RULES: dict[str, dict[str, str]] = {
     # optim.name → the optim.batch_lr_scaling rules it supports, each with its evidence
@@ -192,9 +193,16 @@ def check_output_dir(cfg: TrainConfig) -> None:
     The trainer's preflight and `gristmill train` before its --plan both call this, so --plan refuses
     what the run refuses (it printed a plan, exit 0: trial RV72c F9); not check_config, which the
     mixture search calls on its proxies' recipes before they have a directory."""
+    said = f"run.output_dir = {json.dumps(cfg.run.output_dir)}"
     if not cfg.run.output_dir.strip():
-        said = f"run.output_dir = {json.dumps(cfg.run.output_dir)}"
         error = ConfigError(f'{said}: name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir")
+        raise naming_override(error, cfg)
+    # a dataset's directory, or one inside it: the run replaced its config.toml (the build's recipe, which
+    # its validation then failed) and wrote files it does not record (trial RV74c 1)
+    held = artifact_in(cfg.run.output_dir)
+    where = dataset_around(cfg.run.output_dir) or (held if held and held.endswith("a dataset") else None)
+    if where is not None:
+        error = ConfigError(f"{said} {where}; give the run a directory of its own", "run.output_dir")
         raise naming_override(error, cfg)
 
 

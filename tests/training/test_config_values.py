@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,31 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
         err = capsys.readouterr().err.strip()  # a folder named " ~" (re-trial RV73e 6)
         assert err.startswith('error: data.cache_dir = " ~/c": it starts with a blank; remove it'), err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_into_a_dataset_s_directory_is_refused_before_it_writes(synthetic_dataset, tmp_path, capsys):
+    """A run into a dataset's directory replaced its config.toml (the build's recipe: its validation then
+    failed) and wrote its files beside the shards; one inside it, files the dataset does not record.
+    Refused by --plan and train in one line, the dataset untouched (trial RV74c 1)."""
+    from pipelines.cli import main
+
+    dataset = tmp_path / "data"
+    shutil.copytree(synthetic_dataset(), dataset)
+    before = sorted((p.relative_to(dataset), p.read_bytes()) for p in dataset.rglob("*") if p.is_file())
+    data = f"data.dataset={json.dumps(str(dataset))}"
+    for out, where in (
+        (dataset, "holds dataset.json: a dataset"),
+        (dataset / "shards" / "run", f"lies inside {dataset}, which holds dataset.json: a dataset"),
+    ):
+        for plan in ([], ["--plan"]):
+            sets = [data, f"run.output_dir={json.dumps(str(out))}", "run.threads=1"]
+            assert main(["train", "--config", TINY, *plan, "--set", *sets]) == 2
+            err = capsys.readouterr().err.strip()
+            said = f"run.output_dir = {json.dumps(str(out))} {where}; give the run a directory of its own"
+            assert err == f"error: {said} (--set {sets[1]})", err
+    assert (
+        sorted((p.relative_to(dataset), p.read_bytes()) for p in dataset.rglob("*") if p.is_file()) == before
+    )
 
 
 def test_a_tilde_in_a_path_key_is_the_home_directory(synthetic_dataset, tmp_path, monkeypatch, capsys):
