@@ -86,6 +86,18 @@ def check_seed(key: str, seed: int) -> None:
         raise ConfigError(f"{key} = {seed} does not fit in 64 bits; use a smaller seed", key)
 
 
+def check_data_seed(key: str, seed: int) -> None:
+    """A seed of the data order (data.seed where a run starts, `data inspect --seed`) is one of 2**64:
+    the order's keys keep a seed's low 64 bits, so data.seed = -1 drew seed 2**64 - 1's batches, exit 0
+    (trial RV74c 2). Checked where a run starts, as check_run_seed, so an earlier run is still read."""
+    if not 0 <= seed < 2**64:
+        raise ConfigError(
+            f"{key} = {seed} is not allowed: it must be between 0 and {2**64 - 1} (the data order keeps a "
+            f"seed's low 64 bits: it would draw as seed {seed % 2**64} does)",
+            key,
+        )
+
+
 def check_run_seed(key: str, seed: int, named: str | None = None) -> None:
     """A seed of the weights (run.seed, and a mixture search's seeds, which are its proxies' run.seed) is
     one of 2**32: torch's CPU generator keeps a seed's low 32 bits (run.seed = 0 and 2**32, or -1 and

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.config_checks import check_seed
+from training.config_checks import check_data_seed
 from training.console import answer_on_stdout
 from training.contract.config_loader import PathArgument
 from training.contract.dataset_format import (
@@ -119,7 +119,7 @@ def _inspect(args: argparse.Namespace) -> int:
             + ", ".join("--" + f.replace("_", "-") for f in missing)
             + " (or pass a training run directory, whose config.toml has them)"
         )
-    check_seed("--seed", args.seed)
+    check_data_seed("--seed", args.seed)
     args.split, args.val_fraction = args.split or "train", args.val_fraction or 0.0
     if world < 1 or args.global_batch % world:
         raise LoaderConfigError(

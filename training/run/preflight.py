@@ -22,7 +22,7 @@ from training.checkpoint.hf_import import BaseModelError, check_base_data
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
-from training.config_checks import check_output_dir, check_run_seed, mesh_shape
+from training.config_checks import check_data_seed, check_output_dir, check_run_seed, mesh_shape
 from training.console import say
 from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
@@ -135,6 +135,7 @@ def model_for_data(
     if not _resumes(cfg):  # a fresh start: its weights are drawn from run.seed
         try:
             check_run_seed("run.seed", cfg.run.seed)
+            check_data_seed("data.seed", cfg.data.seed)  # and its batches' order from data.seed
         except ConfigError as e:  # the --set that gave it named, as the loader's refusals do (RV73a 8)
             raise naming_override(e, cfg) from None
     recorded = _recorded_base(cfg) if cfg.model.init_from else None

@@ -244,6 +244,12 @@ def test_a_seed_past_32_bits_is_refused_at_a_start_and_a_run_saved_with_one_resu
     plan = ["train", "--config", TINY, "--plan", "--set", *overrides(dataset, tmp_path / "fresh", big)]
     assert gristmill(plan) == 2  # --plan says what train would
     assert "error: run.seed = 4294967296 is not allowed" in one_error_line(capsys.readouterr().err)
+    # data.seed keeps 64 bits: -1 drew the batches of 2**64 - 1, exit 0 (trial RV74c 2)
+    assert run(dataset, tmp_path / "fresh", "run.max_steps=4", "data.seed=-1") == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: data.seed = -1 is not allowed: it must be between 0 and {2**64 - 1} (the data order keeps a "
+        f"seed's low 64 bits: it would draw as seed {2**64 - 1} does) (--set data.seed=-1)"
+    )
     assert not (tmp_path / "fresh").exists()
     r = tmp_path / "run"
     with monkeypatch.context() as m:  # as an earlier gristmill started it

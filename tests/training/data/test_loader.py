@@ -726,9 +726,13 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     assert rc == 2
     # a seed past 64 bits: seed 0's batches, as the run's data.seed was (trial RV65b 5)
     argv = ["data", "inspect", str(text_dataset), "--seq-len", str(SEQ), "--global-batch", str(G)]
-    assert cli([*argv, "--seed", str(2**64)]) == 2
-    said = capsys.readouterr().err.strip()
-    assert said == f"error: --seed = {2**64} does not fit in 64 bits; use a smaller seed", said
+    for seed, like in ((2**64, 0), (-1, 2**64 - 1)):  # and a negative one, another's (trial RV74c 2)
+        assert cli([*argv, "--seed", str(seed)]) == 2
+        said = capsys.readouterr().err.strip()
+        assert said == (
+            f"error: --seed = {seed} is not allowed: it must be between 0 and {2**64 - 1} (the data order "
+            f"keeps a seed's low 64 bits: it would draw as seed {like} does)"
+        ), said
 
 
 def test_inspect_refuses_a_manifest_changed_after_the_build(text_dataset, tmp_path, capsys):
