@@ -84,6 +84,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
+    from training.checkpoint.checkpointer import find_resume
     from training.checkpoint.io import trained_plan
     from training.contract.run_layout import PLAN_PNG
     from training.data.loader import TokenLoader
@@ -102,6 +103,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
 
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
+    if cfg.checkpoint.resume not in (None, "", "auto"):  # a path: what train refuses (a dataset, none
+        find_resume(run_dir, cfg.checkpoint.resume)  # there) --plan refuses (it printed a plan: RV74c 5)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     trained = trained_plan(run_dir, cfg.checkpoint.resume)
     tables = open_sources(spec, trained=trained)

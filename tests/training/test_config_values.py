@@ -363,3 +363,23 @@ def test_a_recipe_s_data_dataset_gives_way_to_sources_set_beside_it_as_empty(syn
     assert str(e.value).startswith('--set data.dataset="x" and [[data.sources]] are both set'), e.value
     spec = check_config(load_train_config(TINY, [sources, 'data.dataset=""']), 1)
     assert [s.name for s in spec.sources] == ["a"]
+
+
+def test_plan_refuses_the_resume_paths_train_refuses(synthetic_dataset, tmp_path, capsys):
+    """`train --plan --resume DATASET` (or a path that is none) printed a plan, exit 0, where train
+    refuses both in one line (trial RV74c 5): --plan says what train would."""
+    from pipelines.cli import main
+
+    dataset = synthetic_dataset()
+    missing = tmp_path / "nope"
+    for run, (resume, said) in enumerate((
+        (dataset, f"{dataset} holds dataset.json: a dataset, not a checkpoint (RUN/checkpoints/step-N)"),
+        (missing, "no such checkpoint directory; give a checkpoint's path (RUN/checkpoints/step-N)"),
+    )):  # fmt: skip
+        run = tmp_path / f"run{run}"
+        sets = [f"data.dataset={json.dumps(str(dataset))}", f"run.output_dir={json.dumps(str(run))}"]
+        for plan in (["--plan"], []):
+            assert main(["train", "--config", TINY, *plan, "--resume", str(resume), "--set", *sets]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith(f"error: --resume {resume}: {said}") and "\n" not in err, err
+            assert not plan or not run.exists()  # (train takes the run directory's lock first)
