@@ -36,7 +36,7 @@ from training.contract.dataset_format import (
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
-from training.data.plan import skip_of
+from training.data.plan import MAX_EPOCHS_ASKED, skip_of
 from training.data.remote import add_cache_argument, cache_of, ensure_dirs, origin
 
 
@@ -142,6 +142,13 @@ def _inspect(args: argparse.Namespace) -> int:
         table.verify_documents = True  # run_plan's tables are: trial RV62a F1)
     spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
     step, end = _steps(args, None)
+    if end - 1 > MAX_EPOCHS_ASKED * spe:  # each epoch's order before it is walked: hours (trial RV74c 3)
+        given = f"--step {step}" if args.end is None else f"--end {end}"
+        raise LoaderConfigError(
+            f"{given} lies past the {MAX_EPOCHS_ASKED:,} epochs a run reads of a dataset at most ({spe:,} "
+            f"steps an epoch at --seq-len {args.seq_len} --global-batch {args.global_batch}); give steps up "
+            f"to {MAX_EPOCHS_ASKED * spe:,}"
+        )
     print(
         f"# dataset {args.dataset} fingerprint {loader.info['fingerprint']} split {args.split} "
         f"val_fraction {args.val_fraction} seed {args.seed} seq_len {args.seq_len} "

@@ -726,6 +726,17 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     assert rc == 2
     # a seed past 64 bits: seed 0's batches, as the run's data.seed was (trial RV65b 5)
     argv = ["data", "inspect", str(text_dataset), "--seq-len", str(SEQ), "--global-batch", str(G)]
+    # a step past the epochs a run reads ran for hours, saying nothing (trial RV74c 3)
+    for far, given in (
+        (["--step", str(10**11)], f"--step {10**11}"),
+        (["--hash", "--end", str(10**11)], f"--end {10**11}"),
+    ):
+        assert cli([*argv, "--seed", "1", *far]) == 2
+        said = capsys.readouterr().err.strip()
+        assert said == (
+            f"error: {given} lies past the 100,000 epochs a run reads of a dataset at most ({spe:,} steps an "
+            f"epoch at --seq-len {SEQ} --global-batch {G}); give steps up to {100_000 * spe:,}"
+        ), said
     for seed, like in ((2**64, 0), (-1, 2**64 - 1)):  # and a negative one, another's (trial RV74c 2)
         assert cli([*argv, "--seed", str(seed)]) == 2
         said = capsys.readouterr().err.strip()
