@@ -92,7 +92,15 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.faults import COMPLETE, RELEASED, data_fault, fault_warnings, kill_point, sigterm_point
+from training.run.faults import (
+    COMPLETE,
+    RELEASED,
+    check_faults,
+    data_fault,
+    fault_warnings,
+    kill_point,
+    sigterm_point,
+)
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
@@ -207,6 +215,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         with console.bound(env.rank, out):
             for line in fault_warnings():  # a test's fault left set acts in a real run
                 say(line)
+            check_faults()
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
             checked = preflight(cfg, env)
             check_tracker_timeout(cfg.metrics)  # after them: their refusals name the --set that gave them

@@ -722,3 +722,27 @@ def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_thi
         assert gristmill(["export", str(run), "--step", str(step)]) == 2
         line = one_error_line(capsys.readouterr().err)
         assert why in line and "keep_last = 0 keeps" not in line, line
+
+
+@pytest.mark.parametrize(
+    "name, value, says",
+    [
+        (NAN_LOSS, "abc", "is not of the form STEP[,STEP…][@RANK]"),  # a traceback after config.toml
+        (SIGTERM, "x", "is not of the form [awaited:]STEP[@RANK], complete or released"),
+        (SPIKE_WINDOW, "step:5*abc", "is not of the form WINDOW[*FACTOR][,…]"),
+        (KILL, "bogus", "is not of the form rewind-start, rewind-restored"),  # no kill ever, exit 0
+        (SPIKE_WINDOW, "step:999", ": step 999 is outside the plan's 30 steps"),  # it said "step 998"
+        (SPIKE_WINDOW, "nosuch:0:0", ": the plan has no source 'nosuch' (its sources: data)"),
+    ],
+)
+def test_a_fault_variable_not_of_its_form_is_one_line(
+    tmp_path, dataset, monkeypatch, capsys, name, value, says
+):
+    """A test's fault variable with a typo was a traceback after the run's files were written, an
+    off-by-one step, or no fault at all, exit 0 (trial RV74a 3)."""
+    monkeypatch.setenv(name, value)
+    assert main(["--config", TINY, "--set", *rewind_sets(dataset, tmp_path / "run")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
+    said = f"error: {name}={value}{'' if says.startswith(':') else ' '}{says}"
+    assert len(err) == 1 and err[0].startswith(said), err
+    assert says.startswith(":") or not (tmp_path / "run").exists()  # a form: refused before any work

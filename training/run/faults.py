@@ -49,6 +49,7 @@ variable left set in a shell changed a real run's loss without a trace, exit 0 (
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -91,6 +92,47 @@ def fault_warnings() -> list[str]:
         f"warning: {name}={value} is set: a test's injected fault, {EFFECTS[name]}; unset it for a real run"
         for name, value in faults_set().items()
     ]
+
+
+# The form of each variable's value: a test's typo was a traceback after the run's files were written,
+# or an injection that never came, exit 0 (trial RV74a 3)
+_STEP = r"\s*[0-9]+\s*"
+_WINDOW = r"(step:[0-9]+|[^:,*]+:[0-9]+:[0-9]+)(\*[0-9.eE+-]+)?"
+FORMS = {
+    NAN_LOSS: (rf"{_STEP}(,{_STEP})*(@[0-9]+)?", "STEP[,STEP…][@RANK]"),
+    SPIKE_WINDOW: (rf"{_WINDOW}(,{_WINDOW})*", "WINDOW[*FACTOR][,…], WINDOW SOURCE:EPOCH:TOKEN or step:N"),
+    KILL: (
+        r"rewind-(start|restored|recorded|saved)|(complete|saved|trained):[0-9]+",
+        "rewind-start, rewind-restored, rewind-recorded, rewind-saved, complete:N, saved:N or trained:N",
+    ),
+    SIGTERM: (
+        r"(awaited:)?[0-9]+(@[0-9]+)?|complete|released",
+        "[awaited:]STEP[@RANK], complete or released",
+    ),
+    DATA: (r"[0-9]+(@[0-9]+)?", "STEP[@RANK]"),
+    HOLD_DATA: (r"[0-9]+(@[0-9]+)?", "STEP[@RANK]"),
+    REPLACE_DATASET: (r"[^=]+=[^=]+", "OLD=NEW"),
+}
+
+
+def check_faults() -> None:
+    """Refuse, in one line, a fault variable whose value is not of its form (FORMS)."""
+    for name, value in faults_set().items():
+        pattern, form = FORMS[name]
+        if re.fullmatch(pattern, value) is None or (name == SPIKE_WINDOW and not _factors_read(value)):
+            raise GristmillError(
+                f"{name}={value} is not of the form {form} (a test's injected fault: "
+                "training/run/faults.py); fix it, or unset it for a real run"
+            )
+
+
+def _factors_read(value: str) -> bool:
+    """Whether each window's FACTOR reads as a number (the form lets "1.2.3" through)."""
+    try:
+        [float(item.partition("*")[2] or 100) for item in value.split(",")]
+    except ValueError:
+        return False
+    return True
 
 
 def kill_point(point: str) -> None:
@@ -190,9 +232,17 @@ class LossFaults:
 
 
 def _window(spec: str, plan) -> tuple[int, int, int]:
-    """(source index, epoch, first stream token) of "SOURCE:EPOCH:TOKEN" or "step:N"."""
+    """(source index, epoch, first stream token) of "SOURCE:EPOCH:TOKEN" or "step:N" (check_faults
+    checked the form; a step outside the plan, or a source not its, named as given)."""
+    said = f"{SPIKE_WINDOW}={os.environ.get(SPIKE_WINDOW)}"
     if spec.startswith("step:"):
-        labels, epoch, first = plan.step_windows(int(spec[5:]) - 1)
+        step = int(spec[5:])
+        if plan.total_steps is not None and not 1 <= step <= plan.total_steps:
+            raise GristmillError(f"{said}: step {step} is outside the plan's {plan.total_steps} steps")
+        labels, epoch, first = plan.step_windows(step - 1)
         return int(labels[0]), int(epoch[0]), int(first[0])
     name, epoch, token = spec.split(":")
-    return [s.name for s in plan.sources].index(name), int(epoch), int(token)
+    names = [s.name for s in plan.sources]
+    if name not in names:
+        raise GristmillError(f"{said}: the plan has no source {name!r} (its sources: {', '.join(names)})")
+    return names.index(name), int(epoch), int(token)
