@@ -383,3 +383,27 @@ def test_plan_refuses_the_resume_paths_train_refuses(synthetic_dataset, tmp_path
             err = capsys.readouterr().err.strip()
             assert err.startswith(f"error: --resume {resume}: {said}") and "\n" not in err, err
             assert not plan or not run.exists()  # (train takes the run directory's lock first)
+
+
+def test_a_value_that_is_not_utf8_is_one_line_before_any_work(synthetic_dataset, tmp_path, capsys):
+    """A byte that is not UTF-8 in a --set value or a path argument (Python keeps it as a lone
+    surrogate) was a traceback from the first file or tracker that wrote it, after the run's first files
+    (trial RV74c 4): one line naming the key as typed, nothing written."""
+    from pipelines.cli import main
+
+    odd = "a\udcffb"  # the bytes a, 0xff, b as sys.argv holds them
+    data = f"data.dataset={json.dumps(str(synthetic_dataset()))}"
+    for key in ("run.output_dir", "metrics.run_name"):
+        value = str(tmp_path / odd) if key == "run.output_dir" else odd
+        sets = [data, f"run.output_dir={json.dumps(str(tmp_path / 'run'))}", f"{key}={value}"]
+        assert main(["train", "--config", TINY, "--set", *sets]) == 2
+        shown = value.replace("\udcff", "\\xff")
+        assert capsys.readouterr().err.strip() == (
+            f'error: {key} = "{shown}" holds bytes that are not UTF-8 text; write it in UTF-8 '
+            f"(--set {key}={shown})"
+        )
+    assert main(["data", "validate", str(tmp_path / odd)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f'error: DIR "{tmp_path}/a\\xffb" holds bytes that are not UTF-8 text; write it in UTF-8'
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -84,7 +84,8 @@ def config_from(
         # The bad key first, then where it came from: the one override that names it, else the file.
         body = str(e).removeprefix(f"{source}: ")
         culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
-        raise ConfigError(f"{body} ({f'{flag} {culprit}' if culprit else source})", e.key) from None
+        said = f"{flag} {bytes_shown(culprit)}" if culprit else source
+        raise ConfigError(f"{body} ({said})", e.key) from None
     # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
     # in the order given: of two that wrote one key the later is named (a dict kept the first's place)
     cfg.__dict__[_OVERRIDES] = [(key, f"{flag} {item}") for item, key in parsed]
@@ -144,6 +145,22 @@ def _home_expanded(value: str, key: str, source: str) -> str:
     return path
 
 
+def not_utf8(value: str) -> str | None:
+    """Why `value` (a command-line value: Python keeps bytes that are not UTF-8 as lone surrogates) can be
+    no key's or path's, or None: no file, TOML, tracker or JSON can hold it, and a run wrote half its
+    files before a traceback said so (trial RV74c 4)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f'"{bytes_shown(value)}" holds bytes that are not UTF-8 text; write it in UTF-8'
+    return None
+
+
+def bytes_shown(value: str) -> str:
+    """`value` as the user typed it, a byte that is not UTF-8 as \\xNN (not Python's \\udcNN)."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _as_path(value: str) -> tuple[str, str | None]:
     """(`value` with its leading `~` expanded, None), or (`value`, why it names no path): blanks alone, a
     blank at either end (" ~/x": a folder named " ~" in the working directory, re-trial RV73e 6), a `~`
@@ -175,6 +192,8 @@ class PathArgument(argparse.Action):
 
         def expanded(value: str) -> str:
             refuse_empty({name: value}, required=self.required)
+            if (why := not_utf8(value)) is not None:
+                raise GristmillError(f"{name} {why}")
             path, why = _as_path(value)
             if why is not None:
                 raise GristmillError(f"{name} {json.dumps(value)}: {why}")
@@ -453,6 +472,8 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{source}: {key} must be a string, got {_shown(value)}", key)
+        if (why := not_utf8(value)) is not None:
+            raise ConfigError(f"{source}: {key} = {why}", key)
         return value
     raise ConfigError(f"{source}: {key} has unsupported type {tp}")  # a bug in the dataclass, not the user
 
