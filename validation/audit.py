@@ -788,7 +788,15 @@ def _run(args: argparse.Namespace) -> int:
             f"{of_run} reads a training run's files, and {', '.join(args.dirs)} holds no "
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
+    if args.plots:  # a file where the folder goes: said after the whole report was printed (RV74c 7)
+        there = next(p for p in (Path(args.plots), *Path(args.plots).absolute().parents) if p.exists())
+        if not there.is_dir():
+            raise AuditError(f"--plots {args.plots}: {there} is a file; name a folder to write the PNGs in")
     if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
+        if Path(args.db).is_dir():  # it was duckdb's "IO Error: … Is a directory" (trial RV74c 7)
+            raise AuditError(
+                f"--db {args.db} is a directory; name a database file (a new one, or an audit's)"
+            )
         check_db_path(args.db)
         _refuse_other_file(Path(args.db))
         if (inside := dataset_around(args.db)) is not None:

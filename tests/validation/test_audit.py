@@ -1320,3 +1320,19 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         )
         examples.add(con.execute(PRESETS["drops"]).fetchall()[0][-1])
     assert examples == {"exact duplicate of <9>"}, examples  # the last in sort order
+
+
+def test_a_plots_file_or_a_db_folder_is_one_line_before_the_report(built_dataset, tmp_path, capsys):
+    """--plots naming a file was said after the whole report was printed; --db naming a folder was
+    duckdb's "IO Error: … Is a directory" with no fix (trial RV74c 7)."""
+    afile = tmp_path / "f.png"
+    afile.write_text("x")
+    for args, said in (
+        (["--plots", str(afile)], f"--plots {afile}: {afile} is a file; name a folder to write the PNGs in"),
+        (["--plots", str(afile / "x")], f"--plots {afile / 'x'}: {afile} is a file; name a folder"),
+        (["--db", str(tmp_path)], f"--db {tmp_path} is a directory; name a database file"),
+    ):
+        assert main(["data", "audit", str(built_dataset), *args]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"error: {said}") and err.count("\n") == 1, (out, err)
+    assert sorted(tmp_path.iterdir()) == [afile]
