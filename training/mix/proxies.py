@@ -125,6 +125,12 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
     sets = [f"{sec}.{k}" for sec, table in raw.items() if isinstance(table, dict) for k in table]
     searched = list(dict.fromkeys((*OWNED, *LENGTH, *sets)))
     for item in p.set:
+        if "=" not in item:  # it was parse_override's line, whose example is a command's --set (RV74c 6)
+            raise ConfigError(
+                f"proxy.set {item!r}: each entry is KEY=VALUE of the proxies' training recipe, e.g. "
+                'proxy.set = ["optim.weight_decay=0.05"]',
+                key="proxy.set",
+            )
         key = item.split("=", 1)[0].strip()
         if covered := [k for k in searched if k.startswith(f"{key}.")]:
             raise ConfigError(

@@ -578,6 +578,11 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "constraints.run_tokens = 1000000 would read a source past its max_epochs",  # not 1e+06 (RV66a)
         ),
         (["proxy.set=['optim.lrr=1']"], "optim.lrr"),
+        (  # it named a command's --set (trial RV74c 6)
+            ["proxy.set=['nope']"],
+            "proxy.set 'nope': each entry is KEY=VALUE of the proxies' training recipe, e.g. proxy.set = "
+            '["optim.weight_decay=0.05"]',
+        ),
         (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
         # proxies that skipped 13 of 14 steps were fitted and gated as evidence, exit 0 (trial RV62b 1)
         (["proxy.set=['run.on_nonfinite=\"skip\"']"], "a proxy that skips steps is not evidence"),
