@@ -12,6 +12,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from training.config import (
     TRACKERS,
@@ -208,6 +209,12 @@ def check_output_dir(cfg: TrainConfig) -> None:
     said = f"run.output_dir = {json.dumps(cfg.run.output_dir)}"
     if not cfg.run.output_dir.strip():
         error = ConfigError(f'{said}: name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir")
+        raise naming_override(error, cfg)
+    out = Path(cfg.run.output_dir).absolute()
+    there = next(p for p in (out, *out.parents) if p.exists())
+    if not there.is_dir():  # "cannot write …: File exists; make it writable" (trial RV74c 8)
+        at = "is a file" if there == out else f"lies under {there}, a file"
+        error = ConfigError(f"{said} {at}; name a directory for the run", "run.output_dir")
         raise naming_override(error, cfg)
     # a dataset's directory, or one inside it: the run replaced its config.toml (the build's recipe, which
     # its validation then failed) and wrote files it does not record (trial RV74c 1)
