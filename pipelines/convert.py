@@ -319,6 +319,11 @@ def _check_new(old: str, new: str) -> None:
         )
     if not is_url(old):
         here, work = Path(old).resolve(), work.resolve()
+        if here == path.resolve():  # it said "OLD is OLD (OLD), which…" (trial RV74c 8)
+            raise DatasetError(
+                f"OLD and NEW are one directory ({old}): convert into a new directory apart from it (OLD is "
+                "never changed)"
+            )
         for p, what in ((path.resolve(), new), (work, f"the folder a conversion into {new} is written in")):
             if here.is_relative_to(p):
                 raise DatasetError(

@@ -667,6 +667,13 @@ def test_convert_never_empties_old_as_new_s_work_folder(v2, tmp_path):
             DatasetError, match=f"^{src} {what} a conversion into {tmp_path / 'zz'} is written"
         ):
             convert_dataset(str(src), str(tmp_path / "zz"), log=lambda *a: pytest.fail("converted"))
+    # OLD named as NEW: "OLD is OLD (OLD), which the conversion empties" (trial RV74c 8)
+    with pytest.raises(DatasetError) as said:
+        convert_dataset(str(old), str(old), log=lambda *a: pytest.fail("converted"))
+    assert str(said.value) == (
+        f"OLD and NEW are one directory ({old}): convert into a new directory apart from it (OLD is never "
+        "changed)"
+    )
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "zz").exists()
 
