@@ -742,7 +742,7 @@ def _no_dataset(dirs: list[str], what: str, instead: str) -> AuditError:
             # none: each is missing, damaged or another build than it read, as said after (a rebuilt
             # one was "none from this working directory", though there: trial RV71c 7)
             none = "none that is the build it read"
-            runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
+            runs.append(f"{d}'s: " + (", ".join(_found(loc) for s, loc in sources if not why[s]) or none))
             others += [w for w in why.values() if w]
     return AuditError(
         f"{what} reads a dataset's files, and {', '.join(dirs)} holds no {DATASET_JSON}: pass a dataset "
@@ -750,6 +750,16 @@ def _no_dataset(dirs: list[str], what: str, instead: str) -> AuditError:
         + ("; ".join(runs) if runs else "a training run's are the datasets its config.toml names")
         + f"), or {instead}"
         + "".join(f"; {w}" for w in others)
+    )
+
+
+def _found(location: str) -> str:
+    """A dataset location a run's config names, as advice: said not found where no dataset.json is there
+    (a relative one from another working directory led nowhere, unsaid: trial RV74a 6)."""
+    if is_url(location) or (Path(location) / DATASET_JSON).is_file():
+        return location
+    return f"{location}, not found" + (
+        f" from the working directory {Path.cwd()}" if relative_location(location) else ""
     )
 
 

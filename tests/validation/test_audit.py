@@ -408,9 +408,10 @@ def test_a_started_run_without_its_plan_or_its_ledger_is_refused_not_read_as_emp
     assert main(["data", "audit", str(run), "--report", "consumption"]) == 2
 
 
-def test_a_dataset_view_queried_of_runs_alone_is_refused_naming_their_datasets(tmp_path, capsys):
+def test_a_dataset_view_queried_of_runs_alone_is_refused_naming_their_datasets(tmp_path, capsys, monkeypatch):
     """`--sql` of `docs` over a run directory answered 0, exit 0, where `--report summary` is refused
-    naming the datasets to pass (trial RV69a 4); a query of the run's own views answers."""
+    naming the datasets to pass (trial RV69a 4), said not found where none is there (a relative one from
+    another working directory led nowhere, unsaid: trial RV74a 6); a query of the run's own views answers."""
     run = run_of_no_step(tmp_path)
     for sql in ("SELECT count(*) FROM docs", "SELECT 1 FROM consumption WHERE EXISTS (FROM main.Shards)"):
         assert main(["data", "audit", str(run), "--sql", sql]) == 2
@@ -418,9 +419,13 @@ def test_a_dataset_view_queried_of_runs_alone_is_refused_naming_their_datasets(t
         view = sql.split()[-1].strip(")").split(".")[-1].lower()
         assert out == "" and err == (
             f"error: --sql's view {view} reads a dataset's files, and {run} holds no dataset.json: pass a "
-            f"dataset directory ({run}'s: {tmp_path / 'data'}), or query a training run's views alone (eval, "
-            "consumption, skips, sources)\n"
+            f"dataset directory ({run}'s: {tmp_path / 'data'}, not found), or query a training run's views "
+            "alone (eval, consumption, skips, sources)\n"
         ), err
+    (run / "config.toml").write_text('[data]\ndataset = "data"\n')
+    monkeypatch.chdir(run)
+    assert main(["data", "audit", str(run), "--report", "summary"]) == 2
+    assert f"({run}'s: data, not found from the working directory {run})" in capsys.readouterr().err
     # the run's own views, and a CTE of a dataset view's name, answer
     sql = "WITH docs AS (SELECT 1) SELECT count(*) AS n FROM docs, consumption"
     assert main(["data", "audit", str(run), "--sql", sql, "--format", "json"]) == 0
