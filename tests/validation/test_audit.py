@@ -221,6 +221,13 @@ def test_malformed_query_prints_error_and_views(built_dataset, capsys):
     assert '\noffset is a word of SQL: to name the column, write "offset" (in double quotes)\nviews:' in err
     assert main(["data", "audit", str(built_dataset), "--sql", 'SELECT "offset" FRO docs']) == 2
     assert "word of SQL" not in capsys.readouterr().err
+    # duckdb's advice to SET what --sql refuses: where it can be done (trial RV74a 5)
+    assert main(["data", "audit", str(built_dataset), "--sql", "SELECT " + "+".join(["1"] * 1500)]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("error: Parser Error: Max expression depth") and first.endswith(
+        '"SET max_expression_depth TO x" to increase the maximum expression depth. (--sql runs no SET: write '
+        "the views into a file with --db FILE and query it in duckdb)"
+    ), first
 
 
 def test_plots_skip_columns_a_dataset_lacks_and_order_lengths_numerically(built_dataset, tmp_path):
