@@ -1742,11 +1742,12 @@ def _newest_to_export(run_dir: Path, log, merged: bool) -> int:
             break
         passed_over.append((path, why or missing_step_reason(run_dir, step_of(path), merged=True)))
         within = (0, step_of(path) - 1)
+    if path is None:  # one line: the newest's reason, not a line per checkpoint first (trial RV74c 8)
+        what = "that holds merged weights" if merged else "to export"
+        newest = f" (step {step_of(passed_over[0][0])}: {passed_over[0][1]})" if passed_over else ""
+        raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint {what}{newest}")
     for skipped, reason in passed_over if log is not None else ():
         log(f"skipped step {step_of(skipped)}: {reason}")
-    if path is None:
-        what = "that holds merged weights" if merged else "to export"
-        raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint {what}")
     if log is not None:
         what = " holding its merged weights" if merged else ""
         log(f"exporting step {step_of(path)}, the newest complete checkpoint{what} that verifies")
