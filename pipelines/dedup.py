@@ -466,9 +466,9 @@ def minhash_config(cfg: DedupConfig) -> MinhashConfig:
 
 
 def check_config(cfg: DedupConfig) -> None:
-    """One line for settings the stages cannot run with (before anything is written)."""
-    if cfg.kind != "minhash":
-        return
+    """One line for settings the stages cannot run with (before anything is written), whatever the
+    kind: under "exact", dedup.buckets = -1 was accepted and written into the dataset's config.toml
+    (trial RV74c 8)."""
     for key in ("ngram", "buckets", "hashes_per_bucket"):
         if getattr(cfg, key) < 1:
             raise DedupError(f"dedup.{key} = {getattr(cfg, key)} must be ≥ 1 (FineWeb: ngram 5, buckets 14, "

@@ -367,3 +367,16 @@ def test_the_dedup_decisions_are_of_the_tables_content_and_a_damaged_record_is_o
     with pytest.raises(DedupError, match=said):
         decisions_sha256(copy)
     assert decisions_sha256(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize("kind", ["exact", "minhash"])
+def test_dedup_counts_below_one_are_one_line_whatever_the_kind(kind):
+    """dedup.buckets = -1 under kind "exact" was accepted and written into the dataset's config.toml
+    (trial RV74c 8); under "minhash" it was refused already."""
+    from pipelines.config import DedupConfig
+    from pipelines.dedup import check_config
+
+    for key in ("ngram", "buckets", "hashes_per_bucket"):
+        with pytest.raises(DedupError, match=rf"^dedup\.{key} = -1 must be ≥ 1 \(FineWeb: ngram 5"):
+            check_config(DedupConfig(kind=kind, **{key: -1}))
+    check_config(DedupConfig(kind=kind))
