@@ -1355,6 +1355,13 @@ def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight
             export_checkpoint(run, step, out=out, dtype=dtype)
     shutil.rmtree(export_dir(run, 8), ignore_errors=True)
     assert export_checkpoint(run, out=export_dir(run, 8)) == export_dir(run, 8)
+    # inside a dataset: a folder its validation then called stray (trial RV74c 1)
+    dataset = tmp_path / "data"
+    (dataset / "shards").mkdir(parents=True)
+    (dataset / "dataset.json").write_text(json.dumps({"fingerprint": "f" * 64}))
+    with pytest.raises(ExportError, match=rf"^--out {dataset}/shards/x lies inside {dataset}, which holds"):
+        export_checkpoint(run, 8, out=dataset / "shards" / "x")
+    assert sorted(p.name for p in dataset.rglob("*")) == ["dataset.json", "shards"]
 
 
 def test_init_from_a_run_or_its_checkpoint_says_to_export_a_step(tmp_path, data, straight):
