@@ -45,6 +45,7 @@ from training.contract.config_loader import PathArgument
 from training.contract.disk_space import check_free, fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.object_store import refuse_other_urls
+from training.contract.run_layout import in_a_dataset
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
 RECORD = ".gristmill-download.json"
@@ -115,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         raise GristmillError('--subset "": name a folder of the dataset (e.g. sample/10BT), or / for all')
     if args.workers < 1:  # taken as one without a word (review R22a A9)
         raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
+    # a dataset's directory or one inside it: parquet files and locks it does not record (trial RV74c 1)
+    if (where := in_a_dataset(args.to)) is not None:
+        raise GristmillError(f"--to {args.to} {where}; download into a folder of its own")
     root = args.source or f"hf://datasets/{args.repo}"
     report = download(root, args.subset, args.to, pattern=args.pattern, workers=args.workers)
     print(

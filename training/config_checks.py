@@ -27,7 +27,7 @@ from training.config import (
 )
 from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
-from training.contract.run_layout import artifact_in, dataset_around
+from training.contract.run_layout import in_a_dataset
 
 BATCH_LR_RULES: dict[str, dict[str, str]] = {
     # optim.name → the optim.batch_lr_scaling rules it supports, each with its evidence
@@ -218,9 +218,7 @@ def check_output_dir(cfg: TrainConfig) -> None:
         raise naming_override(error, cfg)
     # a dataset's directory, or one inside it: the run replaced its config.toml (the build's recipe, which
     # its validation then failed) and wrote files it does not record (trial RV74c 1)
-    held = artifact_in(cfg.run.output_dir)
-    where = dataset_around(cfg.run.output_dir) or (held if held and held.endswith("a dataset") else None)
-    if where is not None:
+    if (where := in_a_dataset(cfg.run.output_dir)) is not None:
         error = ConfigError(f"{said} {where}; give the run a directory of its own", "run.output_dir")
         raise naming_override(error, cfg)
 

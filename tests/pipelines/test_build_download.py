@@ -292,6 +292,17 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
         assert main(["data", "download", "--subset", "sample/10BT", "--to", str(tmp_path / "x"), *extra]) == 2
         assert capsys.readouterr().err.strip() == said
     assert not (tmp_path / "x").exists()
+    # into a dataset: parquet files and locks it does not record (trial RV74c 1)
+    dataset = tmp_path / "data"
+    dataset.mkdir()
+    (dataset / "dataset.json").write_text(json.dumps({"fingerprint": "f" * 64}))
+    for to, where in (
+        (dataset, "holds dataset.json: a dataset"),
+        (dataset / "raw", f"lies inside {dataset}"),
+    ):
+        assert main(["data", "download", "--from", str(remote), "--to", str(to)]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"error: --to {to} {where}")
+    assert [p.name for p in dataset.iterdir()] == ["dataset.json"]
 
 
 def test_a_subset_outside_the_source_a_file_as_to_and_a_missing_source_are_one_line(remote, tmp_path, capsys):

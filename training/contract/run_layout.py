@@ -119,6 +119,14 @@ def dataset_around(path: str | Path) -> str | None:
     return None
 
 
+def in_a_dataset(path: str | Path) -> str | None:
+    """Where `path` is a dataset's directory or lies inside one (artifact_in's or dataset_around's words),
+    None otherwise: a run, a download or an export written there replaced the build's config.toml or
+    left files the dataset does not record, which its validation then failed (trial RV74c 1)."""
+    held = artifact_in(path)
+    return dataset_around(path) or (held if held is not None and held.endswith("a dataset") else None)
+
+
 def _gristmill_json(path: Path) -> bool:
     """Whether `path` is a dataset.json or build.json gristmill wrote (its fingerprint, its config hash)."""
     try:
