@@ -104,7 +104,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
     if cfg.checkpoint.resume not in (None, "", "auto"):  # a path: what train refuses (a dataset, none
-        find_resume(run_dir, cfg.checkpoint.resume)  # there) --plan refuses (it printed a plan: RV74c 5)
+        find_resume(run_dir, cfg.checkpoint.resume, verify=False)  # there) --plan refuses (RV74c 5)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     trained = trained_plan(run_dir, cfg.checkpoint.resume)
     tables = open_sources(spec, trained=trained)
@@ -131,8 +131,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         except GristmillError as e:
             raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    if resumed:
-        loader.note_cut_skips(skips)  # as train says them, of the skips its record holds
+    if resumed:  # as train says them: of the resumed checkpoint's timeline (an older one's: its plan's)
+        loader.note_cut_skips(trained.skips if trained.skips is not None else loader.saved_skips)
     base = [n.removeprefix("note: ") for n in base_notes]
     notes = [n.removeprefix("note: ") for n in loader.resume_notes]  # none unless resumed
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + notes, skips):

@@ -595,6 +595,15 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
     )
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *longer]) == 0
     assert note in capsys.readouterr().out.splitlines()
+    # a fork's plan: of the checkpoint's timeline, not of the new directory's record (review RV74d 4)
+    fork = [
+        f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000030'))}",
+        f"run.output_dir={json.dumps(str(tmp_path / 'fork'))}",
+    ]
+    with monkeypatch.context() as m:  # and no read of the whole checkpoint's checksums (review RV74d 3)
+        m.setattr("training.checkpoint.checkpointer.verify_checkpoint", lambda path: pytest.fail("hashed"))
+        assert gristmill(["train", "--config", str(config), "--plan", "--set", *fork]) == 0
+    assert note in capsys.readouterr().out.splitlines()
     assert main(["--config", str(config), "--set", *longer]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out.count(note) == 1 and not any("rewind 1 skipped" in line for line in out), out

@@ -399,6 +399,18 @@ def _loader_state(path: Path) -> dict[str, Any] | None:
     return box["dataloader"]
 
 
+def _timeline_skips(path: Path) -> tuple[Any, ...] | None:
+    """Checkpoint `path`'s timeline: the rewinds' skips of the run it resumes (training/run/timeline.py),
+    None where it keeps none apart (an older checkpoint: its plan's description holds them)."""
+    from training.data.plan import Skip
+
+    if "timeline.skips" not in checkpoint_keys(path):
+        return None
+    box = {"timeline": {"skips": ""}}
+    load_or_raise(box, path, CheckpointError, "read the timeline of", no_dist=True)
+    return tuple(Skip(**s) for s in json.loads(box["timeline"]["skips"]))
+
+
 def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     """The plan `gristmill train --plan` of run.output_dir `run_dir` with checkpoint.resume `resume`
     takes for the one the train continues: the plan of the checkpoint it resumes, a path (a fork into
@@ -420,7 +432,8 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     for path in candidates:
         try:
             if (state := _loader_state(path)) is not None:
-                return TrainedPlan.of(f"checkpoint {path}{which}", json.loads(state["data_plan"]), state)
+                where, plan = f"checkpoint {path}{which}", json.loads(state["data_plan"])
+                return TrainedPlan.of(where, plan, state, skips=_timeline_skips(path))
         except Exception:  # damaged: --resume auto passes over it (find_resume)
             unreadable.append(path)
     # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it

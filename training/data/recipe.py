@@ -66,13 +66,21 @@ class TrainedPlan:
     loader_state: dict[str, Any] | None = None
     """The checkpoint's loader state (a checkpoint's plan), which `train --plan --resume` loads as the
     resume does: its refusal of a changed past, and its notes on the future."""
+    skips: tuple[data_plan.Skip, ...] | None = None
+    """The checkpoint's timeline (its run's rewinds' skips, as a resume from it has them), None where it
+    keeps none apart: `train --plan --resume`'s notes on skips cut at the plan's end are of these, not
+    of the run directory's record, whose skips another checkpoint may not have (review RV74d 4)."""
 
     @classmethod
     def of(
-        cls, where: str, description: dict[str, Any], loader_state: dict[str, Any] | None = None
+        cls,
+        where: str,
+        description: dict[str, Any],
+        loader_state: dict[str, Any] | None = None,
+        skips: tuple[data_plan.Skip, ...] | None = None,
     ) -> TrainedPlan:
         fingerprints = {s["name"]: s["fingerprint"] for s in description.get("sources", [])}
-        return cls(where, fingerprints, loader_state=loader_state)
+        return cls(where, fingerprints, loader_state=loader_state, skips=skips)
 
     @classmethod
     def unknown(cls, where: str) -> TrainedPlan:
