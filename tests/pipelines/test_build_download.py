@@ -298,7 +298,7 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     (dataset / "dataset.json").write_text(json.dumps({"fingerprint": "f" * 64}))
     for to, where in (
         (dataset, "holds dataset.json: a dataset"),
-        (dataset / "raw", f"lies inside {dataset}"),
+        (dataset / "shards" / "raw", f"lies inside {dataset / 'shards'}, a folder of the dataset there"),
     ):
         assert main(["data", "download", "--from", str(remote), "--to", str(to)]) == 2
         assert capsys.readouterr().err.strip().startswith(f"error: --to {to} {where}")

@@ -187,8 +187,9 @@ def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
 
 def test_a_run_into_a_dataset_s_directory_is_refused_before_it_writes(synthetic_dataset, tmp_path, capsys):
     """A run into a dataset's directory replaced its config.toml (the build's recipe: its validation then
-    failed) and wrote its files beside the shards; one inside it, files the dataset does not record.
-    Refused by --plan and train in one line, the dataset untouched (trial RV74c 1)."""
+    failed) and wrote its files beside the shards; one inside its shards/ (or another of its folders),
+    files its validation fails. Refused by --plan and train in one line, the dataset untouched (trial
+    RV74c 1)."""
     from pipelines.cli import main
 
     dataset = tmp_path / "data"
@@ -198,7 +199,7 @@ def test_a_run_into_a_dataset_s_directory_is_refused_before_it_writes(synthetic_
     record = dataset / "dataset.json"
     for out, where in (
         (dataset, "holds dataset.json: a dataset; give the run a directory of its own"),
-        (dataset / "shards" / "run", f"lies inside {dataset}, which holds dataset.json: a dataset; give"),
+        (dataset / "shards" / "run", f"lies inside {dataset / 'shards'}, a folder of the dataset there"),
         # a file: "cannot write …: File exists; make it writable" (trial RV74c 8)
         (record, "is a file; name a directory for the run"),
         (record / "run", f"lies under {record}, a file; name a directory for the run"),
@@ -212,6 +213,13 @@ def test_a_run_into_a_dataset_s_directory_is_refused_before_it_writes(synthetic_
     assert (
         sorted((p.relative_to(dataset), p.read_bytes()) for p in dataset.rglob("*") if p.is_file()) == before
     )
+    # a folder of the user's beside the dataset's own (DATASET/runs/…): its runs resumed before (RV74d 2)
+    beside = f"run.output_dir={json.dumps(str(dataset / 'runs' / 'r1'))}"
+    assert main(["train", "--config", TINY, "--plan", "--set", data, beside]) == 0
+    notes = tmp_path / "notes"  # a build.json of the user's is no dataset's (review RV74d 2)
+    notes.mkdir()
+    (notes / "build.json").write_text('{"name": "notes"}')
+    assert main(["train", "--config", TINY, "--plan", "--set", data, f"run.output_dir={notes}"]) == 0
 
 
 def test_a_tilde_in_a_path_key_is_the_home_directory(synthetic_dataset, tmp_path, monkeypatch, capsys):

@@ -130,8 +130,8 @@ from training.contract.run_layout import (
     abandoned_name,
     checkpoint_dir,
     complete_steps,
-    dataset_around,
     export_dir,
+    in_a_dataset,
     incomplete_reason,
     is_training_run,
     names_a_step,
@@ -1534,8 +1534,8 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
-    if out is not None and (inside := dataset_around(out)) is not None:  # its validation then failed
-        raise ExportError(f"--out {out} {inside}, which does not record it: choose a folder outside it")
+    if out is not None and (inside := in_a_dataset(out)) is not None:  # its validation then failed
+        raise ExportError(f"--out {out} {inside}, which does not record it: choose another folder")
     if out is not None and out.is_symlink():  # dangling: the export cannot take a link's place (RV63b 13)
         raise ExportError(
             f"--out {out} is a link to {os.readlink(out)}, which does not exist: remove the link, or choose "

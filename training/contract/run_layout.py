@@ -120,11 +120,40 @@ def dataset_around(path: str | Path) -> str | None:
 
 
 def in_a_dataset(path: str | Path) -> str | None:
-    """Where `path` is a dataset's directory or lies inside one (artifact_in's or dataset_around's words),
-    None otherwise: a run, a download or an export written there replaced the build's config.toml or
-    left files the dataset does not record, which its validation then failed (trial RV74c 1)."""
-    held = artifact_in(path)
-    return dataset_around(path) or (held if held is not None and held.endswith("a dataset") else None)
+    """Where `path` is a dataset's directory or lies inside one of the dataset's own folders (shards/,
+    manifest/, …), None otherwise: a run, a download or an export written there replaced the build's
+    config.toml or left files its validation then failed (trial RV74c 1). A folder of the user's beside
+    them (DATASET/runs/…) is no dataset's: a run there was resumed before (review RV74d 2)."""
+    from training.contract.dataset_format import (  # numpy/pyarrow: only when asked
+        BUILD_JSON,
+        DATASET_JSON,
+        DECONTAM_DIR,
+        EXCLUDED_DIR,
+        INDEX_DIR,
+        LOGS_DIR,
+        MANIFEST_DIR,
+        SHARDS_DIR,
+        TASK_RECORDS_DIR,
+    )
+
+    own = {
+        SHARDS_DIR,
+        MANIFEST_DIR,
+        EXCLUDED_DIR,
+        LOGS_DIR,
+        INDEX_DIR,
+        DECONTAM_DIR,
+        TASK_RECORDS_DIR.split("/")[0],
+    }
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):  # gristmill's own record (a build.json is a common name)
+        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if _gristmill_json(folder / n)), None):
+            if folder == real:
+                return f"holds {held}: a dataset"
+            if (mine := real.relative_to(folder).parts[0]) in own:
+                return f"lies inside {folder / mine}, a folder of the dataset there ({held})"
+            return None
+    return None
 
 
 def _gristmill_json(path: Path) -> bool:
