@@ -15,6 +15,7 @@ import difflib
 import errno
 import importlib
 import io
+import json
 import os
 import sys
 
@@ -143,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                 if words == ("train",) or (said := _path_error(e)) is None:
                     raise
                 return print_error(said)
-    if argv and argv[0] not in ("-h", "--help") and argv[1:2] not in (["-h"], ["--help"]):
+    groups = {words[0] for words in COMMANDS if len(words) > 1}
+    asks_help = argv[:1] in (["-h"], ["--help"]) or (
+        argv[:1] and argv[0] in groups and argv[1:2] in (["-h"], ["--help"])
+    )
+    if argv and not asks_help:  # (`gristmill data -h`: the listing; `gristmill trian -h`: the typo's line)
         print(f"error: {_unknown_command(argv)}", file=sys.stderr)
         return 2
     print(_usage())
@@ -152,31 +157,53 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unknown_command(argv: list[str]) -> str:
     """The one line for words that name no command: the nearest command when a typo is near one
-    (`gristmill trian`, `gristmill data biuld`, `gristmill build`), else where the list is."""
+    (`gristmill trian`, `gristmill data biuld`, `gristmill dta build`, `gristmill build`), else where the
+    list is."""
     names = [" ".join(words) for words in COMMANDS]
     groups = {words[0] for words in COMMANDS if len(words) > 1}
-    second = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+    second = argv[1] if len(argv) > 1 and argv[1].strip() and not argv[1].startswith("-") else None
     if argv[0] in groups and second is None:
         under = ", ".join(f"`gristmill {name}`" for name in names if name.startswith(argv[0] + " "))
         return f"`gristmill {argv[0]}` needs a command after it: {under}"
     typed = f"{argv[0]} {second}" if argv[0] in groups else argv[0]
-    # a command's last word alone (`gristmill build`) or one it begins or ends (`evaluate`, `exp`),
-    # else a typo of a whole command (`trian`) or of a last word
+    if second is not None and argv[0] not in groups:  # a group's word misspelled: `dta build`, `mixx propose`
+        if pair := difflib.get_close_matches(f"{argv[0]} {second}", names, n=1, cutoff=0.75):
+            return (
+                f"`gristmill {_shown(argv[0])} {_shown(second)}` is no command; did you mean "
+                f"`gristmill {pair[0]}`? `gristmill --help` lists them"
+            )
+    if not typed.split():  # `gristmill ""`: an unset variable (it was an IndexError: review RV74d 1)
+        return f"`gristmill {json.dumps(typed)}` is no command; `gristmill --help` lists them"
+    # a command's last word alone (`gristmill build`) or one it begins or ends (`evaluate`, `exp`; `data
+    # de`, of the group's), else a typo of a whole command (`trian`) or of a last word
     last_words = {name.split()[-1]: name for name in names}  # the later `train` wins: not tokenizer's
+    if argv[0] in groups:  # … but in its group, the group's (`tokenizer trian`)
+        last_words |= {name.split()[-1]: name for name in names if name.startswith(argv[0] + " ")}
     word = typed.split()[-1]
     begun = {
         name
         for last, name in last_words.items()
-        if min(len(word), len(last)) >= 3 and (word.startswith(last) or last.startswith(word))
-    }
+        if min(len(word), len(last)) >= 2 and (word.startswith(last) or last.startswith(word))
+        and (argv[0] not in groups or name.startswith(argv[0] + " "))
+    }  # fmt: skip
     near = (
         sorted(begun)[:1]
         if len(begun) == 1
-        else difflib.get_close_matches(typed, names, n=1, cutoff=0.7)
+        else difflib.get_close_matches(typed, [] if argv[0] in groups else names, n=1, cutoff=0.7)
         or [last_words[w] for w in difflib.get_close_matches(word, list(last_words), n=1, cutoff=0.7)]
     )
     guess = f"did you mean `gristmill {near[0]}`? " if near else ""
-    return f"`gristmill {typed}` is no command; {guess}`gristmill --help` lists them"
+    return f"`gristmill {_shown(typed)}` is no command; {guess}`gristmill --help` lists them"
+
+
+def _shown(words: str) -> str:
+    """Words as one line: a newline or another control character as its escape (a line each: RV74d 1)."""
+    return "".join(
+        c if c.isprintable()
+        else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF  # a byte that is not UTF-8, as typed
+        else c.encode("unicode_escape").decode()
+        for c in words
+    )  # fmt: skip
 
 
 # What a path a user gave can be that no command's own check caught: one line naming it, not a traceback

@@ -58,15 +58,28 @@ def test_listing_the_commands_imports_no_stage(argv):
         (["propose", "--out", "m"], "mix propose"),
         (["evaluate"], "eval"),  # a word a command begins
         (["trainn"], "train"),  # not tokenizer train
+        (["tokenizer", "trian"], "tokenizer train"),  # in a group, its own (review RV74d 6)
+        (["data", "de"], "data decontam-index"),  # the group's command it begins, not demo
+        (["dta", "build"], "data build"),  # a group's word misspelled
+        (["trian", "-h"], "train"),  # the typo's line, not the listing
     ],
 )
 def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
     assert main(argv) == 2
-    typed = " ".join(argv[:2] if argv[0] == "data" else argv[:1])
+    typed = " ".join(argv[:2] if argv[0] in ("data", "tokenizer", "dta") else argv[:1])
     assert capsys.readouterr().err == (
         f"error: `gristmill {typed}` is no command; did you mean `gristmill {meant}`? "
         "`gristmill --help` lists them\n"
     )
+
+
+def test_blank_or_unprintable_words_are_one_line(capsys):
+    """`gristmill ""` (an unset variable) was an IndexError traceback; a newline in a word printed the
+    line across two (review RV74d 1)."""
+    for argv, shown in (([""], '""'), ([" "], '" "'), (["a\nb"], "a\\nb"), (["tr\udcffin"], "tr\\xffin")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: `gristmill {shown}` is no command; ") and err.count("\n") == 1, err
 
 
 def test_a_group_alone_names_its_commands(capsys):
