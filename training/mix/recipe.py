@@ -181,7 +181,10 @@ def check_mix_config(cfg: MixConfig) -> None:
     if bool(t.mix) == bool(t.source):
         # both: a recipe's target.mix beside a --set target.source (trial RV74b 2), which an empty
         # target.mix makes the target
-        both = "give one of them, not both (a target.mix = {} makes target.source the target)"
+        both = (
+            "give one of them, not both (target.mix = {} leaves target.source the target, target.source = "
+            '"" leaves target.mix)'
+        )
         raise ConfigError(
             "[target]: "
             + (both if t.mix else "give target.mix (e.g. { prose = 0.2, code = 0.8 }) or target.source"),

@@ -610,7 +610,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['optim={weight_decay=0.0}']"], "a whole [optim] would replace proxy.lr, proxy.min_lr"),
         (  # beside the recipe's target.mix (trial RV74b 2)
             ["target.source=code"],
-            "[target]: give one of them, not both (a target.mix = {} makes target.source the target)",
+            "[target]: give one of them, not both (target.mix = {} leaves target.source the target, "
+            'target.source = "" leaves target.mix)',
         ),
         (["target.mix={}"], "[target]: give target.mix (e.g. { prose = 0.2, code = 0.8 }) or target.source"),
         (["swarm.sizes=3"], "swarm.sizes"),
