@@ -252,7 +252,8 @@ def _partly_shared_line(
     zero = " and ".join(f"data.sources[{x}].val_fraction=0" for x in pair if tables[x].val_fraction > 0)
     return (
         f"{head}; {held}, so {vals} {'scores' if len(scored) == 1 else 'score'} text the run trains on; "
-        f"build the sources disjoint (filter the shared documents out of one), or set {zero}, or accept it"
+        f"build the sources disjoint (filter the shared documents out of one), or set {zero} (a training "
+        "run's: a mixture search scores every source's held-out documents), or accept it"
     )
 
 

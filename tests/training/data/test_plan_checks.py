@@ -186,7 +186,8 @@ def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, c
         f"of 'code'; val/code holds out {len(split[b, 'val'])} documents, {held[b]} of them in the training "
         "split of 'web', so val/web and val/code score text the run trains on; build the sources disjoint "
         "(filter the shared documents out of one), or set data.sources[0].val_fraction=0 and "
-        "data.sources[1].val_fraction=0, or accept it\n"
+        "data.sources[1].val_fraction=0 (a training run's: a mixture search scores every source's held-out "
+        "documents), or accept it\n"
     )
     config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, tmp_path / "run")
     once = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
@@ -203,7 +204,8 @@ def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, c
     out, err = capsys.readouterr()
     said = [line for line in (out + err).splitlines() if line.startswith("warning: sources")]
     assert len(said) == 1 and said[0].endswith(
-        "(filter the shared documents out of one), or set data.sources[0].val_fraction=0, or accept it"
+        "(filter the shared documents out of one), or set data.sources[0].val_fraction=0 (a training run's: "
+        "a mixture search scores every source's held-out documents), or accept it"
     ), said
     # nothing held out: documents read twice, an upsampling if meant
     unheld = ["data.sources[0].val_fraction=0", "data.sources[1].val_fraction=0", "run.val_every=0"]
