@@ -35,7 +35,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.console import answer_on_stdout
-from training.contract.config_loader import PathArgument
+from training.contract.config_loader import PathArgument, not_utf8
 from training.contract.dataset_format import (
     DATASET_JSON,
     LOGS_DIR,
@@ -616,6 +616,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    if args.sql is not None and (why := not_utf8(args.sql)) is not None:  # duckdb's TypeError (RV74e F1)
+        raise AuditError(f"--sql {why}")
     # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
     cache = cache_of(args)  # a --cache-dir that cannot be one: one line before the bucket is asked
     _refuse_twice(args.dirs)

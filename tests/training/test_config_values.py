@@ -414,6 +414,10 @@ def test_a_value_that_is_not_utf8_is_one_line_before_any_work(synthetic_dataset,
             f'error: {key} = "{shown}" holds bytes that are not UTF-8 text; write it in UTF-8 '
             f"(--set {key}={shown})"
         )
+    assert main(["data", "audit", str(tmp_path), "--sql", f"SELECT '{odd}'"]) == 2  # duckdb's TypeError
+    assert capsys.readouterr().err.strip() == (
+        "error: --sql \"SELECT 'a\\xffb'\" holds bytes that are not UTF-8 text; write it in UTF-8"
+    )
     assert main(["data", "validate", str(tmp_path / odd)]) == 2
     assert capsys.readouterr().err.strip() == (
         f'error: DIR "{tmp_path}/a\\xffb" holds bytes that are not UTF-8 text; write it in UTF-8'
