@@ -27,7 +27,7 @@ from training.config import (
 )
 from training.contract.config_loader import ConfigError, naming_override
 from training.contract.errors import GristmillError
-from training.contract.run_layout import in_a_dataset
+from training.contract.run_layout import file_in_the_way, in_a_dataset
 
 BATCH_LR_RULES: dict[str, dict[str, str]] = {
     # optim.name → the optim.batch_lr_scaling rules it supports, each with its evidence
@@ -210,10 +210,8 @@ def check_output_dir(cfg: TrainConfig) -> None:
     if not cfg.run.output_dir.strip():
         error = ConfigError(f'{said}: name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir")
         raise naming_override(error, cfg)
-    out = Path(cfg.run.output_dir).absolute()
-    there = next(p for p in (out, *out.parents) if p.exists())
-    if not there.is_dir():  # "cannot write …: File exists; make it writable" (trial RV74c 8)
-        at = "is a file" if there == out else f"lies under {there}, a file"
+    if (there := file_in_the_way(cfg.run.output_dir)) is not None:
+        at = "is a file" if there == Path(cfg.run.output_dir).absolute() else f"lies under {there}, a file"
         error = ConfigError(f"{said} {at}; name a directory for the run", "run.output_dir")
         raise naming_override(error, cfg)
     # a dataset's directory, or one inside it: the run replaced its config.toml (the build's recipe, which

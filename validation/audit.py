@@ -53,6 +53,7 @@ from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
     dataset_around,
+    file_in_the_way,
     is_training_run,
 )
 from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
@@ -809,8 +810,7 @@ def _run(args: argparse.Namespace) -> int:
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
     if args.plots:  # a file where the folder goes: said after the whole report was printed (RV74c 7)
-        there = next(p for p in (Path(args.plots), *Path(args.plots).absolute().parents) if p.exists())
-        if not there.is_dir():
+        if (there := file_in_the_way(args.plots)) is not None:
             raise AuditError(f"--plots {args.plots}: {there} is a file; name a folder to write the PNGs in")
     if args.db:  # before the roots' files are hashed (minutes at FineWeb-Edu scale: review RV42c F3)
         if Path(args.db).is_dir():  # it was duckdb's "IO Error: … Is a directory" (trial RV74c 7)

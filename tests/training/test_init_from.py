@@ -1364,6 +1364,10 @@ def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight
     ):
         export_checkpoint(run, 8, out=dataset / "shards" / "x")
     assert sorted(p.name for p in dataset.rglob("*")) == ["dataset.json", "shards"]
+    with pytest.raises(
+        ExportError, match=rf"^--out {dataset}/dataset.json/x lies under {dataset}/dataset.json, a"
+    ):
+        export_checkpoint(run, 8, out=dataset / "dataset.json" / "x")  # "File exists; make it writable"
 
 
 def test_init_from_a_run_or_its_checkpoint_says_to_export_a_step(tmp_path, data, straight):

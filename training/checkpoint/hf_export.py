@@ -131,6 +131,7 @@ from training.contract.run_layout import (
     checkpoint_dir,
     complete_steps,
     export_dir,
+    file_in_the_way,
     in_a_dataset,
     incomplete_reason,
     is_training_run,
@@ -1534,6 +1535,8 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
+    if out is not None and (there := file_in_the_way(out)) is not None:
+        raise ExportError(f"--out {out} lies under {there}, a file: choose a folder")
     if out is not None and (inside := in_a_dataset(out)) is not None:  # its validation then failed
         raise ExportError(f"--out {out} {inside}, which does not record it: choose another folder")
     if out is not None and out.is_symlink():  # dangling: the export cannot take a link's place (RV63b 13)

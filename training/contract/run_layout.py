@@ -119,6 +119,14 @@ def dataset_around(path: str | Path) -> str | None:
     return None
 
 
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The file at `path` or above it where a folder must be for a command to write `path` (the nearest
+    that exists is no directory), None otherwise: said as that, not as the OSError's "cannot write …:
+    File exists; make it writable" (trial RV74c 7, 8; re-trial RV74e F4)."""
+    there = next(p for p in (Path(path).absolute(), *Path(path).absolute().parents) if p.exists())
+    return None if there.is_dir() else there
+
+
 def in_a_dataset(path: str | Path) -> str | None:
     """Where `path` is a dataset's directory or lies inside one of the dataset's own folders (shards/,
     manifest/, …), None otherwise: a run, a download or an export written there replaced the build's
