@@ -173,7 +173,7 @@ def _unknown_command(argv: list[str]) -> str:
                 f"`gristmill {pair[0]}`? `gristmill --help` lists them"
             )
     if not typed.split():  # `gristmill ""`: an unset variable (it was an IndexError: review RV74d 1)
-        return f"`gristmill {json.dumps(typed)}` is no command; `gristmill --help` lists them"
+        return f"`gristmill {_shown(typed)}` is no command; `gristmill --help` lists them"
     # a command's last word alone (`gristmill build`) or one it begins or ends (`evaluate`, `exp`; `data
     # de`, of the group's), else a typo of a whole command (`trian`) or of a last word
     last_words = {name.split()[-1]: name for name in names}  # the later `train` wins: not tokenizer's
@@ -197,7 +197,10 @@ def _unknown_command(argv: list[str]) -> str:
 
 
 def _shown(words: str) -> str:
-    """Words as one line: a newline or another control character as its escape (a line each: RV74d 1)."""
+    """Words as one line: a newline or another control character as its escape (a line each: RV74d 1);
+    blank ones quoted (`gristmill "" train`: review RV74f 5)."""
+    if not words.strip():
+        return json.dumps(words)
     return "".join(
         c if c.isprintable()
         else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF  # a byte that is not UTF-8, as typed

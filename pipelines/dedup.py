@@ -58,10 +58,9 @@ from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
 from pipelines.progress import TaskProgress
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import COMPLETIONS_DIR, LOGS_DIR, finished_tasks
+from training.contract.dataset_format import COMPLETIONS_DIR, DEDUP_DIR, LOGS_DIR, finished_tasks
 from training.contract.errors import GristmillError
 
-DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
 # in it: the sha256 of every drop table's content (decisions_sha256), and of each ("tables": {rank: …})
 DECISIONS_JSON = "decisions.json"
 FILTER_NAME = "dedup"  # the excluded/ rows' filter, the end table's and the audit's row

@@ -76,7 +76,13 @@ def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
 def test_blank_or_unprintable_words_are_one_line(capsys):
     """`gristmill ""` (an unset variable) was an IndexError traceback; a newline in a word printed the
     line across two (review RV74d 1)."""
-    for argv, shown in (([""], '""'), ([" "], '" "'), (["a\nb"], "a\\nb"), (["tr\udcffin"], "tr\\xffin")):
+    for argv, shown in (
+        ([""], '""'),
+        ([" "], '" "'),
+        (["a\nb"], "a\\nb"),
+        (["tr\udcffin"], "tr\\xffin"),
+        (["", "train"], '"" train'),  # (review RV74f 5: "gristmill  train is no command")
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: `gristmill {shown}` is no command; ") and err.count("\n") == 1, err

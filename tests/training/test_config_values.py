@@ -200,6 +200,7 @@ def test_a_run_into_a_dataset_s_directory_is_refused_before_it_writes(synthetic_
     for out, where in (
         (dataset, "holds dataset.json: a dataset; give the run a directory of its own"),
         (dataset / "shards" / "run", f"lies inside {dataset / 'shards'}, a folder of the dataset there"),
+        (dataset / "dedup" / "run", f"lies inside {dataset / 'dedup'}, a folder of the dataset there"),
         # a file: "cannot write …: File exists; make it writable" (trial RV74c 8)
         (record, "is a file; name a directory for the run"),
         (record / "run", f"lies under {record}, a file; name a directory for the run"),
@@ -414,9 +415,9 @@ def test_a_value_that_is_not_utf8_is_one_line_before_any_work(synthetic_dataset,
             f'error: {key} = "{shown}" holds bytes that are not UTF-8 text; write it in UTF-8 '
             f"(--set {key}={shown})"
         )
-    assert main(["data", "audit", str(tmp_path), "--sql", f"SELECT '{odd}'"]) == 2  # duckdb's TypeError
-    assert capsys.readouterr().err.strip() == (
-        "error: --sql \"SELECT 'a\\xffb'\" holds bytes that are not UTF-8 text; write it in UTF-8"
+    assert main(["data", "audit", str(tmp_path), "--sql", f"SELECT\n'{odd}'"]) == 2  # duckdb's TypeError
+    assert capsys.readouterr().err == (  # on one line (review RV74f 6)
+        "error: --sql \"SELECT\\n'a\\xffb'\" holds bytes that are not UTF-8 text; write it in UTF-8\n"
     )
     assert main(["data", "validate", str(tmp_path / odd)]) == 2
     assert capsys.readouterr().err.strip() == (

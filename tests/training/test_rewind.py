@@ -32,6 +32,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.config import load_train_config
+from training.contract import integrity
 from training.contract.batch_record import BatchEntry, batch_file
 from training.contract.run_layout import complete_steps, config_history
 from training.data.recipe import open_plan, plot_plan, recorded_skips
@@ -600,11 +601,24 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
         f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000030'))}",
         f"run.output_dir={json.dumps(str(tmp_path / 'fork'))}",
     ]
+    saved = run / "checkpoints" / "step-000030"
+    digest = integrity.file_digest
+
+    def not_of_the_checkpoint(path, algorithm):
+        assert saved not in Path(path).parents or Path(path).suffix != ".distcp", path  # the weights' files
+        return digest(path, algorithm)
+
     with monkeypatch.context() as m:  # and no read of the whole checkpoint's checksums (review RV74d 3)
-        m.setattr("training.checkpoint.checkpointer.verify_checkpoint", lambda path: pytest.fail("hashed"))
+        m.setattr(integrity, "file_digest", not_of_the_checkpoint)
         assert gristmill(["train", "--config", str(config), "--plan", "--set", *fork]) == 0
     out = capsys.readouterr().out.splitlines()  # its table's skips too (they were the new directory's)
     assert note in out and any(line.startswith("rewind 2: steps 23-30 skipped") for line in out), out
+    # … but every other check of the path: another step's checkpoint under a step's name (review RV74f 1)
+    renamed = tmp_path / "renamed" / "checkpoints" / "step-000007"
+    shutil.copytree(saved, renamed)
+    fork[0] = f"checkpoint.resume={json.dumps(str(renamed))}"
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *fork]) == 2
+    assert "step-000007 holds step 30 (its COMPLETE record says so)" in capsys.readouterr().err
     assert main(["--config", str(config), "--set", *longer]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out.count(note) == 1 and not any("rewind 1 skipped" in line for line in out), out

@@ -220,7 +220,7 @@ def find_resume(run_dir: str | Path, spec: str, verify: bool = True) -> tuple[Pa
                 f"into another run.output_dir (or delete {root} to start over)"
             )
         try:
-            note = verify_checkpoint(path) if verify else None
+            note = verify_checkpoint(path, checksums=verify)
         except CheckpointError as e:
             raise CheckpointError(
                 f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"

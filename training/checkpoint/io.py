@@ -155,10 +155,11 @@ def checkpoint_keys(path: str | Path) -> set[str]:
         raise CheckpointError(f"{Path(path) / DCP_METADATA} cannot be read ({why})") from None
 
 
-def verify_checkpoint(path: str | Path) -> str | None:
+def verify_checkpoint(path: str | Path, checksums: bool = True) -> str | None:
     """Check a complete checkpoint's files against the sizes and checksums in its COMPLETE record.
     Raises CheckpointError naming each damaged file; returns a note when the record holds no
-    checksums (written before gristmill recorded them), else None."""
+    checksums (written before gristmill recorded them), else None. `checksums=False` (`train --plan`):
+    every check but the files' digests, a read of the whole checkpoint (review RV74f 1)."""
     path = Path(path)
     denied(path)
     record = read_complete_record(path)
@@ -166,7 +167,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
     # whose advice was to rename the step's own files away or delete them (trial RV60c 10)
     files = record.get("files")
     denied(path, files or ())
-    problems = damaged_files(path, files) if files else []
+    problems = damaged_files(path, files, digests=checksums) if files else []
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
     named = named_step(path)  # None: a copy under a name of the user's

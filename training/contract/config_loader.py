@@ -157,8 +157,9 @@ def not_utf8(value: str) -> str | None:
 
 
 def bytes_shown(value: str) -> str:
-    """`value` as the user typed it, a byte that is not UTF-8 as \\xNN (not Python's \\udcNN)."""
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """`value` as the user typed it, a byte that is not UTF-8 as \\xNN (not Python's \\udcNN), on one line."""
+    shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return shown.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")  # one line (RV74f 6)
 
 
 def _as_path(value: str) -> tuple[str, str | None]:

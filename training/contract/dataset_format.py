@@ -67,6 +67,7 @@ MANIFEST_DIR = "manifest"
 EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
 COMPLETIONS_DIR = "completions"  # in a datatrove logging dir: NNNNN, a finished task's marker
+DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the dedup stages' working files (pipelines/dedup.py)
 DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
 DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
 DECONTAM_MANIFEST = "manifest.json"  # the index's sha256, n and per-task counts (pipelines/decontam/ngram.py)

@@ -217,10 +217,11 @@ def file_records(root: str | Path, names: Iterable[str], algorithm: str) -> dict
     return dict(zip(names, in_threads(one, names)))
 
 
-def damaged_files(root: str | Path, records: Any) -> list[str]:
+def damaged_files(root: str | Path, records: Any, digests: bool = True) -> list[str]:
     """One line per file under `root` that does not match its record (missing, size, digest, or
     unreadable); [] when all match. A malformed record is one problem line, never an exception.
-    Sizes are compared first, so a truncated file costs no read."""
+    Sizes are compared first, so a truncated file costs no read; `digests=False`: sizes alone (no file
+    read at all)."""
     root = Path(root)
     if not isinstance(records, dict) or not all(
         isinstance(r, dict) and isinstance(r.get("size"), int) and any(a in r for a in ALGORITHMS)
@@ -253,7 +254,7 @@ def damaged_files(root: str | Path, records: Any) -> list[str]:
             )
         return None
 
-    return problems + [p for p in in_threads(check, to_hash) if p is not None]
+    return problems + [p for p in in_threads(check, to_hash if digests else []) if p is not None]
 
 
 def sealed(record: dict[str, Any], key: str) -> dict[str, Any]:

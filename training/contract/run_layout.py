@@ -123,8 +123,13 @@ def file_in_the_way(path: str | Path) -> Path | None:
     """The file at `path` or above it where a folder must be for a command to write `path` (the nearest
     that exists is no directory), None otherwise: said as that, not as the OSError's "cannot write …:
     File exists; make it writable" (trial RV74c 7, 8; re-trial RV74e F4)."""
-    there = next(p for p in (Path(path).absolute(), *Path(path).absolute().parents) if p.exists())
-    return None if there.is_dir() else there
+    for there in (Path(path).absolute(), *Path(path).absolute().parents):
+        try:
+            if there.exists():
+                return None if there.is_dir() else there
+        except OSError:  # a folder this user may not read: its own line comes where it is written
+            return None
+    return None
 
 
 def in_a_dataset(path: str | Path) -> str | None:
@@ -136,6 +141,7 @@ def in_a_dataset(path: str | Path) -> str | None:
         BUILD_JSON,
         DATASET_JSON,
         DECONTAM_DIR,
+        DEDUP_DIR,
         EXCLUDED_DIR,
         INDEX_DIR,
         LOGS_DIR,
@@ -151,6 +157,7 @@ def in_a_dataset(path: str | Path) -> str | None:
         LOGS_DIR,
         INDEX_DIR,
         DECONTAM_DIR,
+        DEDUP_DIR,  # (its advice deletes it: a run there went with it, review RV74f 2)
         TASK_RECORDS_DIR.split("/")[0],
     }
     real = Path(os.path.realpath(path))
