@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot",
         action=PathArgument,
+        local=True,
         metavar="FILE",
         help="with --plan: draw the plan (LR, tokens per step, each source's share) to FILE, creating no run",
     )

@@ -600,12 +600,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     parser.add_argument("--max-rows", type=int, default=50, help="rows per table in --format table (0: all)")
     parser.add_argument(
-        "--plots", metavar="OUT_DIR", action=PathArgument, help="also write PNG charts of the presets there"
+        "--plots",
+        metavar="OUT_DIR",
+        action=PathArgument,
+        local=True,
+        help="also write PNG charts of the presets there",
     )
     parser.add_argument(
         "--db",
         metavar="FILE",
         action=PathArgument,
+        local=True,
         help="also write the views into this duckdb database file",
     )
     add_cache_argument(parser)

@@ -89,7 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
     parser.add_argument("--ngram", type=int, default=13, help="words per n-gram (default 13)")
     parser.add_argument(
-        "--out", required=True, action=PathArgument, metavar="DIR", help="directory to write the index into"
+        "--out",
+        required=True,
+        action=PathArgument,
+        local=True,
+        metavar="DIR",
+        help="directory to write the index into",
     )
     parser.add_argument(
         "--include-path",

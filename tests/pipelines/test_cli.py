@@ -194,3 +194,25 @@ def test_an_os_error_about_a_path_is_one_line_and_any_other_is_raised():
     )
     assert _path_error(OSError(errno.EACCES, "Permission denied")) is None  # no path named
     assert _path_error(OSError(errno.EIO, "Input/output error", "shard.tar")) is None  # not the user's path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "RUN", "--out", "s3://b/x"],
+        ["data", "audit", "DIR", "--plots", "s3://b/p"],
+        ["data", "audit", "DIR", "--db", "s3://b/a.duckdb"],
+        ["train", "--config", "c.toml", "--plan", "--plot", "s3://b/p.png"],
+        ["mix", "propose", "--config", "c.toml", "--out", "s3://b/m"],
+        ["data", "decontam-index", "--tasks", "x", "--out", "s3://b/d"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_an_output_path_given_a_url_is_one_line_and_writes_nothing(argv, tmp_path, capsys, monkeypatch):
+    """`export --out s3://b/x` wrote ./s3:/b/x and said s3://b/x; audit's --plots and --db, train's
+    --plot likewise (review RV74f 3): one line, before any work."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    flag, url = argv[-2:]
+    assert capsys.readouterr().err == f"error: {flag} {url}: a URL, where a path on this machine goes\n"
+    assert list(tmp_path.iterdir()) == []

@@ -1983,6 +1983,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         action=PathArgument,
+        local=True,
         metavar="DIR",
         help="write the export to DIR (a new directory) instead of RUN/exports/step-N; made from the "
         "checkpoint, or from RUN/exports/step-N when the checkpoint is gone",

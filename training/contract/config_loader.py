@@ -182,11 +182,13 @@ class PathArgument(argparse.Action):
     proxies, whose run.output_dir is a ConfigPath, into the home directory, and looked for them in the
     first (trial RV73a 1); `export --out=~/x` said `~/x` and wrote `./~/x` (RV73a 2); `data upload ""`
     uploaded the working directory (RV73a 3). Raised here, a GristmillError is the command's one line.
-    `append`: each one given is added to a list (argparse's "append", a repeatable option)."""
+    `append`: each one given is added to a list (argparse's "append", a repeatable option). `local`: a
+    path on this machine, a URL refused (an output's `--out s3://b/x` wrote ./s3:/b/x and said s3://b/x:
+    review RV74f 3)."""
 
-    def __init__(self, *args, append: bool = False, **kwargs) -> None:
+    def __init__(self, *args, append: bool = False, local: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.append = append
+        self.append, self.local = append, local
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         name = option_string or self.metavar or self.dest.upper()
@@ -195,6 +197,10 @@ class PathArgument(argparse.Action):
             refuse_empty({name: value}, required=self.required)
             if (why := not_utf8(value)) is not None:
                 raise GristmillError(f"{name} {why}")
+            if self.local:
+                from training.contract.object_store import refuse_other_urls  # its boto3 only when asked
+
+                refuse_other_urls({name: value})
             path, why = _as_path(value)
             if why is not None:
                 raise GristmillError(f"{name} {json.dumps(value)}: {why}")

@@ -76,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         action=PathArgument,
+        local=True,
         help="the search's directory: proxies, report.json, proposal.toml, mix.png",
     )
     parser.add_argument(
