@@ -132,9 +132,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         except GristmillError as e:
             raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    if resumed:  # as train has them: the resumed checkpoint's timeline (an older one's: its plan's), a
-        # fork's too, whose new directory records none (re-trial RV74e F2: its table said them trained)
-        skips = trained.skips if trained.skips is not None else loader.saved_skips
+    if resumed:  # as train has them: the resumed checkpoint's, a fork's too, whose new directory
+        skips = trained.skips  # records none (re-trial RV74e F2: its table said them trained)
         loader.note_cut_skips(skips)
     base = [n.removeprefix("note: ") for n in base_notes]
     notes = [n.removeprefix("note: ") for n in loader.resume_notes]  # none unless resumed

@@ -386,30 +386,30 @@ def run_data_order(run_dir: str | Path) -> str | None:
 def _saved_plan(path: Path) -> dict[str, Any] | None:
     """The plan description checkpoint `path`'s loader state holds; None where it holds none (gristmill
     62f489d's or earlier's); an unreadable one raises."""
-    state = _loader_state(path)
-    return None if state is None else json.loads(state["data_plan"])
+    states = _loader_state(path)
+    return None if states is None else json.loads(states[0]["data_plan"])
 
 
-def _loader_state(path: Path) -> dict[str, Any] | None:
-    """Checkpoint `path`'s loader state ({"data_plan": its JSON, "step"}: TokenLoader.state_dict's), None
-    where it holds no plan; an unreadable one raises."""
-    if "dataloader.data_plan" not in checkpoint_keys(path):
+def _loader_state(path: Path, timeline: bool = False) -> tuple[dict[str, Any], tuple[Any, ...]] | None:
+    """Checkpoint `path`'s loader state ({"data_plan": its JSON, "step"}: TokenLoader.state_dict's) and,
+    `timeline`, the rewinds' skips a resume from it has (its timeline's, saved apart; an older one's, its
+    plan's: as Checkpointer._load adopts them), in one read; () without `timeline`. None where it holds
+    no plan; an unreadable one raises."""
+    from training.data.plan import Skip, skips_from
+
+    keys = checkpoint_keys(path)
+    if "dataloader.data_plan" not in keys:
         return None
-    box = {"dataloader": {"data_plan": "", "step": 0}}
+    box: dict[str, dict[str, Any]] = {"dataloader": {"data_plan": "", "step": 0}}
+    apart = timeline and "timeline.skips" in keys
+    if apart:
+        box["timeline"] = {"skips": ""}
     load_or_raise(box, path, CheckpointError, "read the data plan of", no_dist=True)
-    return box["dataloader"]
-
-
-def _timeline_skips(path: Path) -> tuple[Any, ...] | None:
-    """Checkpoint `path`'s timeline: the rewinds' skips of the run it resumes (training/run/timeline.py),
-    None where it keeps none apart (an older checkpoint: its plan's description holds them)."""
-    from training.data.plan import Skip
-
-    if "timeline.skips" not in checkpoint_keys(path):
-        return None
-    box = {"timeline": {"skips": ""}}
-    load_or_raise(box, path, CheckpointError, "read the timeline of", no_dist=True)
-    return tuple(Skip(**s) for s in json.loads(box["timeline"]["skips"]))
+    if not timeline:
+        return box["dataloader"], ()
+    if apart:
+        return box["dataloader"], tuple(Skip(**s) for s in json.loads(box["timeline"]["skips"]))
+    return box["dataloader"], skips_from(json.loads(box["dataloader"]["data_plan"]))
 
 
 def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
@@ -432,9 +432,10 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     unreadable = []
     for path in candidates:
         try:
-            if (state := _loader_state(path)) is not None:
+            if (states := _loader_state(path, timeline=True)) is not None:
+                state, skips = states
                 where, plan = f"checkpoint {path}{which}", json.loads(state["data_plan"])
-                return TrainedPlan.of(where, plan, state, skips=_timeline_skips(path))
+                return TrainedPlan.of(where, plan, state, skips=skips)
         except Exception:  # damaged: --resume auto passes over it (find_resume)
             unreadable.append(path)
     # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it

@@ -66,10 +66,10 @@ class TrainedPlan:
     loader_state: dict[str, Any] | None = None
     """The checkpoint's loader state (a checkpoint's plan), which `train --plan --resume` loads as the
     resume does: its refusal of a changed past, and its notes on the future."""
-    skips: tuple[data_plan.Skip, ...] | None = None
-    """The checkpoint's timeline (its run's rewinds' skips, as a resume from it has them), None where it
-    keeps none apart: `train --plan --resume`'s notes on skips cut at the plan's end are of these, not
-    of the run directory's record, whose skips another checkpoint may not have (review RV74d 4)."""
+    skips: tuple[data_plan.Skip, ...] = ()
+    """The rewinds' skips a resume from the checkpoint has (its timeline's): `train --plan --resume`'s
+    table and notes on skips cut at the plan's end are of these, not of the run directory's record,
+    whose skips another checkpoint may not have (review RV74d 4, re-trial RV74e F2)."""
 
     @classmethod
     def of(
@@ -77,7 +77,7 @@ class TrainedPlan:
         where: str,
         description: dict[str, Any],
         loader_state: dict[str, Any] | None = None,
-        skips: tuple[data_plan.Skip, ...] | None = None,
+        skips: tuple[data_plan.Skip, ...] = (),
     ) -> TrainedPlan:
         fingerprints = {s["name"]: s["fingerprint"] for s in description.get("sources", [])}
         return cls(where, fingerprints, loader_state=loader_state, skips=skips)
