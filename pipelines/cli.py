@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from training.contract.config_loader import bytes_shown
 from training.contract.errors import (
     INTERRUPTED,
     INTERRUPTED_EXIT,
@@ -105,6 +106,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
+# The first words of commands of two words (`data`, `tokenizer`, `mix`)
+GROUPS = {words[0] for words in COMMANDS if len(words) > 1}
+
+
 def _usage() -> str:
     lines = ["usage: gristmill COMMAND [options]", "", "commands:"]
     for words, (_, help_text) in COMMANDS.items():
@@ -144,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 if words == ("train",) or (said := _path_error(e)) is None:
                     raise
                 return print_error(said)
-    groups = {words[0] for words in COMMANDS if len(words) > 1}
     asks_help = argv[:1] in (["-h"], ["--help"]) or (
-        argv[:1] and argv[0] in groups and argv[1:2] in (["-h"], ["--help"])
+        argv[:1] and argv[0] in GROUPS and argv[1:2] in (["-h"], ["--help"])
     )
     if argv and not asks_help:  # (`gristmill data -h`: the listing; `gristmill trian -h`: the typo's line)
         print(f"error: {_unknown_command(argv)}", file=sys.stderr)
@@ -160,13 +164,14 @@ def _unknown_command(argv: list[str]) -> str:
     (`gristmill trian`, `gristmill data biuld`, `gristmill dta build`, `gristmill build`), else where the
     list is."""
     names = [" ".join(words) for words in COMMANDS]
-    groups = {words[0] for words in COMMANDS if len(words) > 1}
+    in_group = argv[0] in GROUPS
+    group = [name for name in names if name.startswith(argv[0] + " ")]  # its commands (none outside one)
     second = argv[1] if len(argv) > 1 and argv[1].strip() and not argv[1].startswith("-") else None
-    if argv[0] in groups and second is None:
-        under = ", ".join(f"`gristmill {name}`" for name in names if name.startswith(argv[0] + " "))
+    if in_group and second is None:
+        under = ", ".join(f"`gristmill {name}`" for name in group)
         return f"`gristmill {argv[0]}` needs a command after it: {under}"
-    typed = f"{argv[0]} {second}" if argv[0] in groups else argv[0]
-    if second is not None and argv[0] not in groups:  # a group's word misspelled: `dta build`, `mixx propose`
+    typed = f"{argv[0]} {second}" if in_group else argv[0]
+    if second is not None and not in_group:  # a group's word misspelled: `dta build`, `mixx propose`
         if pair := difflib.get_close_matches(f"{argv[0]} {second}", names, n=1, cutoff=0.75):
             return (
                 f"`gristmill {_shown(argv[0])} {_shown(second)}` is no command; did you mean "
@@ -177,19 +182,19 @@ def _unknown_command(argv: list[str]) -> str:
     # a command's last word alone (`gristmill build`) or one it begins or ends (`evaluate`, `exp`; `data
     # de`, of the group's), else a typo of a whole command (`trian`) or of a last word
     last_words = {name.split()[-1]: name for name in names}  # the later `train` wins: not tokenizer's
-    if argv[0] in groups:  # … but in its group, the group's (`tokenizer trian`)
-        last_words |= {name.split()[-1]: name for name in names if name.startswith(argv[0] + " ")}
+    if in_group:  # … but in its group, the group's (`tokenizer trian`)
+        last_words |= {name.split()[-1]: name for name in group}
     word = typed.split()[-1]
     begun = {
         name
         for last, name in last_words.items()
         if min(len(word), len(last)) >= 2 and (word.startswith(last) or last.startswith(word))
-        and (argv[0] not in groups or name.startswith(argv[0] + " "))
+        and (not in_group or name in group)
     }  # fmt: skip
     near = (
         sorted(begun)[:1]
         if len(begun) == 1
-        else difflib.get_close_matches(typed, [] if argv[0] in groups else names, n=1, cutoff=0.7)
+        else difflib.get_close_matches(typed, [] if in_group else names, n=1, cutoff=0.7)
         or [last_words[w] for w in difflib.get_close_matches(word, list(last_words), n=1, cutoff=0.7)]
     )
     guess = f"did you mean `gristmill {near[0]}`? " if near else ""
@@ -197,16 +202,8 @@ def _unknown_command(argv: list[str]) -> str:
 
 
 def _shown(words: str) -> str:
-    """Words as one line: a newline or another control character as its escape (a line each: RV74d 1);
-    blank ones quoted (`gristmill "" train`: review RV74f 5)."""
-    if not words.strip():
-        return json.dumps(words)
-    return "".join(
-        c if c.isprintable()
-        else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF  # a byte that is not UTF-8, as typed
-        else c.encode("unicode_escape").decode()
-        for c in words
-    )  # fmt: skip
+    """Words as typed, on one line (bytes_shown); blank ones quoted (`gristmill "" train`: RV74f 5)."""
+    return json.dumps(words) if not words.strip() else bytes_shown(words)
 
 
 # What a path a user gave can be that no command's own check caught: one line naming it, not a traceback

@@ -157,9 +157,14 @@ def not_utf8(value: str) -> str | None:
 
 
 def bytes_shown(value: str) -> str:
-    """`value` as the user typed it, a byte that is not UTF-8 as \\xNN (not Python's \\udcNN), on one line."""
-    shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return shown.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")  # one line (RV74f 6)
+    """`value` as the user typed it, on one line: a byte that is not UTF-8 as \\xNN (not Python's \\udcNN),
+    a newline or another control character as its escape (a line each: reviews RV74d 1, RV74f 6)."""
+    return "".join(
+        c if c.isprintable()
+        else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF  # surrogateescape's byte
+        else c.encode("unicode_escape").decode()
+        for c in value
+    )  # fmt: skip
 
 
 def _as_path(value: str) -> tuple[str, str | None]:
