@@ -105,7 +105,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
     if cfg.checkpoint.resume not in (None, "", "auto"):  # a path: what train refuses (a dataset, none
-        find_resume(run_dir, cfg.checkpoint.resume, verify=False)  # there) --plan refuses (RV74c 5)
+        find_resume(run_dir, cfg.checkpoint.resume, checksums=False)  # there) --plan refuses (RV74c 5)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     trained = trained_plan(run_dir, cfg.checkpoint.resume)
     tables = open_sources(spec, trained=trained)

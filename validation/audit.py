@@ -256,9 +256,8 @@ def _quoting_hint(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     )
 
 
-def _duckdb_said(e: duckdb.Error | str) -> str:
+def _duckdb_said(said: str) -> str:
     """duckdb's message, its advice to run a SET (which --sql refuses: trial RV74a 5) told where it can be."""
-    said = str(e)
     if 'Use "SET ' in said:
         said += " (--sql runs no SET: write the views into a file with --db FILE and query it in duckdb)"
     return said
@@ -269,7 +268,9 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> Result:
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as e:
-        raise AuditQueryError(f"{_duckdb_said(e)}{_quoting_hint(con, sql)}\n{_views_text(con)}") from None
+        raise AuditQueryError(
+            f"{_duckdb_said(str(e))}{_quoting_hint(con, sql)}\n{_views_text(con)}"
+        ) from None
     if len(statements) != 1:
         raise AuditQueryError(f"--sql takes exactly one statement, got {len(statements)}")
     kind = statements[0].type

@@ -157,11 +157,11 @@ def _earlier_run(run_dir: str | Path) -> str | None:
     return f"{newest.parent} already holds {newest.name}" + (f" ({', '.join(details)})" if details else "")
 
 
-def find_resume(run_dir: str | Path, spec: str, verify: bool = True) -> tuple[Path | None, list[str]]:
+def find_resume(run_dir: str | Path, spec: str, checksums: bool = True) -> tuple[Path | None, list[str]]:
     """The checkpoint `--resume spec` means ("auto", a path, or "": none) and lines explaining the
     choice. One run directory holds one run's checkpoints: a new run (no --resume), or a resume from
     another run directory's checkpoint, into a directory that already holds complete checkpoints is
-    refused (retention, export and --resume auto would mix the two runs' steps). `verify=False` (`train
+    refused (retention, export and --resume auto would mix the two runs' steps). `checksums=False` (`train
     --plan`): a path's checks without its files' checksums, a read of the whole checkpoint (RV32h N3)."""
     root = Path(run_dir) / CHECKPOINTS_DIR
     if not spec:
@@ -220,7 +220,7 @@ def find_resume(run_dir: str | Path, spec: str, verify: bool = True) -> tuple[Pa
                 f"into another run.output_dir (or delete {root} to start over)"
             )
         try:
-            note = verify_checkpoint(path, checksums=verify)
+            note = verify_checkpoint(path, checksums=checksums)
         except CheckpointError as e:
             raise CheckpointError(
                 f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +109,22 @@ def dataset_around(path: str | Path) -> str | None:
     inside DIR, which holds dataset.json: a dataset", None otherwise. A file written there is one the
     dataset does not record: an audit's --db in its manifest/, or a mixture search's --out under its
     excluded/, failed the dataset's validation for good (trial RV62b 7, 8)."""
+    # the real path: through a link into a dataset's excluded/ was accepted (trial RV62f 2)
+    if (found := _dataset_over(Path(os.path.realpath(path)).parents)) is not None:
+        folder, held = found
+        return f"lies inside {folder}, which holds {held}: a dataset"
+    return None
+
+
+def _dataset_over(folders: Iterable[Path]) -> tuple[Path, str] | None:
+    """The first of `folders` that is a dataset's, and the record that says so (dataset.json or
+    build.json); a folder counts where its file is gristmill's (a build.json is a common name: review
+    RV62e 9)."""
     from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
 
-    # the real path: through a link into a dataset's excluded/ was accepted (trial RV62f 2); a folder
-    # counts where its file is gristmill's (a build.json is a common name: review RV62e 9)
-    for folder in Path(os.path.realpath(path)).parents:
+    for folder in folders:
         if held := next((n for n in (DATASET_JSON, BUILD_JSON) if _gristmill_json(folder / n)), None):
-            return f"lies inside {folder}, which holds {held}: a dataset"
+            return folder, held
     return None
 
 
@@ -138,8 +147,6 @@ def in_a_dataset(path: str | Path) -> str | None:
     config.toml or left files its validation then failed (trial RV74c 1). A folder of the user's beside
     them (DATASET/runs/…) is no dataset's: a run there was resumed before (review RV74d 2)."""
     from training.contract.dataset_format import (  # numpy/pyarrow: only when asked
-        BUILD_JSON,
-        DATASET_JSON,
         DECONTAM_DIR,
         DEDUP_DIR,
         EXCLUDED_DIR,
@@ -161,13 +168,13 @@ def in_a_dataset(path: str | Path) -> str | None:
         TASK_RECORDS_DIR.split("/")[0],
     }
     real = Path(os.path.realpath(path))
-    for folder in (real, *real.parents):  # gristmill's own record (a build.json is a common name)
-        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if _gristmill_json(folder / n)), None):
-            if folder == real:
-                return f"holds {held}: a dataset"
-            if (mine := real.relative_to(folder).parts[0]) in own:
-                return f"lies inside {folder / mine}, a folder of the dataset there ({held})"
-            return None
+    if (found := _dataset_over((real, *real.parents))) is None:
+        return None
+    folder, held = found
+    if folder == real:
+        return f"holds {held}: a dataset"
+    if (mine := real.relative_to(folder).parts[0]) in own:
+        return f"lies inside {folder / mine}, a folder of the dataset there ({held})"
     return None
 
 
