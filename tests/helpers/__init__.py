@@ -16,6 +16,7 @@ lock_holder             a lock held by another process (a running build's or con
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm): sh quoting; `python -m MODULE` in one, forked
 parquet_damage          a bit flipped inside a data page of a parquet file (not its footer)
+no_dac                  `python -m MODULE` (or -c CODE) bound by file modes, as root too: forkable
 no_accelerate           an entry point's main where accelerate cannot be imported (without the eval extra)
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 pid_namespace           `python SCRIPT` as pid 1 of a pid namespace of its own (unshare --pid), forked

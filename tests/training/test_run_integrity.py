@@ -1549,7 +1549,7 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
     """Trial RV67a F16: a file of the newest checkpoint the resuming user may not read was taken for
     damage: `--resume auto` passed over the intact checkpoint, set it and its export aside and trained
     its steps again. Refused with the fix, access. As root (which reads any file) the resume's choice
-    runs as nobody, in a fresh interpreter."""
+    runs without the capability to read any file (tests/helpers/no_dac.py)."""
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="gristmill-denied-"))
@@ -1562,22 +1562,20 @@ def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dat
         step = checkpoint_dir(run, 4)
         code = "import sys\nfrom training.checkpoint.checkpointer import find_resume\n"
         code += "find_resume(sys.argv[1], 'auto')"
-        as_nobody = (
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        )
+        no_dac = [sys.executable, "-m", "tests.helpers.no_dac"]
         # a file of its record, its COMPLETE, and the folder itself (review RV67e 1: those were passed over)
         for hidden, mode in ((sorted(step.glob("*.distcp"))[0], 0), (step / COMPLETE_FILE, 0), (step, 0o644)):
             hidden.chmod(mode)
-            done = subprocess.run(
-                [*as_nobody, sys.executable, "-c", code, str(run)], capture_output=True, text=True, cwd=work,
+            done = forked.run(
+                [*no_dac, "-c", code, str(run)], capture_output=True, text=True, cwd=work,
                 env={**ENV, "HOME": str(work)},
             )  # fmt: skip
             assert done.returncode == 1 and "CheckpointDenied" in done.stderr, done.stderr[-3000:]
             said = f"{hidden} cannot be read by this user (permission denied): give it read access"
             assert said in done.stderr and "step-000004 is not damaged" in done.stderr, done.stderr[-3000:]
             if hidden.suffix == ".distcp":  # verify says it as access, not damage (review RV67e 9)
-                verify = [*as_nobody, sys.executable, "-m", "pipelines.cli", "verify", str(run)]
-                shown = subprocess.run(
+                verify = [*no_dac, "pipelines.cli", "verify", str(run)]
+                shown = forked.run(
                     verify, capture_output=True, text=True, cwd=work, env={**ENV, "HOME": str(work)}
                 )
                 assert shown.returncode == 1, shown.stdout[-3000:] + shown.stderr[-3000:]
@@ -1643,7 +1641,7 @@ def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_
 def test_an_index_file_this_user_may_not_read_is_one_line(dataset):
     """Trial RV67a F11: an index file the training user may not read was numpy's PermissionError
     traceback at the start of a run. One line naming it and the fix, access. As root (which reads any
-    file) the index is opened as nobody, in a fresh interpreter."""
+    file) the index is opened without the capability to read any file (tests/helpers/no_dac.py)."""
     import tempfile
 
     from training.contract.dataset_format import INDEX_DIR
@@ -1661,12 +1659,9 @@ def test_an_index_file_this_user_may_not_read_is_one_line(dataset):
             "from training.contract.dataset_index import DocIndex\n"
             "DocIndex(sys.argv[1], read_dataset_info(sys.argv[1]))"
         )
-        as_nobody = (
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        )
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(work)}
-        done = subprocess.run(
-            [*as_nobody, sys.executable, "-c", code, str(root)],
+        done = forked.run(
+            [sys.executable, "-m", "tests.helpers.no_dac", "-c", code, str(root)],
             capture_output=True,
             text=True,
             cwd=work,
