@@ -543,6 +543,9 @@ class Pool:
             return
         if self._executor is None:
             if WORKER_START == "fork":  # once for every worker; a search that trains nothing never does
+                # and torch._dynamo, which the optimizer's constructor imports (~0.5 CPU s a worker)
+                import torch._dynamo  # noqa: F401
+
                 import training.train  # noqa: F401
             # a worker outlives no `mix propose` (killed, or its terminal closed): it would train on
             # for nothing, holding cores (training.run.shutdown.exit_with_parent)
