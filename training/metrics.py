@@ -315,12 +315,17 @@ def summary_line(
 def _side_failures(rows: list[dict[str, Any]], start: int) -> str:
     """The validations and evals of this invocation that failed (each a warning as it happened): a
     damaged held-out document fails every validation after it, and the run's last line said nothing
-    of it (review RV49a 5)."""
+    of it (review RV49a 5). The merged weights' apart: a run whose merged evals alone failed ended
+    without a word of them (trial RV75b 1)."""
     said, since = [], [r for r in kept_rows(rows) if r["step"] > start]
-    for what, done, failed in (("validation", "val_loss", "val_error"), ("eval", "eval_s", "eval_error")):
-        ran = [r for r in since if done in r or failed in r]
-        if n := sum(failed in r for r in ran):
-            said.append(f"{what} failed at {n} of {len(ran)} steps (the rows' {failed} says why)")
+    for weights, prefix in (("", ""), (" of the merged weights", "merged/")):
+        for what, done, failed in (("validation", "val_loss", "val_error"), ("eval", "eval_s", "eval_error")):
+            done, failed = prefix + done, prefix + failed
+            ran = [r for r in since if done in r or failed in r]
+            if n := sum(failed in r for r in ran):
+                said.append(
+                    f"{what}{weights} failed at {n} of {len(ran)} steps (the rows' {failed} says why)"
+                )
     return "".join(f"; {s}" for s in said)
 
 

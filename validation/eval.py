@@ -1715,7 +1715,8 @@ def run(args: argparse.Namespace) -> int:
         return watch(run_dir, cfg, poll, idle_exit, args.verbose)
     if given := [f for f, v in (("--poll", args.poll), ("--idle-exit", args.idle_exit)) if v is not None]:
         raise EvalError(
-            f"{' and '.join(given)} pace --watch, which this eval is not; add --watch or drop them"
+            f"{' and '.join(given)} {'pace' if len(given) > 1 else 'paces'} --watch, which this eval is not; "
+            "add --watch or drop them"
         )
     steps = available_steps(run_dir, merged)
     weights = "merged weights" if merged else "export or complete checkpoint"

@@ -148,3 +148,12 @@ def test_the_summary_counts_the_validations_and_evals_that_failed():
         "; eval failed at 1 of 1 steps (the rows' eval_error says why)"
     )
     assert summary_line(rows[:1], 0, 1, 3.0).endswith(", 3 s")  # nothing failed: nothing said
+    # the merged weights' failures apart, also where the raw weights' eval of the step succeeded: a run
+    # whose merged evals alone failed ended without a word of them (trial RV75b 1)
+    rows = [{"step": 4, "loss": 6.0, "eval_s": 1.0, "merged/steps": 3, "merged/eval_error": "z"}]
+    rows += [{"step": 8, "loss": 5.0, "eval_s": 1.0, "merged/steps": 3, "merged/eval_s": 1.0}]
+    rows += [{"step": 12, "loss": 4.0, "val_loss": 4.1, "merged/steps": 3, "merged/val_error": "w"}]
+    assert summary_line(rows, 0, 12, 3.0).endswith(
+        "; validation of the merged weights failed at 1 of 1 steps (the rows' merged/val_error says why)"
+        "; eval of the merged weights failed at 1 of 2 steps (the rows' merged/eval_error says why)"
+    ), summary_line(rows, 0, 12, 3.0)

@@ -2375,6 +2375,7 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
             "--idle-exit -1.0: seconds with nothing new before the watch stops",
         ),
         (["--poll", "5", "--idle-exit", "9"], "--poll and --idle-exit pace --watch, which this eval is not"),
+        (["--idle-exit", "5"], "error: --idle-exit paces --watch, which this eval is not"),  # trial RV75b 2
     ],
 )
 def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_path, capsys, sets, says):

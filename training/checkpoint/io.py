@@ -687,8 +687,8 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
     except CheckpointError as e:
         return f"step {step}'s checkpoint cannot be read: {e}"
     if m.kind == "none" and held is None:
-        return (
-            f"step {step} has no merged weights: {run_dir} has no [merge] (merge.kind = 'none' in its "
+        return (  # not "step N has no merged weights", which the callers' lines said already (RV75b 2)
+            f"step {step} was trained with merge.kind = 'none' ({run_dir} has no [merge] in its "
             f"{CONFIG_TOML})"
         )
     if held == step:
