@@ -1638,6 +1638,34 @@ def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_
     assert not list((run / "exports").glob("abandoned-*"))
 
 
+def test_a_metrics_jsonl_this_user_may_not_read_is_one_line_at_a_resume(whole, tmp_path):
+    """Trial RV75a 1: a resume whose metrics.jsonl cannot be read (its mode 000, another user's file)
+    was a 25-line PermissionError traceback after "resuming from …". One line naming it and the fix,
+    access; nothing of the run changed. As root (which reads any file) the resume runs without the
+    capability to read any file (tests/helpers/no_dac.py)."""
+    run = tmp_path / "run"
+    shutil.copytree(whole, run)
+    record = run / "metrics.jsonl"
+    kept = record.read_bytes()
+    record.chmod(0)
+    try:
+        resume = ["train", "--config", str(run / CONFIG_TOML), "--resume", "auto", "--set"]
+        resume += [f"run.output_dir={json.dumps(str(run))}"]
+        done = forked.run(
+            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *resume],
+            capture_output=True, text=True, cwd=ROOT, env=ENV,
+        )  # fmt: skip
+    finally:
+        record.chmod(0o644)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0] == (
+        f"error: cannot read {record}: Permission denied; give this user read and write access to it (a "
+        "resume keeps its rows, then appends), or write the run somewhere else"
+    ), lines
+    assert record.read_bytes() == kept and complete_steps(run)[-1] == 12
+
+
 def test_an_index_file_this_user_may_not_read_is_one_line(dataset):
     """Trial RV67a F11: an index file the training user may not read was numpy's PermissionError
     traceback at the start of a run. One line naming it and the fix, access. As root (which reads any

@@ -88,8 +88,9 @@ from training.trackers import Trackers
 
 
 class RecordUnwritable(GristmillError):
-    """A file of the run's record that cannot be written, whatever the OSError (a full or read-only
-    disk, permissions, an immutable file, a directory in its place): one line naming it. In the
+    """A file of the run's record that cannot be written (or, by a resume that rewrites it, read),
+    whatever the OSError (a full or read-only disk, permissions, an immutable file, a directory in
+    its place): one line naming it. In the
     loop the trainer saves the last step first (training/train.py); before step 1 nothing trained."""
 
 
@@ -356,7 +357,13 @@ class RunRecord:
                 f"note: {path} is missing (deleted?): the rows of the steps before {resumed} are lost (a "
                 "checkpoint holds its own step's alone); this resume writes the rest"
             )
-        return read_metrics(path)
+        try:
+            return read_metrics(path)
+        except OSError as e:  # a permission, a folder in its place: a traceback (trial RV75a 1)
+            raise RecordUnwritable(
+                f"cannot read {path}: {e.strerror or e}; give this user read and write access to it (a "
+                "resume keeps its rows, then appends), or write the run somewhere else"
+            ) from None
 
     @_writes(METRICS_JSONL)
     def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[int]) -> None:
