@@ -604,6 +604,17 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     out = " ".join(capsys.readouterr().out.split())
     assert "step-000004 is damaged" in out and "rename it back" not in out, out
     (checkpoint_dir(run, 4) / COMPLETE_FILE).write_bytes(kept)
+    # another step's checkpoint copied over the step's, whose export is the run's (the record's): the
+    # export was DAMAGED, "exported from another checkpoint of step 4 than the run's", and the advised
+    # export refused, the checkpoint holding step 2 (trial RV75a 2)
+    export_checkpoint(run, 4)
+    checkpoint_dir(run, 4).rename(tmp_path / "step-4")
+    shutil.copytree(checkpoint_dir(run, 2), checkpoint_dir(run, 4))
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "step-000004 holds step 2" in out and "exported from another checkpoint" not in out, out
+    assert re.search(r"^\s*export\s+4\s+ok\b", out, re.M), out
 
 
 def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path, capsys, monkeypatch):
@@ -1621,7 +1632,9 @@ def test_verify_says_a_record_lost_while_the_run_s_saves_carry_its_id(whole, tmp
 def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_damaged(whole, tmp_path):
     """Trial RV67a F5: checkpoints 4 and 8 swapped; `gristmill export RUN --step 4`, as verify advised,
     set the intact export of step 4 aside as another checkpoint's, then failed on the checkpoint: the
-    run's export gone. The checkpoint is checked first; the export stays."""
+    run's export gone. The checkpoint is checked first; the export stays. The export is the one the
+    run's record names for step 4: the run's, given as it is (it was called another checkpoint's, the
+    advised export refused: trial RV75a 2)."""
     run = tmp_path / "run"
     shutil.copytree(whole, run)
     for step in (4, 8):
@@ -1630,10 +1643,7 @@ def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_
     checkpoint_dir(run, 4).rename(tmp_path / "four")
     checkpoint_dir(run, 8).rename(checkpoint_dir(run, 4))
     (tmp_path / "four").rename(checkpoint_dir(run, 8))
-    with pytest.raises(
-        ExportError, match=r"step-000004 holds step 8 .*; .*step-000004, of another checkpoint, is left"
-    ):
-        export_checkpoint(run, 4)
+    assert export_checkpoint(run, 4) == export_dir(run, 4)
     assert {p.name: p.read_bytes() for p in export_dir(run, 4).iterdir()} == kept
     assert not list((run / "exports").glob("abandoned-*"))
 

@@ -135,6 +135,7 @@ from training.contract.run_layout import (
     in_a_dataset,
     incomplete_reason,
     is_training_run,
+    named_step,
     names_a_step,
     step_of,
     unlike_a_run,
@@ -1700,6 +1701,9 @@ def _run_s_identity(ckpt: Path, ledger: Ledger | None = None) -> str | None:
     try:
         record = read_complete_record(ckpt)
     except CheckpointError:
+        return None
+    held, named = record.get("step"), named_step(ckpt)
+    if isinstance(held, int) and named is not None and held != named:  # another step's (trial RV75a 2)
         return None
     return None if not_the_run_s_save(ckpt, record, ledger) else checkpoint_identity(ckpt)
 
