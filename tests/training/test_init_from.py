@@ -1080,6 +1080,25 @@ def test_verify_checks_the_runs_base_folder_as_export_and_resume_do(tmp_path, st
     assert "the run started before gristmill kept its base's record" in " ".join(out.split()), out
 
 
+def test_another_runs_checkpoint_in_a_run_from_scratch_gives_it_no_base(tmp_path, data, straight, capsys):
+    """Trial RV75a 3: a run from scratch whose step-8 checkpoint was replaced by a run-from-a-base's
+    got, beside that checkpoint's DAMAGED row, a base row, DAMAGED, "base.json is missing … restore
+    that folder from a copy of the run", a folder the run never had: its base was read from the
+    newest checkpoint, the other run's. Only the run's own saves say what its base is."""
+    from pipelines.cli import main as gristmill
+
+    run = tmp_path / "run"
+    done = _run(overrides(data, run, "schedule.steps=8"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.rmtree(checkpoint_dir(run, 8))
+    shutil.copytree(checkpoint_dir(straight, 8), checkpoint_dir(run, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^\s*checkpoint\s+8\s+DAMAGED\s.*another run's checkpoint", out, re.M), out
+    assert not re.search(r"^\s*base\b", out, re.M) and "1 damaged" in out, out
+
+
 def test_a_checkpoint_outside_its_run_records_its_base_only_where_the_base_is_byte_for_byte_it(
     tmp_path, base, straight
 ):

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.record import (
+    BASE_RECORD,
     RUN_RECORD,
     CheckpointDenied,
     CheckpointError,
@@ -228,6 +229,25 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
             f"{path.name} is a save of step {step} that a later one replaced ({record_file}: a resume "
             f"from an earlier step or a rewind left its timeline): move it aside as abandoned-{path.name}"
         )
+    return None
+
+
+def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
+    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads and that is
+    the run's save of its step (not_the_run_s_save), or None (none such, or it records no base: a run
+    from scratch, an older checkpoint). Another run's checkpoint put in the run's place is not: its
+    base was taken for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3)."""
+    run_dir = Path(run_dir)
+    ledger = read_ledger(run_dir)
+    for step in reversed(complete_steps(run_dir)):
+        ckpt = checkpoint_dir(run_dir, step)
+        try:
+            record = read_complete_record(ckpt)
+        except CheckpointError:
+            continue  # verify names it where it is used
+        if not_the_run_s_save(ckpt, record, ledger) is None:
+            sha = record.get(BASE_RECORD)
+            return (ckpt, sha) if isinstance(sha, str) else None
     return None
 
 

@@ -78,17 +78,6 @@ RUN_ID) when the checkpoint was saved; absent where the record has none (older r
 the run's steps past the record's beginning that names another run is another run's (trial RV60c 1)."""
 
 
-def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
-    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads, or None
-    (none such, or it records no base: a run from scratch, an older checkpoint)."""
-    for step in reversed(complete_steps(run_dir)):
-        try:
-            return base_record_of(checkpoint_dir(run_dir, step))
-        except CheckpointError:
-            continue  # verify names it where it is used
-    return None
-
-
 def base_record_of(path: str | Path) -> tuple[Path, str] | None:
     """(checkpoint, BASE_RECORD) of complete checkpoint `path`, or None where it records no base."""
     sha = read_complete_record(path).get(BASE_RECORD)
