@@ -172,6 +172,11 @@ def list_source_files(
             )
         return SourceFiles(folder, [f for f, _ in files], [int(s or 0) for _, s in files])
 
+    if not cfg.path:  # Path("") is the working directory: its files were built, exit 0 (trial RV75c 1)
+        raise SourceError(
+            'source.path = "": name the corpus\'s folder (or file), e.g. source.path = "data/corpus" (a '
+            "variable left unset gives an empty value)"
+        )
     path = Path(folder)
     named = os.path.abspath(os.path.expanduser(cfg.path))  # a link to the data's disk stays the link
     hint = {

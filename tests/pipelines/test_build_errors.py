@@ -57,6 +57,8 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
         ("shards.target_mb=inf", "shards.target_mb = inf: a shard is closed once it reaches this size"),
         ('output=""', 'output = "": name the dataset\'s directory (or s3:// URL)'),
         ('output="   "', 'output = "   ": blanks are no path; name one'),  # quoted as "" (trial RV72c)
+        # the working directory's files were built, exit 0 (trial RV75c 1)
+        ('source.path=""', 'source.path = "": name the corpus\'s folder (or file), e.g. source.path = '),
         # every stage ran, then "no document survived", naming filters, not the key; or a task's
         # ValueError; both after build.json, so the corrected rerun was refused (review R22b F6)
         ("source.limit=0", "source.limit = 0: documents read per task, at most; set it ≥ 1, or -1 for all"),
