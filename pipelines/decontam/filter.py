@@ -29,7 +29,7 @@ from pipelines.decontam.ngram import (
     tasks_of_detail,
 )
 from pipelines.filters import ExcludedWriter, drop
-from training.contract.config_loader import override_of
+from training.contract.config_loader import given, override_of
 from training.contract.dataset_format import DECONTAM_DIR as INDEX_DIR
 from training.contract.dataset_format import DECONTAM_FILES, EXCLUDED_DIR, decontam_sha256
 
@@ -102,16 +102,22 @@ def enabled(cfg: DecontaminateConfig) -> bool:
 def check_decontaminate(cfg: DataConfig) -> None:
     """[decontaminate] given but with neither tasks nor an index decontaminates nothing: an index of
     an unset shell variable (`--set decontaminate.index="$IDX"`), or ngram and include_path without
-    tasks, built the dataset undecontaminated, exit 0, without a word (trial RV60b 1)."""
+    tasks, built the dataset undecontaminated, exit 0, without a word (trial RV60b 1); so did a section
+    that gave only defaults (empty, `ngram = 13`, `include_path = []`: trial RV75c 2). A section that
+    names tasks and index, both empty, is a build's saved config.toml of a build without it."""
     d = cfg.decontaminate
     if enabled(d):
         return
     said = [item for key in ("index", "tasks") if (item := override_of(cfg, f"decontaminate.{key}"))]
-    others = [k for k, v in vars(d).items() if v != getattr(DecontaminateConfig(), k)]
-    if said or others:
-        given = said[0] if said else f"decontaminate.{others[0]} = {getattr(d, others[0])!r}"
+    keys = [k for k, v in vars(d).items() if v != getattr(DecontaminateConfig(), k)]
+    if not keys and not (given(cfg, "decontaminate.tasks") or given(cfg, "decontaminate.index")):
+        keys = [k for k in vars(d) if given(cfg, f"decontaminate.{k}")]  # defaults alone
+        if not keys and given(cfg, "decontaminate"):
+            said = said or ["[decontaminate] (empty)"]
+    if said or keys:
+        what = said[0] if said else f"decontaminate.{keys[0]} = {getattr(d, keys[0])!r}"
         raise BuildError(
-            f"{given}: decontaminate.tasks and decontaminate.index are both empty, so nothing would be "
+            f"{what}: decontaminate.tasks and decontaminate.index are both empty, so nothing would be "
             "decontaminated; give the tasks (or an index written by `gristmill data decontam-index`), or "
             "leave [decontaminate] out"
         )

@@ -730,6 +730,23 @@ def test_decontaminate_with_neither_tasks_nor_an_index_is_refused(decontam, tmp_
     without = tmp_path / "without.toml"
     without.write_text(text[: text.index("[decontaminate]")])
     assert prepare(load_config(DataConfig, without), **QUIET).decontam is None
+    # a section of defaults alone was taken for none: built undecontaminated, exit 0 (trial RV75c 2)
+    for section, sets, said in (
+        ("[decontaminate]\n", [], "[decontaminate] (empty):"),
+        ("[decontaminate]\nngram = 13\n", [], "decontaminate.ngram = 13:"),
+        ("[decontaminate]\ninclude_path = []\n", [], "decontaminate.include_path = []:"),
+        ("", ["decontaminate.ngram=13"], "decontaminate.ngram = 13:"),
+    ):
+        given = tmp_path / "given.toml"
+        given.write_text(without.read_text() + section)
+        with pytest.raises(BuildError, match="are both empty, so nothing would be decontaminated") as e:
+            prepare(load_config(DataConfig, given, sets), **QUIET)
+        assert str(e.value).startswith(said), (section, sets, str(e.value))
+    # the saved config.toml of a build without it names both, empty: it builds as before
+    saved = tmp_path / "saved.toml"
+    defaults = '[decontaminate]\ntasks = []\nngram = 13\nindex = ""\ninclude_path = []\n'
+    saved.write_text(without.read_text() + defaults)
+    assert prepare(load_config(DataConfig, saved), **QUIET).decontam is None
 
 
 def test_a_finished_dataset_whose_prebuilt_index_is_gone_names_the_copy_it_keeps(decontam, tmp_path):

@@ -20,7 +20,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -89,10 +89,19 @@ def config_from(
     # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
     # in the order given: of two that wrote one key the later is named (a dict kept the first's place)
     cfg.__dict__[_OVERRIDES] = [(key, f"{flag} {item}") for item, key in parsed]
+    cfg.__dict__[_GIVEN] = set(_tables_and_keys(raw))
     return cfg
 
 
+def _tables_and_keys(raw: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in raw.items():
+        yield prefix + name
+        if isinstance(value, dict):
+            yield from _tables_and_keys(value, f"{prefix}{name}.")
+
+
 _OVERRIDES = "_gristmill_overrides"
+_GIVEN = "_gristmill_given"  # the dotted tables and keys the file and the overrides wrote (given())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +224,12 @@ class PathArgument(argparse.Action):
         if self.append:  # a new list: the default's is the parser's
             value = [*(getattr(namespace, self.dest, None) or []), value]
         setattr(namespace, self.dest, value)
+
+
+def given(cfg: Any, key: str) -> bool:
+    """Whether load_config's `cfg` had dotted `key` (a table or a key) written by its file or an
+    override: a section given that sets only defaults is otherwise indistinguishable from none."""
+    return key in getattr(cfg, _GIVEN, ())
 
 
 def override_of(cfg: Any, key: str) -> str | None:
