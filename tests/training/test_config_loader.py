@@ -64,7 +64,8 @@ def test_unknown_key_names_key_and_suggests(tmp_path):
         ("optim.mode=c", "optim.mode = 'c' is not allowed"),
         ("optim.betas=[3, true]", r"optim.betas\[1\] must be a number"),
         ("optim=3", r"\[optim\] must be a table"),
-        ("novalue", "must look like section.key=value"),
+        # the example is a key of the config's own: a data build's was the trainer's optim.lr (trial RV75c)
+        ("novalue", r"must look like section.key=value \(e.g. --set optim.lr=0.0003\)"),
     ],
 )
 def test_wrong_types(override, msg):

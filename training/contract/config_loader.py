@@ -75,7 +75,7 @@ def config_from(
     """`cls` from a parsed table plus `a.b=value` overrides (`flag` names where they were given)."""
     parsed = []
     for item in overrides or []:
-        key, value = parse_override(item)
+        key, value = parse_override(item, _example(cls))
         key = set_dotted(raw, key, value if isinstance(value, list | dict) else _OneValue(value))
         parsed.append((item, key))
     try:
@@ -91,6 +91,21 @@ def config_from(
     cfg.__dict__[_OVERRIDES] = [(key, f"{flag} {item}") for item, key in parsed]
     cfg.__dict__[_GIVEN] = set(_tables_and_keys(raw))
     return cfg
+
+
+def _example(cls: type) -> str:
+    """A --set item of `cls`'s own: its first section's first key of a plain value, at its default (a
+    data build's line gave the trainer's optim.lr: trial RV75c)."""
+    hints = typing.get_type_hints(cls)
+    for section in dataclasses.fields(cls):
+        if not dataclasses.is_dataclass(hints[section.name]):
+            continue
+        for key in dataclasses.fields(hints[section.name]):
+            value = key.default
+            if isinstance(value, str | int | float) and value != "":  # a word: no quotes (parse_override)
+                shown = value if isinstance(value, str) and value.isidentifier() else json.dumps(value)
+                return f"{section.name}.{key.name}={shown}"
+    return "section.key=value"
 
 
 def _tables_and_keys(raw: dict[str, Any], prefix: str = "") -> Iterator[str]:
@@ -308,10 +323,11 @@ def with_resume(overrides: list[str], resume: str | None) -> list[str]:
     return [*overrides, f"checkpoint.resume={json.dumps(resume)}"]
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """`a.b=1e-4` -> ("a.b", 0.0001). Values are TOML literals; a bare word is taken as a string."""
+def parse_override(item: str, example: str = "optim.lr=1e-4") -> tuple[str, Any]:
+    """`a.b=1e-4` -> ("a.b", 0.0001). Values are TOML literals; a bare word is taken as a string.
+    `example`: a key=value of the command's own config, for the line of an item without "="."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. --set optim.lr=1e-4)")
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. --set {example})")
     key, text = item.split("=", 1)
     key = key.strip()
     text = text.strip()
