@@ -45,6 +45,7 @@ WORKERS = "tests.helpers.forked_workers"
 # Makes a user and mount namespace, then becomes its MODULE here, which sets the threads then: the
 # kernel refuses unshare(CLONE_NEWUSER) to a process with threads, and torch.set_num_threads starts them
 MOUNTS = "tests.helpers.mounts"
+NO_DAC = "tests.helpers.no_dac"  # drops capabilities, which bind only its own thread: before torch's start
 FROZEN = "tests.helpers.frozen_preload"  # last: freezes what the server imported
 
 _context = None
@@ -148,7 +149,7 @@ def become(target: str, args: list[str], env: dict[str, str], cwd: str, *, scrip
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    if "OMP_NUM_THREADS" in env and target != MOUNTS:  # what a fresh interpreter's torch reads at start
+    if "OMP_NUM_THREADS" in env and target not in (MOUNTS, NO_DAC):  # what a fresh interpreter's torch reads
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))

@@ -2,10 +2,10 @@
 that let root read any file (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so that a file's mode binds it as
 it binds the file's owner: where the tests run as root, a file or folder chmod-ed to deny its owner
 is denied to the command. Dropped by the process itself before the command runs, so that the command
-can be forked (tests/helpers/forked.py) instead of starting an interpreter (~3 CPU s each). Not
-`setpriv --reuid=65534`: as another user, the command could not read the interpreter's own files
-where they lie under a folder only root may enter (pyenv's under /root), and a forked command imports
-what it did not preload from there."""
+can be forked (tests/helpers/forked.py) instead of starting an interpreter (~3 CPU s each); a torchrun
+it starts runs fresh interpreters as its workers, which inherit the drop. Not `setpriv --reuid=65534`:
+as another user, the command could not read the interpreter's own files where they lie under a folder
+only root may enter (pyenv's under /root), and a forked command imports what it did not preload."""
 
 from __future__ import annotations
 
@@ -29,7 +29,11 @@ class _Data(ctypes.Structure):
 
 
 def drop_dac() -> None:
-    """This process (its only thread, and whatever it starts or executes) without the two capabilities."""
+    """This process (its only thread, and whatever it starts or executes) without the two capabilities:
+    capset binds the calling thread alone, so there must be no other yet (forked.become starts torch's
+    threads after, for this module: review RV75d 4)."""
+    threads = os.listdir("/proc/self/task")
+    assert len(threads) == 1, f"no_dac: {len(threads)} threads before the drop; the others would keep it"
     libc = ctypes.CDLL(None, use_errno=True)
     for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):  # what an exec as root would be given again
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and os.geteuid() == 0:
@@ -47,6 +51,9 @@ def drop_dac() -> None:
 
 if __name__ == "__main__":
     drop_dac()
+    # a torchrun's workers: fresh interpreters started from here, not forked by the worker server, which
+    # keeps root's capabilities (review RV75d 4)
+    os.environ["PYTHON_EXEC"] = sys.executable
     first, *args = sys.argv[1:]
     if first == "-c":  # `python -c CODE ARGS`: the code as __main__, sys.argv[0] "-c", as python gives it
         code, *args = args

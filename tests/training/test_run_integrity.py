@@ -1645,26 +1645,30 @@ def test_export_leaves_the_run_s_export_where_the_checkpoint_to_export_again_is_
     (tmp_path / "four").rename(checkpoint_dir(run, 8))
     assert export_checkpoint(run, 4) == export_dir(run, 4)
     assert {p.name: p.read_bytes() for p in export_dir(run, 4).iterdir()} == kept
+    # and with --out: a copy of the run's export, as plain export gives it (review RV75d 5)
+    copy = export_checkpoint(run, 4, out=tmp_path / "copy")
+    assert (copy / "model.safetensors").read_bytes() == kept["model.safetensors"]
     assert not list((run / "exports").glob("abandoned-*"))
 
 
 def test_a_metrics_jsonl_this_user_may_not_read_is_one_line_at_a_resume(whole, tmp_path):
     """Trial RV75a 1: a resume whose metrics.jsonl cannot be read (its mode 000, another user's file)
     was a 25-line PermissionError traceback after "resuming from …". One line naming it and the fix,
-    access; nothing of the run changed. As root (which reads any file) the resume runs without the
-    capability to read any file (tests/helpers/no_dac.py)."""
+    access; said before the resume sets the newer checkpoints aside (they were, and the next resume
+    started from the older step: review RV75d 1); a folder in its place is moved aside, not given
+    access (RV75d 3). As root (which reads any file) the resume runs without the capability to read
+    any file (tests/helpers/no_dac.py)."""
     run = tmp_path / "run"
     shutil.copytree(whole, run)
     record = run / "metrics.jsonl"
     kept = record.read_bytes()
+    listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+    resume = ["train", "--config", str(run / CONFIG_TOML), "--resume", str(checkpoint_dir(run, 4)), "--set"]
+    resume += [f"run.output_dir={json.dumps(str(run))}"]
+    no_dac = [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli"]
     record.chmod(0)
     try:
-        resume = ["train", "--config", str(run / CONFIG_TOML), "--resume", "auto", "--set"]
-        resume += [f"run.output_dir={json.dumps(str(run))}"]
-        done = forked.run(
-            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *resume],
-            capture_output=True, text=True, cwd=ROOT, env=ENV,
-        )  # fmt: skip
+        done = forked.run([*no_dac, *resume], capture_output=True, text=True, cwd=ROOT, env=ENV)
     finally:
         record.chmod(0o644)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -1673,7 +1677,14 @@ def test_a_metrics_jsonl_this_user_may_not_read_is_one_line_at_a_resume(whole, t
         f"error: cannot read {record}: Permission denied; give this user read and write access to it (a "
         "resume keeps its rows, then appends), or write the run somewhere else"
     ), lines
-    assert record.read_bytes() == kept and complete_steps(run)[-1] == 12
+    assert record.read_bytes() == kept and sorted(p.relative_to(run) for p in run.rglob("*")) == listing
+    record.rename(tmp_path / "rows")
+    record.mkdir()
+    done = forked.run([*no_dac, *resume], capture_output=True, text=True, cwd=ROOT, env=ENV)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith(f"error: cannot read {record}: a folder is in its place; move it aside"), lines
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing
 
 
 def test_an_index_file_this_user_may_not_read_is_one_line(dataset):

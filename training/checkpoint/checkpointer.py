@@ -572,7 +572,7 @@ class Checkpointer:
         # resolved whole, as find_resume takes it: a link to this run's checkpoint is this run's
         # (its parent taken first, it read as another run's: exports set aside, metrics started
         # over, RUN/base/ dropped: review R15f F1)
-        self.resumed_here, self.resumed_path = self._own(path), path
+        self.resumed_here, self.resumed_path = self.owns(path), path
         if self.rank == 0:
             config = record.get(CONFIG_RECORD)
             self.resumed_from = (
@@ -701,7 +701,7 @@ class Checkpointer:
         if problem is not None:
             raise CheckpointError(problem)
 
-    def _own(self, path: Path) -> bool:
+    def owns(self, path: Path) -> bool:
         """Whether checkpoint `path` is this run directory's (resolved whole: a link to it is)."""
         return path.resolve().parent == self.root.resolve()
 
@@ -732,7 +732,7 @@ class Checkpointer:
         trained = self.states["train_state"].step
         furthest = max((s.spike_step for s in timeline.skips), default=0) if timeline is not None else 0
         # this run's own (another run's discarded rows are not in this directory: R18g 2)
-        if loader is not None and self._own(path) and furthest > trained:
+        if loader is not None and self.owns(path) and furthest > trained:
             loader.check_trained_through(
                 furthest, f"a rewind's discarded attempt trained up to step {furthest}, past this checkpoint"
             )

@@ -1590,7 +1590,7 @@ def export_checkpoint(
                 f"note: {run_export} was exported from a checkpoint of step {step} set aside since; "
                 f"moved to {aside.name}"
             )
-    if run_export.is_dir() and (out is None or incomplete_reason(ckpt) is not None):
+    if run_export.is_dir() and (out is None or incomplete_reason(ckpt) is not None or _another_step(ckpt)):
         note = verify_export(run_export)
         if note and log is not None:
             log(note)
@@ -1694,18 +1694,31 @@ def _recorded_identity(export: Path) -> str | None:
 
 def _run_s_identity(ckpt: Path, ledger: Ledger | None = None) -> str | None:
     """The COMPLETE sha256 of checkpoint `ckpt` where it is the run's save of its step: its record
-    reads (not damaged) and names no other run or timeline (io.not_the_run_s_save). None otherwise,
-    and the run's exports are then judged by RUN/checkpoints.jsonl: the checkpoint's own identity made
-    verify call the run's intact export another's, and `export` replaced it with the wrong weights or
-    set it aside and failed (trial RV60c 2, 3). `ledger`: the run's record, where the caller has it."""
+    reads (not damaged), names its own step and no other run or timeline (io.not_the_run_s_save). None
+    otherwise, and the run's exports are then judged by RUN/checkpoints.jsonl: the checkpoint's own
+    identity made verify call the run's intact export another's, and `export` replaced it with the wrong
+    weights or set it aside and failed (trial RV60c 2, 3). `ledger`: the run's record, where the caller
+    has it."""
     try:
         record = read_complete_record(ckpt)
     except CheckpointError:
         return None
-    held, named = record.get("step"), named_step(ckpt)
-    if isinstance(held, int) and named is not None and held != named:  # another step's (trial RV75a 2)
+    if _another_step(ckpt, record):  # trial RV75a 2
         return None
     return None if not_the_run_s_save(ckpt, record, ledger) else checkpoint_identity(ckpt)
+
+
+def _another_step(ckpt: Path, record: dict[str, Any] | None = None) -> bool:
+    """Whether checkpoint `ckpt`'s COMPLETE names another step than its folder's name (copied or
+    renamed over): the run's export of the step is judged by RUN/checkpoints.jsonl, and copied from
+    where an export is asked for (`--out`: review RV75d 5)."""
+    if record is None:
+        try:
+            record = read_complete_record(ckpt)
+        except CheckpointError:
+            return False
+    held, named = record.get("step"), named_step(ckpt)
+    return isinstance(held, int) and named is not None and held != named
 
 
 def of_another_checkpoint(export: Path, ckpt: Path) -> bool:

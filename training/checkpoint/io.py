@@ -209,14 +209,7 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
     record_file = path.parent.parent / CHECKPOINTS_JSONL
     run = record.get(RUN_RECORD)
     identity = checkpoint_identity(path)
-    # An id the record had before a copy of the directory was resumed: only its saves the record holds
-    # (the original's later saves, put into the copy, are another run's there)
-    if (
-        ledger.run is not None
-        and isinstance(run, str)
-        and run != ledger.run
-        and (run not in ledger.runs or (step, identity) not in ledger.saves)
-    ):
+    if _of_another_run(step, record, identity, ledger):
         return (
             f"{path.name} is another run's checkpoint (its COMPLETE names run {run[:12]}…, {record_file} "
             f"this run, {ledger.run[:12]}…; a copy of the run's directory, resumed, is another run): move "
@@ -232,11 +225,26 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
     return None
 
 
+def _of_another_run(step: int, record: dict[str, Any], identity: str | None, ledger: Ledger) -> bool:
+    """Whether the save of `step` (COMPLETE `record`, sha256 `identity`) is another run's by the run's
+    record: its COMPLETE names another run id, and not one the record had before a copy of the directory
+    was resumed with that save among the record's (the original's later saves, put into the copy, are
+    another run's there)."""
+    run = record.get(RUN_RECORD)
+    return (
+        ledger.run is not None
+        and isinstance(run, str)
+        and run != ledger.run
+        and (run not in ledger.runs or (step, identity) not in ledger.saves)
+    )
+
+
 def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
     """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads and that is
-    the run's save of its step (not_the_run_s_save), or None (none such, or it records no base: a run
-    from scratch, an older checkpoint). Another run's checkpoint put in the run's place is not: its
-    base was taken for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3)."""
+    not another run's (by RUN/checkpoints.jsonl), or None (none such, or it records no base: a run from
+    scratch, an older checkpoint). Another run's checkpoint put in the run's place: its base was taken
+    for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3). A save of the run's
+    that a later one replaced still holds the run's base (review RV75d 6)."""
     run_dir = Path(run_dir)
     ledger = read_ledger(run_dir)
     for step in reversed(complete_steps(run_dir)):
@@ -245,7 +253,11 @@ def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
             record = read_complete_record(ckpt)
         except CheckpointError:
             continue  # verify names it where it is used
-        if not_the_run_s_save(ckpt, record, ledger) is None:
+        if (
+            ledger.began is None
+            or step <= ledger.began
+            or not _of_another_run(step, record, checkpoint_identity(ckpt), ledger)
+        ):
             sha = record.get(BASE_RECORD)
             return (ckpt, sha) if isinstance(sha, str) else None
     return None
@@ -439,7 +451,7 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     train is refused there, find_resume). That one, not the newest that verifies, which the resume
     takes: checking every file's checksums is a read of the whole checkpoint; `where` says which it is
     (review RV32h N3). `train` itself decides with the checkpoint it loads (training/run/setup.py's
-    _same_documents: review RV33d F1). None where it starts from step 0: nothing of its sources
+    _resume_checks: review RV33d F1). None where it starts from step 0: nothing of its sources
     trained yet, whatever RUN/data_plan.json an earlier start left; one that cannot say
     (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
     from training.data.recipe import TrainedPlan
@@ -708,8 +720,8 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
         return f"step {step}'s checkpoint cannot be read: {e}"
     if m.kind == "none" and held is None:
         return (  # not "step N has no merged weights", which the callers' lines said already (RV75b 2)
-            f"step {step} was trained with merge.kind = 'none' ({run_dir} has no [merge] in its "
-            f"{CONFIG_TOML})"
+            f"step {step} was trained with merge.kind = 'none' ({run_dir} had no [merge] in "
+            f"{(trained or run_dir / CONFIG_TOML).relative_to(run_dir)} then)"
         )
     if held == step:
         return None

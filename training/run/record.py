@@ -108,6 +108,32 @@ def _writing(path: Path) -> Iterator[None]:
         ) from None
 
 
+def unreadable_rows(run_dir: Path) -> str | None:
+    """The line refusing a resume whose RUN/metrics.jsonl cannot be read (the rows it keeps: RunRecord.
+    _logged_rows), or None. A permission, a folder in its place: a traceback (trial RV75a 1), said by
+    the setup before the resume sets the newer checkpoints aside (review RV75d 1)."""
+    path = Path(run_dir) / METRICS_JSONL
+    try:
+        with open(path, "rb"):
+            return None
+    except FileNotFoundError:  # said by _logged_rows: its rows lost, the resume writes the rest
+        return None
+    except OSError as e:
+        return _unreadable(path, e)
+
+
+def _unreadable(path: Path, e: OSError) -> str:
+    if isinstance(e, IsADirectoryError):  # no access fixes that (review RV75d 3)
+        return (
+            f"cannot read {path}: a folder is in its place; move it aside (the resume then says the rows "
+            "before its step are lost, and writes the rest)"
+        )
+    return (
+        f"cannot read {path}: {e.strerror or e}; give this user read and write access to it (a resume "
+        "keeps its rows, then appends), or write the run somewhere else"
+    )
+
+
 def _writes(name: str) -> Callable:
     """A RunRecord method that writes RUN/`name`, its OSErrors as `_writing`'s."""
 
@@ -359,11 +385,8 @@ class RunRecord:
             )
         try:
             return read_metrics(path)
-        except OSError as e:  # a permission, a folder in its place: a traceback (trial RV75a 1)
-            raise RecordUnwritable(
-                f"cannot read {path}: {e.strerror or e}; give this user read and write access to it (a "
-                "resume keeps its rows, then appends), or write the run somewhere else"
-            ) from None
+        except OSError as e:  # unreadable since unreadable_rows said it was not (a race)
+            raise RecordUnwritable(_unreadable(path, e)) from None
 
     @_writes(METRICS_JSONL)
     def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None, left: list[int]) -> None:

@@ -62,7 +62,7 @@ from training.run.batch_digests import BatchDigests
 from training.run.faults import LossFaults, kill_point, replace_dataset
 from training.run.lock import RunLock, own_checkpoints, run_dir_lost
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
-from training.run.record import RunRecord
+from training.run.record import RunRecord, unreadable_rows
 from training.run.rewind import Rewinder
 from training.run.timeline import Timeline
 from training.run.validation import Validation, validation_of
@@ -201,7 +201,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         resolved, env, states, timeline, last_step, model_config, num_params(model), identity, merge
     )
     # before iter(loader): restores its position
-    resumed = checkpointer.resume(cfg.checkpoint.resume, _same_documents(plan, loader, cfg))
+    resumed = checkpointer.resume(cfg.checkpoint.resume, _resume_checks(plan, loader, cfg, env, checkpointer))
     if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
         # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
         if checked.base_dir is None:
@@ -328,7 +328,7 @@ def _data(
     run_dir = Path(cfg.run.output_dir)
     resumed = (run_dir, run_data_order(run_dir)) if cfg.checkpoint.resume else None
     # A resume's sources holding the same documents: decided once its checkpoint is picked and loaded
-    # (_same_documents), with that checkpoint's plan.
+    # (_resume_checks), with that checkpoint's plan.
     trained = TrainedPlan.unknown("the checkpoint the resume takes") if cfg.checkpoint.resume else None
     plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab, resumed=resumed, trained=trained)
     settings = loader_settings(cfg, shapes[0], env, device)
@@ -344,14 +344,16 @@ def _data(
     return plan, loader, validation, notes
 
 
-def _same_documents(
-    plan: Plan, loader: TokenLoader, cfg: TrainConfig
+def _resume_checks(
+    plan: Plan, loader: TokenLoader, cfg: TrainConfig, env: DistEnv, checkpointer: Checkpointer
 ) -> Callable[[Path | None], None] | None:
-    """A resume's check of its sources that hold the same documents (recipe.check_same_documents), made
-    with the plan of the checkpoint it loads (the loader's state holds it: no other read), or with none
-    when it starts from step 0. Not `train --plan`'s guess, the newest checkpoint whose plan reads: a
-    resume passes over one whose files do not verify, and a pair only that one trained went on, with a
-    warning naming it, where removing it was refused (review RV33d F1)."""
+    """A resume's checks once its checkpoint is loaded, before the newer ones are set aside (every
+    rank): its sources that hold the same documents (recipe.check_same_documents), with the plan of
+    the checkpoint it loads (the loader's state holds it: no other read), or with none when it starts
+    from step 0 — not `train --plan`'s guess, the newest checkpoint whose plan reads: a resume passes
+    over one whose files do not verify, and a pair only that one trained went on, with a warning naming
+    it, where removing it was refused (review RV33d F1); and, resumed in its own directory, the
+    metrics.jsonl whose rows it keeps readable, rank 0's line on every rank (review RV75d 1, 2)."""
     if not cfg.checkpoint.resume:
         return None  # open_plan decided it: nothing trained
     names = [s.name for s in plan.sources]
@@ -360,6 +362,9 @@ def _same_documents(
         saved = loader.saved_plan if path is not None else None
         trained = None if saved is None else TrainedPlan.of(f"checkpoint {path}", saved)
         check_same_documents(names, loader.builder.tables, trained)
+        own = path is not None and checkpointer.owns(path)
+        unreadable = unreadable_rows(Path(cfg.run.output_dir)) if env.rank == 0 and own else None
+        raise_rank0_problem(unreadable, env.world_size)
 
     return check
 
