@@ -71,6 +71,10 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DECONTAM_DIR,
     DECONTAM_FILES,
+    DECONTAM_FILTER,
+    DECONTAM_MANIFEST,
+    DECONTAM_SEAL,
+    DECONTAM_TASK_KEYS,
     DOC_RECORD,
     DOC_RECORDS,
     DOC_SHA256,
@@ -115,6 +119,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index, index_format
 from training.contract.errors import GristmillError
+from training.contract.integrity import seal_broken
 from training.contract.object_store import (
     ObjectCutShort,
     ObjectMissing,
@@ -1566,7 +1571,8 @@ def _check_index(
 
 
 def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
-    """[decontaminate]'s index copy: its files are the bytes dataset.json's index_sha256 records."""
+    """[decontaminate]'s index copy: its files are the bytes dataset.json's index_sha256 records, and
+    what dataset.json says of it is what the copy and the excluded files hold (_decontam_record)."""
     want = (info.get("decontaminate") or {}).get("index_sha256")
     if want is None:
         return
@@ -1585,6 +1591,55 @@ def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -
                 DECONTAM_DIR,
             )
         )
+        return
+    if (said := _decontam_record(root, info)) is not None:
+        problems.append(Problem(said, DATASET_JSON))
+
+
+def _decontam_record(root: Path, info: dict[str, Any]) -> str | None:
+    """What dataset.json's "decontaminate" says that the index copy (its sealed manifest.json, whose
+    sha256 is the n-gram files') and the excluded files (counted by excluded_by_filter, itself checked
+    against them) do not, or None. Its tasks renamed and their counts zeroed validated OK, and eval
+    marks tasks decontaminated by these fields (trial RV75c 3). A document holding k tasks' n-grams
+    counts once in `removed`, once for each task, and under removed_together once for the set."""
+    record, path = info["decontaminate"], root / DECONTAM_DIR / DECONTAM_MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        broken = seal_broken(manifest, DECONTAM_SEAL) or manifest["sha256"] != record["index_sha256"]
+    except (OSError, ValueError, TypeError, KeyError):
+        broken = True
+    if broken:
+        return f"{DECONTAM_DIR}/{DECONTAM_MANIFEST} is not the manifest of the index dataset.json records"
+    tasks = record.get("tasks")
+    indexed = manifest.get("tasks")
+    if (
+        not isinstance(tasks, list)
+        or not isinstance(indexed, list)
+        or len(tasks) != len(indexed)
+        or any(not isinstance(t, dict) for t in tasks)
+        # the keys an older build's record lacks are not compared (its manifest may hold them)
+        or any(k in t and t[k] != i.get(k) for t, i in zip(tasks, indexed) for k in DECONTAM_TASK_KEYS)
+        or any(record.get(k) != manifest.get(k) for k in ("ngram", "requested", "lm_eval"))
+    ):
+        return (
+            f"records decontaminate's tasks (or ngram, requested, lm_eval) otherwise than its index, "
+            f"{DECONTAM_DIR}/{DECONTAM_MANIFEST}: edited since the build"
+        )
+    excluded = (info.get("excluded_by_filter") or {}).get(DECONTAM_FILTER, 0)
+    try:
+        each = [t["removed"] for t in tasks]
+        again = sum((len(g["tasks"]) - 1) * g["documents"] for g in record.get("removed_together", []))
+        counted = record["removed"] == excluded and sum(each) == excluded + again
+        counted = counted and all(isinstance(n, int) and 0 <= n <= excluded for n in each)
+    except (KeyError, TypeError):
+        counted = False
+    if not counted:
+        by_task = ", ".join(f"{t.get('name')} {t.get('removed')}" for t in tasks)
+        return (
+            f"records {record.get('removed')} documents removed by decontamination (by task: {by_task}), "
+            f"but its excluded files hold {excluded}: edited since the build"
+        )
+    return None
 
 
 # --------------------------------------------------------------------------------------------

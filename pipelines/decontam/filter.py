@@ -31,7 +31,7 @@ from pipelines.decontam.ngram import (
 from pipelines.filters import ExcludedWriter, drop
 from training.contract.config_loader import given, override_of
 from training.contract.dataset_format import DECONTAM_DIR as INDEX_DIR
-from training.contract.dataset_format import DECONTAM_FILES, EXCLUDED_DIR, decontam_sha256
+from training.contract.dataset_format import DECONTAM_FILES, DECONTAM_TASK_KEYS, EXCLUDED_DIR, decontam_sha256
 
 
 class DecontaminationFilter(BaseFilter):
@@ -167,8 +167,10 @@ def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
         return None
     m = read_manifest(out / INDEX_DIR)
     removed, total, together = removed_by_task(out)
-    keys = ("name", "split", "version", "documents", "ngrams", "documents_without_ngrams", "documents_sha256")
-    tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
+    tasks = [
+        {**{k: t.get(k) for k in DECONTAM_TASK_KEYS}, "removed": removed.get(t["name"], 0)}
+        for t in m["tasks"]
+    ]
     return {
         "ngram": m["ngram"],
         "index_sha256": m["sha256"],

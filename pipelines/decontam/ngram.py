@@ -45,7 +45,13 @@ from typing import Any
 import numpy as np
 
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import DECONTAM_FILES, DECONTAM_MANIFEST, decontam_sha256
+from training.contract.dataset_format import (
+    DECONTAM_FILES,
+    DECONTAM_FILTER,
+    DECONTAM_MANIFEST,
+    DECONTAM_SEAL,
+    decontam_sha256,
+)
 from training.contract.errors import GristmillError
 from training.contract.integrity import seal_broken, sealed
 
@@ -57,12 +63,8 @@ NORMALIZER = "nfkc-lower-alnum-words/4"  # change it with normal_form/_words: ol
 # word, variation selectors removed (trial RV62h 1, reviews RV63d 1, RV63f 3)
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
-MANIFEST_SEAL = "manifest_sha256"
-"""manifest.json's key for the sha256 of the rest of it: its `sha256` covers the n-gram files only, and
-an edited `ngram` (with the recipe's set to match) built with n-grams the index never held, matching
-nothing, and recorded the dataset as decontaminated (trial RV60b 3). One without it was edited (the key
-removed with the n: review RV61e 2)."""
-FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
+MANIFEST_SEAL = DECONTAM_SEAL
+FILTER_NAME = DECONTAM_FILTER
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
     "evaluation documents with no {n}-gram: {count:,} (every text under {n} words, its template's own "

@@ -837,6 +837,7 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
         "bytes": manifest.stat().st_size,
         "sha256": file_sha256(manifest),
     }
+    info["decontaminate"]["lm_eval"] = "0.4.0"  # as that build recorded it
     (out / "dataset.json").write_text(json.dumps(info, indent=2))
     assert validate_dataset(out, progress=False, write=False).ok
     hashes = out / "decontam" / "ngrams.npy"
@@ -847,6 +848,49 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
     cfg = load_config(DataConfig, config, [f"output={out}"])
     assert build(cfg, **QUIET).ok
     assert validate_dataset(out, progress=False, write=False).ok
+
+
+def test_validate_checks_what_dataset_json_says_of_its_decontamination(decontam, tmp_path):
+    """Trial RV75c 3: dataset.json's decontaminate block edited (the one task renamed hellaswag, its
+    removed count and the total zeroed, its documents changed) validated OK, and eval marks tasks
+    decontaminated by it. Its tasks are the index copy's (a sealed manifest whose sha256 is the n-gram
+    files'), its counts the excluded files' (a document of two tasks counted for each, once in all)."""
+    from validation.validate import validate_dataset
+
+    _, built, _, _, _ = decontam
+    out = tmp_path / "ds"
+    shutil.copytree(built, out)
+    kept = (out / "dataset.json").read_text()
+    assert validate_dataset(out, progress=False, write=False).ok
+
+    def edited(edit) -> list[str]:
+        info = json.loads(kept)
+        edit(info["decontaminate"])
+        (out / "dataset.json").write_text(json.dumps(info, indent=2))
+        report = validate_dataset(out, progress=False, write=False)
+        return [str(p) for p in report.problems]
+
+    def renamed(d) -> None:
+        d["tasks"][0].update(name="hellaswag", removed=0, documents=3000)
+        d["requested"], d["removed"] = ["hellaswag"], 0
+
+    def zeroed(d) -> None:
+        d["tasks"][0]["removed"] = 0
+
+    for edit, said in (
+        (renamed, "records decontaminate's tasks (or ngram, requested, lm_eval) otherwise than its index"),
+        (zeroed, "documents removed by decontamination (by task: gm_cloze 0, "),
+        (lambda d: d.update(removed=0), "records 0 documents removed by decontamination"),
+    ):
+        problems = edited(edit)
+        assert len(problems) == 1 and "dataset.json" in problems[0] and said in problems[0], problems
+    (out / "dataset.json").write_text(kept)
+    manifest = out / "decontam" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"gm_qa"', '"gm_qb"', 1))  # the seal no longer holds
+    problems = [str(p) for p in validate_dataset(out, progress=False, write=False).problems]
+    assert any(
+        "decontam/manifest.json is not the manifest of the index dataset.json records" in p for p in problems
+    )
 
 
 def test_an_index_copy_changed_after_its_validation_is_audited_stale(decontam, tmp_path):

@@ -71,6 +71,23 @@ DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the dedup stages' working files (pipelines
 DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
 DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
 DECONTAM_MANIFEST = "manifest.json"  # the index's sha256, n and per-task counts (pipelines/decontam/ngram.py)
+DECONTAM_SEAL = "manifest_sha256"
+"""manifest.json's key for the sha256 of the rest of it: its `sha256` covers the n-gram files only, and
+an edited `ngram` (with the recipe's set to match) built with n-grams the index never held, matching
+nothing, and recorded the dataset as decontaminated (trial RV60b 3). One without it was edited (the key
+removed with the n: review RV61e 2)."""
+DECONTAM_FILTER = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
+DECONTAM_TASK_KEYS = (
+    "name",
+    "split",
+    "version",
+    "documents",
+    "ngrams",
+    "documents_without_ngrams",
+    "documents_sha256",
+)
+"""What dataset.json's decontaminate.tasks[] copies of each task of the index's manifest (beside the
+training documents it removed)."""
 INDEX_DIR = "index"  # the loader index (training/contract/dataset_index.py)
 CONFIG_TOML = "config.toml"  # the build's resolved recipe (a run directory's is run_layout's)
 # The files besides shards, index and tokenizer that a copy of the dataset carries (a bucket's, a
