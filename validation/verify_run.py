@@ -43,13 +43,13 @@ from training.checkpoint.hf_export import (
 from training.checkpoint.io import (
     checkpoints_out_of_reach,
     missing_step_reason,
-    newest_base_record,
     verify_checkpoint,
 )
 from training.checkpoint.record import (
     RUN_RECORD,
     CheckpointDenied,
     CheckpointError,
+    newest_base_record,
     read_complete_record,
     resume_model_record,
 )

@@ -45,9 +45,9 @@ from training.checkpoint.base_source import (
     weights_files,
 )
 from training.checkpoint.export_advice import export_fix
-from training.checkpoint.io import newest_base_record
 from training.checkpoint.record import (
     base_record_of,
+    newest_base_record,
     read_complete_record,
     recorded_model,
 )

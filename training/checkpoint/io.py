@@ -32,11 +32,11 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint.record import (
-    BASE_RECORD,
     RUN_RECORD,
     CheckpointDenied,
     CheckpointError,
     is_resume_only,
+    of_another_run,
     read_complete_record,
 )
 from training.contract.batch_record import read_batches
@@ -209,7 +209,7 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
     record_file = path.parent.parent / CHECKPOINTS_JSONL
     run = record.get(RUN_RECORD)
     identity = checkpoint_identity(path)
-    if _of_another_run(step, record, identity, ledger):
+    if of_another_run(step, record, identity, ledger):
         return (
             f"{path.name} is another run's checkpoint (its COMPLETE names run {run[:12]}…, {record_file} "
             f"this run, {ledger.run[:12]}…; a copy of the run's directory, resumed, is another run): move "
@@ -222,44 +222,6 @@ def not_the_run_s_save(path: Path, record: dict[str, Any], ledger: Ledger | None
             f"{path.name} is a save of step {step} that a later one replaced ({record_file}: a resume "
             f"from an earlier step or a rewind left its timeline): move it aside as abandoned-{path.name}"
         )
-    return None
-
-
-def _of_another_run(step: int, record: dict[str, Any], identity: str | None, ledger: Ledger) -> bool:
-    """Whether the save of `step` (COMPLETE `record`, sha256 `identity`) is another run's by the run's
-    record: its COMPLETE names another run id, and not one the record had before a copy of the directory
-    was resumed with that save among the record's (the original's later saves, put into the copy, are
-    another run's there)."""
-    run = record.get(RUN_RECORD)
-    return (
-        ledger.run is not None
-        and isinstance(run, str)
-        and run != ledger.run
-        and (run not in ledger.runs or (step, identity) not in ledger.saves)
-    )
-
-
-def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
-    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads and that is
-    not another run's (by RUN/checkpoints.jsonl), or None (none such, or it records no base: a run from
-    scratch, an older checkpoint). Another run's checkpoint put in the run's place: its base was taken
-    for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3). A save of the run's
-    that a later one replaced still holds the run's base (review RV75d 6)."""
-    run_dir = Path(run_dir)
-    ledger = read_ledger(run_dir)
-    for step in reversed(complete_steps(run_dir)):
-        ckpt = checkpoint_dir(run_dir, step)
-        try:
-            record = read_complete_record(ckpt)
-        except CheckpointError:
-            continue  # verify names it where it is used
-        if (
-            ledger.began is None
-            or step <= ledger.began
-            or not _of_another_run(step, record, checkpoint_identity(ckpt), ledger)
-        ):
-            sha = record.get(BASE_RECORD)
-            return (ckpt, sha) if isinstance(sha, str) else None
     return None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training.contract.errors import GristmillError
-from training.contract.integrity import seal_broken, sealed
+from training.contract.integrity import Ledger, checkpoint_identity, read_ledger, seal_broken, sealed
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, incomplete_reason
 
 
@@ -76,6 +76,44 @@ RUN_RECORD = "run"
 """COMPLETE's key for the run id RUN/checkpoints.jsonl's first line holds (training/contract/integrity.py
 RUN_ID) when the checkpoint was saved; absent where the record has none (older runs). A checkpoint of
 the run's steps past the record's beginning that names another run is another run's (trial RV60c 1)."""
+
+
+def of_another_run(step: int, record: dict[str, Any], identity: str | None, ledger: Ledger) -> bool:
+    """Whether the save of `step` (COMPLETE `record`, sha256 `identity`) is another run's by the run's
+    record: its COMPLETE names another run id, and not one the record had before a copy of the directory
+    was resumed with that save among the record's (the original's later saves, put into the copy, are
+    another run's there)."""
+    run = record.get(RUN_RECORD)
+    return (
+        ledger.run is not None
+        and isinstance(run, str)
+        and run != ledger.run
+        and (run not in ledger.runs or (step, identity) not in ledger.saves)
+    )
+
+
+def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
+    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads and that is
+    not another run's (by RUN/checkpoints.jsonl), or None (none such, or it records no base: a run from
+    scratch, an older checkpoint). Another run's checkpoint put in the run's place: its base was taken
+    for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3). A save of the run's
+    that a later one replaced still holds the run's base (review RV75d 6)."""
+    run_dir = Path(run_dir)
+    ledger = read_ledger(run_dir)
+    for step in reversed(complete_steps(run_dir)):
+        ckpt = checkpoint_dir(run_dir, step)
+        try:
+            record = read_complete_record(ckpt)
+        except CheckpointError:
+            continue  # verify names it where it is used
+        if (
+            ledger.began is None
+            or step <= ledger.began
+            or not of_another_run(step, record, checkpoint_identity(ckpt), ledger)
+        ):
+            sha = record.get(BASE_RECORD)
+            return (ckpt, sha) if isinstance(sha, str) else None
+    return None
 
 
 def base_record_of(path: str | Path) -> tuple[Path, str] | None:
