@@ -1685,6 +1685,19 @@ def test_a_metrics_jsonl_this_user_may_not_read_is_one_line_at_a_resume(whole, t
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith(f"error: cannot read {record}: a folder is in its place; move it aside"), lines
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing
+    # a FIFO hung the resume for good, waiting for a writer; a link to a disk not mounted was taken for
+    # rows deleted, the newer checkpoints set aside, and the rows written through it (trial RV75e 1, 2)
+    record.rmdir()
+    for make, said in (
+        (lambda: os.mkfifo(record), "it is not a regular file (a pipe, a device); move it aside"),
+        (lambda: record.symlink_to(tmp_path / "unmounted" / "metrics.jsonl"), "which does not exist; mount"),
+    ):
+        make()
+        done = forked.run([*no_dac, *resume], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=120)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1 and said in lines[0], done.stderr[-3000:]
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing
+        record.unlink()
 
 
 def test_an_index_file_this_user_may_not_read_is_one_line(dataset):

@@ -35,6 +35,7 @@ import contextlib
 import functools
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -113,21 +114,28 @@ def unreadable_rows(run_dir: Path) -> str | None:
     _logged_rows), or None. A permission, a folder in its place: a traceback (trial RV75a 1), said by
     the setup before the resume sets the newer checkpoints aside (review RV75d 1)."""
     path = Path(run_dir) / METRICS_JSONL
+    aside = "move it aside (the resume then says the rows before its step are lost, and writes the rest)"
+    if path.is_symlink() and not path.exists():  # a disk not mounted: taken for rows lost (trial RV75e 2)
+        return (
+            f"cannot read {path}: a link to {os.readlink(path)}, which does not exist; mount or restore what "
+            f"it points to, or {aside}"
+        )
     try:
-        with open(path, "rb"):
-            return None
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            with open(path, "rb"):
+                return None
     except FileNotFoundError:  # said by _logged_rows: its rows lost, the resume writes the rest
         return None
     except OSError as e:
         return _unreadable(path, e)
+    if stat.S_ISDIR(mode):  # no access fixes that (review RV75d 3)
+        return f"cannot read {path}: a folder is in its place; {aside}"
+    # a FIFO: opening it waited for a writer, for good (trial RV75e 1)
+    return f"cannot read {path}: it is not a regular file (a pipe, a device); {aside}"
 
 
 def _unreadable(path: Path, e: OSError) -> str:
-    if isinstance(e, IsADirectoryError):  # no access fixes that (review RV75d 3)
-        return (
-            f"cannot read {path}: a folder is in its place; move it aside (the resume then says the rows "
-            "before its step are lost, and writes the rest)"
-        )
     return (
         f"cannot read {path}: {e.strerror or e}; give this user read and write access to it (a resume "
         "keeps its rows, then appends), or write the run somewhere else"
