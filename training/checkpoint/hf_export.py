@@ -92,6 +92,7 @@ from training.checkpoint.record import (
     read_complete_record,
     recorded_model,
     resume_model_record,
+    step_held_otherwise,
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
@@ -135,7 +136,6 @@ from training.contract.run_layout import (
     in_a_dataset,
     incomplete_reason,
     is_training_run,
-    named_step,
     names_a_step,
     step_of,
     unlike_a_run,
@@ -1703,22 +1703,18 @@ def _run_s_identity(ckpt: Path, ledger: Ledger | None = None) -> str | None:
         record = read_complete_record(ckpt)
     except CheckpointError:
         return None
-    if _another_step(ckpt, record):  # trial RV75a 2
+    if step_held_otherwise(ckpt, record) is not None:  # trial RV75a 2
         return None
     return None if not_the_run_s_save(ckpt, record, ledger) else checkpoint_identity(ckpt)
 
 
-def _another_step(ckpt: Path, record: dict[str, Any] | None = None) -> bool:
-    """Whether checkpoint `ckpt`'s COMPLETE names another step than its folder's name (copied or
-    renamed over): the run's export of the step is judged by RUN/checkpoints.jsonl, and copied from
-    where an export is asked for (`--out`: review RV75d 5)."""
-    if record is None:
-        try:
-            record = read_complete_record(ckpt)
-        except CheckpointError:
-            return False
-    held, named = record.get("step"), named_step(ckpt)
-    return isinstance(held, int) and named is not None and held != named
+def _another_step(ckpt: Path) -> bool:
+    """Whether checkpoint `ckpt`'s COMPLETE names another step than its folder's name: the run's export
+    of the step is then copied where an export is asked for (`--out`: review RV75d 5)."""
+    try:
+        return step_held_otherwise(ckpt, read_complete_record(ckpt)) is not None
+    except CheckpointError:
+        return False
 
 
 def of_another_checkpoint(export: Path, ckpt: Path) -> bool:

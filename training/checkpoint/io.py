@@ -38,6 +38,7 @@ from training.checkpoint.record import (
     is_resume_only,
     of_another_run,
     read_complete_record,
+    step_held_otherwise,
 )
 from training.contract.batch_record import read_batches
 from training.contract.errors import GristmillError
@@ -171,14 +172,10 @@ def verify_checkpoint(path: str | Path, checksums: bool = True) -> str | None:
     problems = damaged_files(path, files, digests=checksums) if files else []
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
-    named = named_step(path)  # None: a copy under a name of the user's
-    if named is not None and isinstance(record.get("step"), int) and record["step"] != named:
-        # another step's checkpoint under this name (renamed, copied over): its weights were exported
-        # and verified as this step's (review R23c 1)
+    if (held := step_held_otherwise(path, record)) is not None:  # a copy under a name of the user's: None
         raise CheckpointError(
-            f"{path.name} holds step {record['step']} (its COMPLETE record says so), not step {named}: "
-            f"another step's checkpoint under this name; rename it back to {step_name(record['step'])} "
-            "or delete it"
+            f"{path.name} holds step {held} (its COMPLETE record says so), not step {named_step(path)}: "
+            f"another step's checkpoint under this name; rename it back to {step_name(held)} or delete it"
         )
     if foreign := not_the_run_s_save(path, record):
         raise CheckpointError(foreign)

@@ -13,7 +13,13 @@ from typing import Any
 
 from training.contract.errors import GristmillError
 from training.contract.integrity import Ledger, checkpoint_identity, read_ledger, seal_broken, sealed
-from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, incomplete_reason
+from training.contract.run_layout import (
+    COMPLETE_FILE,
+    checkpoint_dir,
+    complete_steps,
+    incomplete_reason,
+    named_step,
+)
 
 
 class CheckpointError(GristmillError):
@@ -80,16 +86,26 @@ the run's steps past the record's beginning that names another run is another ru
 
 def of_another_run(step: int, record: dict[str, Any], identity: str | None, ledger: Ledger) -> bool:
     """Whether the save of `step` (COMPLETE `record`, sha256 `identity`) is another run's by the run's
-    record: its COMPLETE names another run id, and not one the record had before a copy of the directory
-    was resumed with that save among the record's (the original's later saves, put into the copy, are
-    another run's there)."""
+    record, past the step it begins at: its COMPLETE names another run id, and not one the record had
+    before a copy of the directory was resumed with that save among the record's (the original's later
+    saves, put into the copy, are another run's there)."""
     run = record.get(RUN_RECORD)
     return (
         ledger.run is not None
+        and ledger.began is not None
+        and step > ledger.began
         and isinstance(run, str)
         and run != ledger.run
         and (run not in ledger.runs or (step, identity) not in ledger.saves)
     )
+
+
+def step_held_otherwise(path: str | Path, record: dict[str, Any]) -> int | None:
+    """The step checkpoint `path`'s COMPLETE `record` names where its folder is named for another step
+    (copied or renamed over), else None: its weights were exported and verified as the folder's step
+    (review R23c 1)."""
+    held, named = record.get("step"), named_step(path)
+    return held if isinstance(held, int) and named is not None and held != named else None
 
 
 def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
@@ -106,11 +122,7 @@ def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
             record = read_complete_record(ckpt)
         except CheckpointError:
             continue  # verify names it where it is used
-        if (
-            ledger.began is None
-            or step <= ledger.began
-            or not of_another_run(step, record, checkpoint_identity(ckpt), ledger)
-        ):
+        if not of_another_run(step, record, checkpoint_identity(ckpt), ledger):
             sha = record.get(BASE_RECORD)
             return (ckpt, sha) if isinstance(sha, str) else None
     return None
