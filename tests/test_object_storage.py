@@ -4042,6 +4042,39 @@ def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_bl
     assert "argument --cache-gb: '0' is not a size in GB above 0" in capsys.readouterr().err
 
 
+def test_a_prefetcher_the_reader_outruns_keeps_the_bound(s3, synthetic, small_blocks, tmp_path, monkeypatch):
+    """Seen once in the suite, on a loaded machine (session 72): `data inspect` with --cache-gb at its working
+    set (3 groups) ended with 4 groups in the cache. The reader passed the steps the prefetcher's last
+    walk planned while its thread waited for a core; the keep list still named the groups of the steps
+    before, which eviction spares, and the next group was written past the bound. Here each walk after
+    the first is late by 0.1 s: the reader waits for the walk from its step, and the cache never holds
+    more than the bound at any write, its batches the local copy's."""
+    from training.data import block_cache
+
+    local, url = synthetic
+    geometry = dict(seq_len=64, global_batch=8, micro_batch=4, seed=3)
+    need = sum(n for _, n in dataset_loader(url, cache=cache(tmp_path / "probe"), **geometry).cache_need())
+    walks, held = [], []
+    walk, write = block_cache.Prefetcher.window, block_cache.CachedBlocks._write
+
+    def late_walk(self, step):
+        walks.append(step)
+        if len(walks) > 1:
+            time.sleep(0.1)  # a thread without a core
+        return walk(self, step)
+
+    def counted_write(self, *args):
+        write(self, *args)
+        held.append(sum(f.stat().st_size for f in (tmp_path / "c").rglob(f"*{BLOCK_EXT}")))
+
+    monkeypatch.setattr(block_cache.Prefetcher, "window", late_walk)
+    monkeypatch.setattr(block_cache.CachedBlocks, "_write", counted_write)
+    loader = dataset_loader(url, cache=CacheSettings(tmp_path / "c", need), **geometry)
+    got = [batch_sha256(b) for _, b in zip(range(119), loader)]
+    assert len(walks) > 2 and held and max(held) <= need, (walks, held, need)
+    assert got == hashes(local, 119)
+
+
 def test_a_cache_whose_disk_cannot_hold_it_is_refused_before_any_work(
     s3, small_blocks, tmp_path, monkeypatch
 ):

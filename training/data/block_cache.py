@@ -1203,11 +1203,13 @@ class Prefetcher:
         start: int,
         last_step: int | None,
         keep_bytes: int,
+        lead: int = 0,
     ):
         """`keep_bytes`: the most this loader keeps (its working set, TokenLoader.cache_need, which
         data.cache_gb was checked against together with the other loaders'): the steps ahead are
         planned within it, never within the whole bound (which would leave a validation loader of the
-        same process no room but past the bound: it cannot evict its own process's keep list)."""
+        same process no room but past the bound: it cannot evict its own process's keep list).
+        `lead`: how many steps past the consumer's its DataLoader workers build (0: none)."""
         self.caches, self.needs, self.groups, self.keys, self.last_step = (
             caches,
             needs,
@@ -1217,6 +1219,12 @@ class Prefetcher:
         )
         self.cache = next(c for c in caches if c is not None).cache
         self.keep_bytes = min(keep_bytes, self.cache.max_bytes)
+        self.lead = lead
+        # advance's wait: the last step whose groups the published keep list holds, the step the last
+        # whole walk began at, and a step the consumer waits at (it read past the keep list)
+        self._published_to: float = -1
+        self._walked_from: float = -1
+        self._wanted = -1
         self.requests = requests = self.cache.requests
         self._step = start
         self._stop = False
@@ -1247,6 +1255,23 @@ class Prefetcher:
             self._step = step
             if step >= self._due:
                 self._cond.notify()
+            # Steps read past the published keep list: it still named the groups of the steps before,
+            # which make_room may not evict, and the samples they read went past the bound (the thread
+            # starved of a core on a loaded machine: 4 groups in a cache of 3). It waits until the keep
+            # list holds the groups of the steps read (it and its DataLoader workers' `lead`), or a walk
+            # from its step has ended (one whose working set cannot hold them: as far as it goes).
+            reach = step + self.lead if self.last_step is None else min(step + self.lead, self.last_step - 1)
+            if 0 <= self._published_to < reach and (self.last_step is None or step < self.last_step):
+                self._wanted = step
+                self._cond.notify()
+                while (
+                    self._published_to < reach
+                    and self._walked_from < step
+                    and not (self._stop or STOP_FETCHING.is_set() or self.error is not None)
+                    and self._thread.is_alive()
+                ):
+                    self._cond.wait(timeout=1.0)
+                self._wanted = -1
 
     def check(self) -> None:
         if self.error is not None:
@@ -1303,10 +1328,14 @@ class Prefetcher:
                     c.forget_known()
             self._relisted, self._listed_at = set(), time.monotonic()
         fetch: list[tuple[int, int]] = []
+        # groups kept that the published keep list lacks (advance's wait counts only what it holds)
+        unpublished = True
         if self._per_doc or not self._all_cached(keep):
             # What the previous window kept and this one does not can make room before anything is
             # fetched: the keep list is published before each step is planned.
             self._publish(keep)
+            self._covered(step)
+            unpublished = False
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
         # Marked as just needed (_touch): the groups being read, every TOUCH_EVERY_S (the order in
@@ -1322,7 +1351,7 @@ class Prefetcher:
             self._touched_at = time.monotonic()
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
-        self._horizon = step
+        horizon = step  # the last step planned (self._horizon once walked)
         last = end if self.last_step is None else min(end, self.last_step)
         s = step + 1
         walked: tuple | None = None  # the groups (BatchBuilder.group_keys) of the steps just planned
@@ -1338,20 +1367,33 @@ class Prefetcher:
                 if not self._all_cached(grown):
                     # a group not all cached: this step's plan fetches what it reads, into room made first
                     self._publish(keep)
+                    unpublished = False
+                elif grown:
+                    unpublished = True
                 # A group's plan fetches only what its steps reach: a partly fetched one has its steps
                 # planned, and what they read fetched, one by one; one whose samples are all cached, not.
                 complete = not self._per_doc and self._all_cached(self._step_groups(s))
                 walked = self.keys(s)
-            self._horizon = s
+            horizon = s
             if complete:  # a training step inside groups all fetched; so are the steps after it there
-                s = self._horizon = self._same_groups_until(s, last)
+                s = horizon = self._same_groups_until(s, last)
+            if not unpublished:
+                self._covered(horizon)
+            if complete:
                 s += 1
                 continue
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
             queued.update(new)
             fetch += new
             s += 1
+        self._horizon = horizon
         return fetch, keep
+
+    def _covered(self, step: float) -> None:
+        """The published keep list holds the groups of the steps up to `step` (advance waits for it)."""
+        with self._cond:
+            self._published_to = step
+            self._cond.notify_all()
 
     def _same_groups_until(self, s: int, last: int) -> int:
         """The last step before `last` up to which every step reads no epoch group step `s` does not,
@@ -1435,14 +1477,19 @@ class Prefetcher:
                     if not self._keeping_all:
                         self._publish((t, b) for t, c in enumerate(self.caches) if c for b in range(c.nunits))
                         self._keeping_all = True
+                        self._covered(math.inf)  # every unit kept: no step reads past it
                     self._due = float("inf")  # looked at again once a second (the wait's timeout)
                     fetch: list[tuple[int, int]] = []
-                elif step < self._due and not self._keeping_all:
+                elif step < self._due and not self._keeping_all and self._wanted <= self._walked_from:
                     fetch = []  # the last window planned this far and keeps its groups: nothing new
                 else:
                     self._keeping_all = False
                     fetch, keep = self.window(step)
                     self._publish(keep)
+                    self._covered(self._horizon)
+                    with self._cond:
+                        self._walked_from = step
+                        self._cond.notify_all()
                     self._touch(self._fresh)
                     # Planned up to self._horizon: walk the plan again halfway there, or three
                     # quarters when it had nothing to fetch (every step, the walk held the GIL the

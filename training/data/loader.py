@@ -797,6 +797,7 @@ class TokenLoader:
             self._step,
             self.plan.total_steps,
             keep,
+            lead=PREFETCH_FACTOR * self.num_workers,  # as cache_need's `ahead`
         )
 
     def _node_view(self) -> BatchBuilder:
