@@ -596,6 +596,13 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     capsys.readouterr()
     assert gristmill(["verify", str(run)]) == 0
     assert "base" not in capsys.readouterr().out.split()
+    # a copy while step-000004 is there: `mv` as advised nested it inside step-000004 (trial RV75e)
+    shutil.copytree(checkpoint_dir(run, 4), checkpoint_dir(run, 6))
+    assert gristmill(["verify", str(run)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step-000004 is there already, so move this one out of checkpoints/ or delete it" in out, out
+    assert "rename it back" not in out, out
+    shutil.rmtree(checkpoint_dir(run, 6))
     # another step's COMPLETE alone copied in: its files are not the record's, damage; renaming the
     # step's own files away, or deleting them, was the advice (trial RV60c 10)
     kept = (checkpoint_dir(run, 4) / COMPLETE_FILE).read_bytes()
@@ -1111,6 +1118,22 @@ def test_a_run_record_that_cannot_be_written_before_step_1_is_one_line(dataset, 
     assert gristmill(["train", "--config", TINY, "--set", *overrides(dataset, run)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(f"error: cannot write {run / 'consumption.parquet'}: Is a directory; "), line
+
+
+@pytest.mark.timeout(60)  # without the check, the open waits for a reader for good
+@pytest.mark.parametrize("name", ["metrics.jsonl", "batches.bin"])
+def test_a_record_file_that_is_a_pipe_is_one_line_at_any_start(dataset, tmp_path, capsys, name):
+    """Trial RV75e (left in session 71): a fresh run into a directory whose metrics.jsonl is a FIFO hung
+    for good, opening it to append (a resume's read was refused in one line). Every start is refused
+    before it writes anything; the pipe stays."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / name)
+    assert gristmill(["train", "--config", TINY, "--set", *overrides(dataset, run)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    said = f"error: cannot use {run / name}: it is not a regular file (a pipe, a device); move it aside"
+    assert line.startswith(said), line
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, name] and (run / name).is_fifo()
 
 
 def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_path, capsys):

@@ -173,9 +173,16 @@ def verify_checkpoint(path: str | Path, checksums: bool = True) -> str | None:
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
     if (held := step_held_otherwise(path, record)) is not None:  # a copy under a name of the user's: None
+        # where that step's folder is there, `mv` as advised nested this one inside it (trial RV75e)
+        there = (path.parent / step_name(held)).exists()
+        fix = (
+            f"{step_name(held)} is there already, so move this one out of {path.parent.name}/ or delete it"
+            if there
+            else f"rename it back to {step_name(held)} or delete it"
+        )
         raise CheckpointError(
             f"{path.name} holds step {held} (its COMPLETE record says so), not step {named_step(path)}: "
-            f"another step's checkpoint under this name; rename it back to {step_name(held)} or delete it"
+            f"another step's checkpoint under this name; {fix}"
         )
     if foreign := not_the_run_s_save(path, record):
         raise CheckpointError(foreign)

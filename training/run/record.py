@@ -131,8 +131,24 @@ def unreadable_rows(run_dir: Path) -> str | None:
         return _unreadable(path, e)
     if stat.S_ISDIR(mode):  # no access fixes that (review RV75d 3)
         return f"cannot read {path}: a folder is in its place; {aside}"
-    # a FIFO: opening it waited for a writer, for good (trial RV75e 1)
-    return f"cannot read {path}: it is not a regular file (a pipe, a device); {aside}"
+    return not_a_file(run_dir)  # a FIFO: reading it waited for a writer, for good (trial RV75e 1)
+
+
+def not_a_file(run_dir: Path) -> str | None:
+    """The line refusing any start whose RUN/metrics.jsonl or batches.bin is a pipe or a device, or None.
+    Opening one waited for the other end, for good: a resume's read (trial RV75e 1), a fresh run's
+    append or one from another run's checkpoint (RV75e, left in session 71)."""
+    for path in (Path(run_dir) / METRICS_JSONL, Path(run_dir) / BATCHES_BIN):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:  # missing, a link to nothing, no access: said where the file is used
+            continue
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            return (
+                f"cannot use {path}: it is not a regular file (a pipe, a device); move it aside (a resume "
+                "then says what of it is lost, and writes the rest)"
+            )
+    return None
 
 
 def _unreadable(path: Path, e: OSError) -> str:

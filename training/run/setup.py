@@ -62,7 +62,7 @@ from training.run.batch_digests import BatchDigests
 from training.run.faults import LossFaults, kill_point, replace_dataset
 from training.run.lock import RunLock, own_checkpoints, run_dir_lost
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
-from training.run.record import RunRecord, unreadable_rows
+from training.run.record import RunRecord, not_a_file, unreadable_rows
 from training.run.rewind import Rewinder
 from training.run.timeline import Timeline
 from training.run.validation import Validation, validation_of
@@ -707,7 +707,8 @@ def _same_shares(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
-    """Rank 0 holds the run directory's lock for the run; every rank stops if it could not."""
+    """Rank 0 holds the run directory's lock for the run; every rank stops if it could not, or if a record
+    file it appends to is a pipe (record.not_a_file)."""
     lock, problem = None, None
     if env.rank == 0:
         try:
@@ -715,6 +716,7 @@ def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
             if lock.note:
                 say(lock.note)
             own_checkpoints(run_dir)  # one run's checkpoints per folder, a linked one too
+            problem = not_a_file(run_dir)
         except GristmillError as e:
             problem = str(e)
         except OSError as e:
