@@ -73,6 +73,19 @@ def test_wrong_types(override, msg):
         load_config(Outer, None, [override])
 
 
+def test_an_override_without_a_value_is_shown_a_key_of_a_config_of_keys_alone():
+    """`gristmill eval --set foo` was shown `section.key=value`, though eval's keys have no section (trial
+    RV75e): a config of keys alone is shown its own first key."""
+
+    @dataclass
+    class Flat:
+        names: list[str] = field(default_factory=list)
+        batch_size: int = 8
+
+    with pytest.raises(ConfigError, match=r"must look like key=value \(e.g. --set batch_size=8\)"):
+        load_config(Flat, None, ["novalue"])
+
+
 def test_one_value_for_a_list_key_is_a_one_element_list(tmp_path):
     """`--set metrics.trackers=wandb` as lm-eval's `--include_path DIR`: one value, a list of one; in a
     TOML file a list key still needs a list."""

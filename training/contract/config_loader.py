@@ -97,14 +97,18 @@ def _example(cls: type) -> str:
     """A --set item of `cls`'s own: its first section's first key of a plain value, at its default (a
     data build's line gave the trainer's optim.lr: trial RV75c)."""
     hints = typing.get_type_hints(cls)
-    for section in dataclasses.fields(cls):
-        if not dataclasses.is_dataclass(hints[section.name]):
-            continue
-        for key in dataclasses.fields(hints[section.name]):
+    sections = [
+        (f"{f.name}.", hints[f.name])
+        for f in dataclasses.fields(cls)
+        if dataclasses.is_dataclass(hints[f.name])
+    ]
+    # a config of keys alone (eval's): its first key (the generic line was `section.key=value`)
+    for prefix, section in sections or [("", cls)]:
+        for key in dataclasses.fields(section):
             value = key.default
             if isinstance(value, str | int | float) and value != "":  # a word: no quotes (parse_override)
                 shown = value if isinstance(value, str) and value.isidentifier() else json.dumps(value)
-                return f"{section.name}.{key.name}={shown}"
+                return f"{prefix}{key.name}={shown}"
     return "section.key=value"
 
 
@@ -327,7 +331,8 @@ def parse_override(item: str, example: str = "optim.lr=1e-4") -> tuple[str, Any]
     """`a.b=1e-4` -> ("a.b", 0.0001). Values are TOML literals; a bare word is taken as a string.
     `example`: a key=value of the command's own config, for the line of an item without "="."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. --set {example})")
+        shape = "section.key=value" if "." in example.partition("=")[0] else "key=value"
+        raise ConfigError(f"override {item!r} must look like {shape} (e.g. --set {example})")
     key, text = item.split("=", 1)
     key = key.strip()
     text = text.strip()
