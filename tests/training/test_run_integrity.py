@@ -600,7 +600,7 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     shutil.copytree(checkpoint_dir(run, 4), checkpoint_dir(run, 6))
     assert gristmill(["verify", str(run)]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "step-000004 is there already, so move this one out of checkpoints/ or delete it" in out, out
+    assert "step-000004 is there already, so move this one out of checkpoints/ (which of the two" in out, out
     assert "rename it back" not in out, out
     shutil.rmtree(checkpoint_dir(run, 6))
     # another step's COMPLETE alone copied in: its files are not the record's, damage; renaming the
@@ -1120,20 +1120,33 @@ def test_a_run_record_that_cannot_be_written_before_step_1_is_one_line(dataset, 
     assert line.startswith(f"error: cannot write {run / 'consumption.parquet'}: Is a directory; "), line
 
 
-@pytest.mark.timeout(60)  # without the check, the open waits for a reader for good
-@pytest.mark.parametrize("name", ["metrics.jsonl", "batches.bin"])
-def test_a_record_file_that_is_a_pipe_is_one_line_at_any_start(dataset, tmp_path, capsys, name):
-    """Trial RV75e (left in session 71): a fresh run into a directory whose metrics.jsonl is a FIFO hung
-    for good, opening it to append (a resume's read was refused in one line). Every start is refused
-    before it writes anything; the pipe stays."""
+@pytest.mark.timeout(60)  # without the checks, an open waits for the pipe's other end for good
+@pytest.mark.parametrize("name", ["metrics.jsonl", "batches.bin", "checkpoints.jsonl"])
+def test_a_record_file_that_is_a_pipe_is_one_line_at_any_start(whole, dataset, tmp_path, capsys, name):
+    """A run's record file that is a FIFO hung for good: metrics.jsonl opened to append by a fresh run
+    (trial RV75e, left in session 71), batches.bin and checkpoints.jsonl read by a resume, and
+    checkpoints.jsonl read by verify (review RV76b 1, 2). Every start is refused in one line before it
+    writes anything, the pipe left as it was; verify reads such a record as one it cannot read."""
+    said = "it is not a regular file (a pipe, a device); move it aside, or write the run somewhere else"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    os.mkfifo(fresh / name)
+    assert gristmill(["train", "--config", TINY, "--set", *overrides(dataset, fresh)]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: cannot use {fresh / name}: {said}"
+    assert sorted(p.name for p in fresh.iterdir()) == [LOCK_FILE, name] and (fresh / name).is_fifo()
     run = tmp_path / "run"
-    run.mkdir()
+    shutil.copytree(whole, run)
+    (run / name).unlink()
     os.mkfifo(run / name)
-    assert gristmill(["train", "--config", TINY, "--set", *overrides(dataset, run)]) == 2
-    line = one_error_line(capsys.readouterr().err)
-    said = f"error: cannot use {run / name}: it is not a regular file (a pipe, a device); move it aside"
-    assert line.startswith(said), line
-    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE, name] and (run / name).is_fifo()
+    listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+    resume = ["train", "--config", str(run / CONFIG_TOML), "--resume", str(checkpoint_dir(run, 4)), "--set"]
+    assert gristmill([*resume, f"run.output_dir={json.dumps(str(run))}"]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: cannot use {run / name}: {said}"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing and (run / name).is_fifo()
+    if name == "checkpoints.jsonl":
+        assert gristmill(["verify", str(run)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"{run / name}: holds no line where the record begins" in out, out
 
 
 def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_path, capsys):

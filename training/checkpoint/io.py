@@ -176,7 +176,8 @@ def verify_checkpoint(path: str | Path, checksums: bool = True) -> str | None:
         # where that step's folder is there, `mv` as advised nested this one inside it (trial RV75e)
         there = (path.parent / step_name(held)).exists()
         fix = (
-            f"{step_name(held)} is there already, so move this one out of {path.parent.name}/ or delete it"
+            f"{step_name(held)} is there already, so move this one out of {path.parent.name}/ (which of the "
+            "two is damaged, verify says once they are apart)"
             if there
             else f"rename it back to {step_name(held)} or delete it"
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -145,8 +146,13 @@ def read_ledger(run_dir: Path) -> Ledger:
     """RUN/checkpoints.jsonl. A line that is not one (cut short by a kill, damaged) is skipped, never
     the file (one stray byte made every export unchecked: RV58b F2); none: an empty record."""
     began, saves, run, first, runs, directory, spans = None, [], None, None, set(), None, []
+    path = Path(run_dir) / CHECKPOINTS_JSONL
     try:
-        with open(Path(run_dir) / CHECKPOINTS_JSONL, encoding="utf-8", errors="replace") as f:
+        # a pipe, as an unreadable file: its open waited for a writer, for good (review RV76b 1; a run
+        # refuses it at its start: record.not_a_file)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return Ledger(None, [])
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     row = json.loads(line)

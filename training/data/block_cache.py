@@ -1260,7 +1260,9 @@ class Prefetcher:
             # starved of a core on a loaded machine: 4 groups in a cache of 3). It waits until the keep
             # list holds the groups of the steps read (it and its DataLoader workers' `lead`), or a walk
             # from its step has ended (one whose working set cannot hold them: as far as it goes).
-            reach = step + self.lead if self.last_step is None else min(step + self.lead, self.last_step - 1)
+            # (no further than a walk goes: with 32 workers, 2 × 32 steps ahead, every step waited for one)
+            reach = min(step + self.lead, step + MAX_AHEAD_STEPS - 1)
+            reach = reach if self.last_step is None else min(reach, self.last_step - 1)
             if 0 <= self._published_to < reach and (self.last_step is None or step < self.last_step):
                 self._wanted = step
                 self._cond.notify()
@@ -1390,7 +1392,10 @@ class Prefetcher:
         return fetch, keep
 
     def _covered(self, step: float) -> None:
-        """The published keep list holds the groups of the steps up to `step` (advance waits for it)."""
+        """The published keep list holds the groups of the steps up to `step` (advance waits for it). Set
+        after each publish: in between, the value may name steps of the list before, whose groups the
+        new, smaller list may have dropped; a reader let through then fetches into a cache whose list
+        spares less, never more (review RV76b 4)."""
         with self._cond:
             self._published_to = step
             self._cond.notify_all()

@@ -58,6 +58,7 @@ from training.contract.eval_table import eval_lock, rebuild_eval_table
 from training.contract.integrity import checkpoint_identity, read_ledger
 from training.contract.run_layout import (
     BATCHES_BIN,
+    CHECKPOINTS_JSONL,
     CONFIGS_DIR,
     CONSUMPTION_PARQUET,
     DATA_PLAN_JSON,
@@ -135,18 +136,19 @@ def unreadable_rows(run_dir: Path) -> str | None:
 
 
 def not_a_file(run_dir: Path) -> str | None:
-    """The line refusing any start whose RUN/metrics.jsonl or batches.bin is a pipe or a device, or None.
-    Opening one waited for the other end, for good: a resume's read (trial RV75e 1), a fresh run's
-    append or one from another run's checkpoint (RV75e, left in session 71)."""
-    for path in (Path(run_dir) / METRICS_JSONL, Path(run_dir) / BATCHES_BIN):
+    """The line refusing any start whose RUN/metrics.jsonl, batches.bin or checkpoints.jsonl is a pipe or
+    a device, or None. Opening one waited for the other end, for good: metrics.jsonl's at a resume (trial
+    RV75e 1) and at a fresh start (left in session 71), the others' at a resume (review RV76b 1, 2). A
+    fresh run would have set the last two aside: refused alike, one rule."""
+    for path in (Path(run_dir) / name for name in (METRICS_JSONL, BATCHES_BIN, CHECKPOINTS_JSONL)):
         try:
             mode = os.stat(path).st_mode
         except OSError:  # missing, a link to nothing, no access: said where the file is used
             continue
         if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
             return (
-                f"cannot use {path}: it is not a regular file (a pipe, a device); move it aside (a resume "
-                "then says what of it is lost, and writes the rest)"
+                f"cannot use {path}: it is not a regular file (a pipe, a device); move it aside, or write "
+                "the run somewhere else"
             )
     return None
 
