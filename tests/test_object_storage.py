@@ -4075,6 +4075,43 @@ def test_a_prefetcher_the_reader_outruns_keeps_the_bound(s3, synthetic, small_bl
     assert got == hashes(local, 119)
 
 
+def test_a_reader_ahead_of_its_workers_walks_no_more_and_hears_of_a_store_down_in_one_window(
+    s3, synthetic, small_blocks, tmp_path, monkeypatch
+):
+    """Trial RV76a of the reader's wait: DataLoader workers building more steps ahead than a walk plans
+    (32 workers, 64 steps; here 2 workers, 4 steps, walks of 4) made the reader wait for a walk at every
+    step, its fetches no longer beside the training (2); and a wait the prefetcher's failed fetch ended
+    was followed by the workers' own fetch, so a store down was said after two data.fetch_timeout_s (1)."""
+    from training.data import block_cache
+
+    monkeypatch.setattr(block_cache, "MAX_AHEAD_STEPS", 4)
+    walks = []
+    walk = block_cache.Prefetcher.window
+    monkeypatch.setattr(
+        block_cache.Prefetcher, "window", lambda self, step: walks.append(step) or walk(self, step)
+    )
+    local, url = synthetic
+    geometry = dict(seq_len=64, global_batch=8, micro_batch=4, seed=3, num_workers=2)
+    need = sum(n for _, n in dataset_loader(url, cache=cache(tmp_path / "probe"), **geometry).cache_need())
+    settings = CacheSettings(tmp_path / "c", need, timeout_s=3)
+    got = [batch_sha256(b) for _, b in zip(range(60), dataset_loader(url, cache=settings, **geometry))]
+    assert got == hashes(local, 60) and 0 < len(walks) <= 30, walks  # a walk a step was 60
+    steps, down = 0, None
+    try:
+        with pytest.raises(ObjectStoreError, match=r"no data coming for data.fetch_timeout_s = 3 s"):
+            for _, _ in zip(
+                range(1000),
+                dataset_loader(url, cache=CacheSettings(tmp_path / "d", need, timeout_s=3), **geometry),
+            ):
+                steps += 1
+                if steps == 30:
+                    s3.proxy.down, down = True, time.monotonic()
+        took = time.monotonic() - down
+    finally:
+        s3.proxy.down = False
+    assert took < 5.5, f"{took:.1f} s after the store went down"  # two windows: 6 s and more
+
+
 def test_a_cache_whose_disk_cannot_hold_it_is_refused_before_any_work(
     s3, small_blocks, tmp_path, monkeypatch
 ):

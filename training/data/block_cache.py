@@ -1225,6 +1225,7 @@ class Prefetcher:
         self._published_to: float = -1
         self._walked_from: float = -1
         self._wanted = -1
+        self._span = 0  # the steps the last walk planned past its own
         self.requests = requests = self.cache.requests
         self._step = start
         self._stop = False
@@ -1259,9 +1260,11 @@ class Prefetcher:
             # which make_room may not evict, and the samples they read went past the bound (the thread
             # starved of a core on a loaded machine: 4 groups in a cache of 3). It waits until the keep
             # list holds the groups of the steps read (it and its DataLoader workers' `lead`), or a walk
-            # from its step has ended (one whose working set cannot hold them: as far as it goes).
-            # (no further than a walk goes: with 32 workers, 2 × 32 steps ahead, every step waited for one)
-            reach = min(step + self.lead, step + MAX_AHEAD_STEPS - 1)
+            # from its step has ended (one whose working set cannot hold them: as far as it goes). The
+            # workers' steps count up to half of what the last walk planned ahead: a lead past that
+            # (32 workers, 64 steps; the tests' walks of one step) waited for a walk at every step, and
+            # the fetches no longer overlapped the training (trial RV76a 2).
+            reach = step + min(self.lead, self._span // 2)
             reach = reach if self.last_step is None else min(reach, self.last_step - 1)
             if 0 <= self._published_to < reach and (self.last_step is None or step < self.last_step):
                 self._wanted = step
@@ -1493,7 +1496,7 @@ class Prefetcher:
                     self._publish(keep)
                     self._covered(self._horizon)
                     with self._cond:
-                        self._walked_from = step
+                        self._walked_from, self._span = step, max(0, self._horizon - step)
                         self._cond.notify_all()
                     self._touch(self._fresh)
                     # Planned up to self._horizon: walk the plan again halfway there, or three

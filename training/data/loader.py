@@ -777,6 +777,10 @@ class TokenLoader:
                 if prefetcher is not None:
                     prefetcher.advance(self._step)
                 yield item
+                if prefetcher is not None:
+                    # before the workers' next step: a wait in advance that the prefetcher's failed fetch
+                    # ended was followed by the workers' own fetch of it, a second fetch_timeout_s (RV76a 1)
+                    prefetcher.check()
         finally:
             if prefetcher is not None:
                 prefetcher.close()
