@@ -55,7 +55,7 @@ from training.contract.dataset_format import (
 from training.contract.errors import GristmillError
 from training.contract.integrity import seal_broken, sealed
 
-FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (MANIFEST_SEAL), which it must then carry
+FORMAT = "gristmill-decontam/2"  # /2: the manifest sealed (DECONTAM_SEAL), which it must then carry
 # /1 (before the seal) held an older normaliser: a /1 manifest naming this one was edited, and its n
 # trusted unsealed decontaminated nothing (trial RV64b S2)
 NORMALIZER = "nfkc-lower-alnum-words/4"  # change it with normal_form/_words: old indexes are refused
@@ -63,7 +63,6 @@ NORMALIZER = "nfkc-lower-alnum-words/4"  # change it with normal_form/_words: ol
 # word, variation selectors removed (trial RV62h 1, reviews RV63d 1, RV63f 3)
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = DECONTAM_MANIFEST
-MANIFEST_SEAL = DECONTAM_SEAL
 FILTER_NAME = DECONTAM_FILTER
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
@@ -297,7 +296,7 @@ def write_index(
         "ngrams": int(first.sum()),
         "sha256": decontam_sha256(folder),
     }
-    manifest = sealed(manifest, MANIFEST_SEAL)
+    manifest = sealed(manifest, DECONTAM_SEAL)
     write_atomic(folder / MANIFEST_JSON, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -326,8 +325,8 @@ def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
         ok = False
     if (
         not ok
-        or seal_broken(manifest, MANIFEST_SEAL)
-        or (manifest.get("format") == FORMAT) != (MANIFEST_SEAL in manifest)
+        or seal_broken(manifest, DECONTAM_SEAL)
+        or (manifest.get("format") == FORMAT) != (DECONTAM_SEAL in manifest)
     ):
         raise DecontamIndexError(f"{path} is not a valid index manifest (cut off or edited); {REBUILD}")
     if manifest.get("format") != FORMAT or manifest.get("normalizer") != NORMALIZER:

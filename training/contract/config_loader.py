@@ -74,8 +74,9 @@ def config_from(
 ) -> T:
     """`cls` from a parsed table plus `a.b=value` overrides (`flag` names where they were given)."""
     parsed = []
+    example = _example(cls) if overrides else ""
     for item in overrides or []:
-        key, value = parse_override(item, _example(cls))
+        key, value = parse_override(item, example)
         key = set_dotted(raw, key, value if isinstance(value, list | dict) else _OneValue(value))
         parsed.append((item, key))
     try:
