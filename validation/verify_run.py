@@ -50,6 +50,7 @@ from training.checkpoint.record import (
     CheckpointDenied,
     CheckpointError,
     newest_base_record,
+    own_saves,
     read_complete_record,
     resume_model_record,
 )
@@ -291,7 +292,7 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
         check.problem = f"batches: the {len(entries)} recorded steps cannot be checked against the plan: {e}"
         return check
     trained = {r["step"]: r for r in kept_rows(rows) if "loss" in r and "batch_sha256" in r}
-    saved = [s for s in complete_steps(run_dir) if not skip_of(skips, s)]
+    saved = [s for s, _, _ in own_saves(run_dir) if not skip_of(skips, s)]  # not another run's step
     # The plan's batch of each recorded step, as `data inspect RUN --hash` builds it: the global batch.
     whole = tuple(ph.global_batch for ph in plan.phases)
     builder = BatchBuilder(plan, tables, micro_batch=whole, rank=0, world_size=1, check_separators=True)

@@ -1392,7 +1392,7 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
         rc = gristmill(["verify", str(path)])
         return rc, " ".join(capsys.readouterr().out.split())
 
-    a, b = run("a"), run("b", "optim.lr=0.002")
+    a, b = run("a"), run("b", "optim.lr=0.002", "run.max_steps=6")
     exported = {p.name: p.read_bytes() for p in export_dir(a, 4).iterdir()}
     # another run's step 4 in place of the run's
     checkpoint_dir(a, 4).rename(tmp_path / "a4")
@@ -1403,6 +1403,13 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     assert export_checkpoint(a, 4) == export_dir(a, 4)  # kept, not replaced by the other run's weights
     assert {p.name: p.read_bytes() for p in export_dir(a, 4).iterdir()} == exported
     assert newest_verified(a)[0] == checkpoint_dir(a, 2)  # --resume auto passes over it
+    # and one of a later step: the run did not train through it ("step 5 is not recorded … the run
+    # trained through 6": trial RV75e)
+    shutil.copytree(checkpoint_dir(b, 6), checkpoint_dir(a, 6))
+    rc, out = verified(a)
+    assert rc == 1 and "step-000006 is another run's checkpoint" in out, out
+    assert not re.search(r"batches \d+ DAMAGED|trained through", out), out
+    shutil.rmtree(checkpoint_dir(a, 6))
     shutil.rmtree(export_dir(a, 4))
     with pytest.raises(ExportError, match="another run's checkpoint"):
         export_checkpoint(a, 4)

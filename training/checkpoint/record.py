@@ -108,21 +108,32 @@ def step_held_otherwise(path: str | Path, record: dict[str, Any]) -> int | None:
     return held if isinstance(held, int) and named is not None and held != named else None
 
 
-def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
-    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads and that is
-    not another run's (by RUN/checkpoints.jsonl), or None (none such, or it records no base: a run from
-    scratch, an older checkpoint). Another run's checkpoint put in the run's place: its base was taken
-    for the run's, and verify gave a run from scratch a damaged base (trial RV75a 3). A save of the run's
-    that a later one replaced still holds the run's base (review RV75d 6)."""
+def own_saves(run_dir: str | Path) -> list[tuple[int, Path, dict[str, Any] | None]]:
+    """(step, checkpoint, COMPLETE record) of the run's complete checkpoints, ascending, less another
+    run's (by RUN/checkpoints.jsonl: of_another_run); the record None where it cannot be read (verify
+    names it where it is used). What the run itself saved: another run's checkpoint put among them
+    gave the run its base (trial RV75a 3) and its step ("the run trained through 6": trial RV75e)."""
     run_dir = Path(run_dir)
     ledger = read_ledger(run_dir)
-    for step in reversed(complete_steps(run_dir)):
+    saves = []
+    for step in complete_steps(run_dir):
         ckpt = checkpoint_dir(run_dir, step)
         try:
             record = read_complete_record(ckpt)
         except CheckpointError:
-            continue  # verify names it where it is used
+            saves.append((step, ckpt, None))
+            continue
         if not of_another_run(step, record, checkpoint_identity(ckpt), ledger):
+            saves.append((step, ckpt, record))
+    return saves
+
+
+def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
+    """(checkpoint, BASE_RECORD) of the run's newest own save (own_saves) whose record reads, or None
+    (none such, or it records no base: a run from scratch, an older checkpoint). A save of the run's
+    that a later one replaced still holds the run's base (review RV75d 6)."""
+    for _, ckpt, record in reversed(own_saves(run_dir)):
+        if record is not None:
             sha = record.get(BASE_RECORD)
             return (ckpt, sha) if isinstance(sha, str) else None
     return None
