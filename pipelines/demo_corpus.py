@@ -383,11 +383,13 @@ def write_code_corpus(out_dir: str | Path, max_chars: int = CODE_MAX_CHARS) -> P
     return _write_corpus(out_dir, "code", rows_of, CODE_N_FILES, "stdlib-code", source)
 
 
-# The source kinds whose corpus is written on first use, and their writers.
+# The source kinds whose corpus is written on first use, their writers, and the folder their
+# configs/data/*.toml name (said as the example of a source.path that is no local folder).
 DEMO_WRITERS: dict[str, Callable[[str | Path], Path]] = {
     "demo": write_demo_corpus,
     "demo-code": write_code_corpus,
 }
+DEMO_PATHS = {"demo": "runs/data/demo-corpus", "demo-code": "runs/data/demo-code-corpus"}
 
 
 def ensure_demo_corpus(source: SourceConfig) -> None:
@@ -397,7 +399,7 @@ def ensure_demo_corpus(source: SourceConfig) -> None:
             # the field's default is the hub's dataset: it became a folder named "hf:" (review R22b F5)
             raise ConfigError(
                 f'source.kind = "{source.kind}" writes its corpus into a local folder, but source.path is '
-                f'"{source.path}": set source.path to one, e.g. "runs/data/demo-corpus"',
+                f'"{source.path}": set source.path to one, e.g. "{DEMO_PATHS[source.kind]}"',
                 "source.path",
             )
         writer(source.path)

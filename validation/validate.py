@@ -1626,18 +1626,26 @@ def _decontam_record(root: Path, info: dict[str, Any]) -> str | None:
             f"{DECONTAM_DIR}/{DECONTAM_MANIFEST}: edited since the build"
         )
     excluded = (info.get("excluded_by_filter") or {}).get(DECONTAM_FILTER, 0)
-    try:
-        each = [t["removed"] for t in tasks]
-        again = sum((len(g["tasks"]) - 1) * g["documents"] for g in record.get("removed_together", []))
-        counted = record["removed"] == excluded and sum(each) == excluded + again
-        counted = counted and all(isinstance(n, int) and 0 <= n <= excluded for n in each)
-    except (KeyError, TypeError):
-        counted = False
-    if not counted:
-        by_task = ", ".join(f"{t.get('name')} {t.get('removed')}" for t in tasks)
+    by_task = ", ".join(f"{t.get('name')} {t.get('removed')}" for t in tasks)
+    each = [t.get("removed") for t in tasks]
+    if record.get("removed") != excluded or not all(isinstance(n, int) and 0 <= n <= excluded for n in each):
         return (
             f"records {record.get('removed')} documents removed by decontamination (by task: {by_task}), "
             f"but its excluded files hold {excluded}: edited since the build"
+        )
+    together = json.dumps(record.get("removed_together", []))
+    try:
+        again = sum((len(g["tasks"]) - 1) * g["documents"] for g in record.get("removed_together", []))
+    except (KeyError, TypeError):
+        shape = '{"tasks": […], "documents": N}'
+        return f"records removed_together {together}, not a list of {shape}: edited since the build"
+    if sum(each) != excluded + again:
+        # the total is the files': the line named it alone, and not the count of documents under two
+        # tasks or more that the tasks' counts are checked with (trial RV75e)
+        return (
+            f"records removed counts by task ({by_task}) adding up to {sum(each)}, but its {excluded} "
+            f"documents removed, each counted again for every further task under removed_together "
+            f"{together}, make {excluded + again}: edited since the build"
         )
     return None
 

@@ -879,8 +879,12 @@ def test_validate_checks_what_dataset_json_says_of_its_decontamination(decontam,
 
     for edit, said in (
         (renamed, "records decontaminate's tasks (or ngram, requested, lm_eval) otherwise than its index"),
-        (zeroed, "documents removed by decontamination (by task: gm_cloze 0, "),
+        (zeroed, "records removed counts by task (gm_cloze 0, gm_qa 2) adding up to 2, but its 4 documents"),
         (lambda d: d.update(removed=0), "records 0 documents removed by decontamination"),
+        # a document of two tasks counted twice by task, once in all: the field edited named (RV75e)
+        (lambda d: d["removed_together"][0].update(documents=2), '"documents": 2, "tasks": ["gm_cloze", "gm'),
+        (lambda d: d.update(removed_together=[]), "up to 5, but its 4 documents removed, each counted again"),
+        (lambda d: d.update(removed_together=[1]), "records removed_together [1], not a list of {"),
     ):
         problems = edited(edit)
         assert len(problems) == 1 and "dataset.json" in problems[0] and said in problems[0], problems

@@ -63,6 +63,9 @@ def test_code_corpus_builds_with_a_shared_tokenizer(build_fixture, tmp_path):
     with pytest.raises(BuildError, match=r"nope\.json not found; .*build configs/data/demo\.toml first"):
         build(load_config(DataConfig, CONFIG, [*overrides, f"tokenizer.path={tmp_path / 'nope.json'}"]))
     assert not (tmp_path / "nope.json").exists()  # never trained here
+    # an empty path is refused with the code corpus's own folder as the example, not the prose one's
+    with pytest.raises(ConfigError, match=r'"": set source.path to one, e.g. "runs/data/demo-code-corpus"$'):
+        build(load_config(DataConfig, CONFIG, [*overrides, 'source.path=""']))
 
     result = build(
         load_config(DataConfig, CONFIG, [*overrides, f"tokenizer.path={tokenizer}"]), log=lambda *a: None
