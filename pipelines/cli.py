@@ -10,7 +10,6 @@ torch, datatrove, duckdb or lm-eval import, and shows every command even where a
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import errno
 import importlib
@@ -19,7 +18,7 @@ import json
 import os
 import sys
 
-from training.contract.config_loader import bytes_shown
+from training.contract.config_loader import CommandParser, bytes_shown
 from training.contract.errors import (
     INTERRUPTED,
     INTERRUPTED_EXIT,
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for words, (module_name, help_text) in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
             module = importlib.import_module(module_name)
-            parser = argparse.ArgumentParser(prog=f"gristmill {' '.join(words)}", description=help_text)
+            parser = CommandParser(prog=f"gristmill {' '.join(words)}", description=help_text)
             module.add_arguments(parser)
             try:
                 return int(module.run(parser.parse_args(argv[len(words) :])) or 0)

@@ -39,7 +39,6 @@ whole run (training/run/lock.py), and under torchrun every worker exits when its
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import signal
@@ -58,6 +57,7 @@ from training.config import TrainConfig, load_train_config  # re-exported: `from
 from training.config_checks import check_threads, check_tracker_timeout
 from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
+    CommandParser,
     add_config_arguments,
     add_resume_argument,
     with_resume,
@@ -750,7 +750,7 @@ def main(
     """The trainer's command line; `make_evaluator` builds the eval-during-training hook from the
     config (validation.train_eval's entry point passes one)."""
     hold_closed_streams()  # a worker started with stdout closed (`torchrun … >&-`) trains on
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=prog, description=__doc__.splitlines()[0])
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)
     try:

@@ -73,6 +73,23 @@ def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["verify", "RUN", "--step", "abc"], "gristmill verify: argument --step: invalid int value: 'abc'"),
+        (["data", "inspect"], "gristmill data inspect: the following arguments are required: DATASET"),
+        (["train", "--config"], "gristmill train: argument --config: expected one argument"),
+        (["eval", "RUN", "--limit", "5"], "gristmill eval: unrecognized arguments: --limit 5"),
+    ],
+)
+def test_a_command_line_argparse_refuses_is_one_line(argv, said, capsys):
+    """argparse printed its usage before its refusal: ten lines for `data inspect`, the one that says
+    what is wrong last. Bad input is one line, with where the arguments are listed."""
+    assert main(argv) == 2
+    command = said.split(":", 1)[0]
+    assert capsys.readouterr().err == f"error: {said}; `{command} --help` lists its arguments\n"
+
+
 def test_blank_or_unprintable_words_are_one_line(capsys):
     """`gristmill ""` (an unset variable) was an IndexError traceback; a newline in a word printed the
     line across two (review RV74d 1)."""

@@ -209,6 +209,15 @@ def _as_path(value: str) -> tuple[str, str | None]:
     return expanded, None
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser for a command whose refusal of its command line is one line, as every other
+    bad input's (a GristmillError, printed by the command's caller): argparse printed its usage first,
+    ten lines of it for `data inspect`, the refusal last."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise GristmillError(f"{self.prog}: {message}; `{self.prog} --help` lists its arguments")
+
+
 class PathArgument(argparse.Action):
     """argparse action of a command's path argument (`--out DIR`, RUN, a dataset DIR): its leading `~`
     expanded as a ConfigPath's, and a blank one refused (refuse_empty). The shell expands no `~` after
