@@ -1409,6 +1409,8 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     rc, out = verified(a)
     assert rc == 1 and "step-000006 is another run's checkpoint" in out, out
     assert not re.search(r"batches \d+ DAMAGED|trained through", out), out
+    with pytest.raises(ExportError, match="step 5 is not trained yet: the run has reached step 4;"):
+        export_checkpoint(a, 5)
     shutil.rmtree(checkpoint_dir(a, 6))
     shutil.rmtree(export_dir(a, 4))
     with pytest.raises(ExportError, match="another run's checkpoint"):

@@ -37,6 +37,7 @@ from training.checkpoint.record import (
     CheckpointError,
     is_resume_only,
     of_another_run,
+    own_saves,
     read_complete_record,
     step_held_otherwise,
 )
@@ -603,7 +604,7 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
         recorded = [e.step for e in read_batches(run_dir / BATCHES_BIN)[0]]
     except (OSError, ValueError):
         recorded = []
-    newest = max(complete_steps(run_dir), default=0)
+    newest = max((s for s, _, _ in own_saves(run_dir)), default=0)  # another run's step 6: none of the run's
     reached = max([*trained, *recorded, newest], default=0)
     if step > reached:
         return f"step {step} is not trained yet: the run has reached step {reached}"
