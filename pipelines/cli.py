@@ -197,6 +197,16 @@ def _unknown_command(argv: list[str]) -> str:
         or [last_words[w] for w in difflib.get_close_matches(word, list(last_words), n=1, cutoff=0.7)]
     )
     guess = f"did you mean `gristmill {near[0]}`? " if near else ""
+    if not near and not in_group:  # a group's own word misspelled or cut short alone (`tokenize`, `dat`)
+        groups = [g for g in sorted(GROUPS) if len(word) >= 2 and g.startswith(word)]
+        if group_word := (difflib.get_close_matches(word, sorted(GROUPS), n=1, cutoff=0.7) or groups[:1]):
+            under = [name for name in names if name.startswith(group_word[0] + " ")]
+            guess = (
+                f"did you mean `gristmill {under[0]}`? "
+                if len(under) == 1
+                else f"did you mean `gristmill {group_word[0]}` and one of its commands "
+                f"({', '.join(name.split()[-1] for name in under)})? "
+            )
     return f"`gristmill {_shown(typed)}` is no command; {guess}`gristmill --help` lists them"
 
 

@@ -62,6 +62,7 @@ def test_listing_the_commands_imports_no_stage(argv):
         (["data", "de"], "data decontam-index"),  # the group's command it begins, not demo
         (["dta", "build"], "data build"),  # a group's word misspelled
         (["trian", "-h"], "train"),  # the typo's line, not the listing
+        (["tokenize"], "tokenizer train"),  # a group's word alone, misspelled: its one command
     ],
 )
 def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
@@ -71,6 +72,14 @@ def test_words_near_a_command_are_one_line_naming_it(argv, meant, capsys):
         f"error: `gristmill {typed}` is no command; did you mean `gristmill {meant}`? "
         "`gristmill --help` lists them\n"
     )
+
+
+def test_a_group_word_cut_short_is_told_the_group_and_its_commands(capsys):
+    """`gristmill dat`: no suggestion, where `gristmill data` is one word away."""
+    assert main(["dat"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: `gristmill dat` is no command; did you mean `gristmill data` and one of")
+    assert "(build, " in err and "validate" in err and err.endswith("`gristmill --help` lists them\n"), err
 
 
 @pytest.mark.parametrize(
