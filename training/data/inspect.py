@@ -83,6 +83,10 @@ def _inspect(args: argparse.Namespace) -> int:
     world = args.world_size
     if world < 1:  # a run directory's plan divided by it (ZeroDivisionError: review R21b F11)
         raise LoaderConfigError(f"--world-size must be at least 1, got {world}")
+    if not 0 <= args.rank < world:  # the loader's refusal named its own "loader rank", "world_size"
+        raise LoaderConfigError(
+            f"--rank {args.rank}: give a rank from 0 to {world - 1} (--world-size {world})"
+        )
     if args.max_rows < 0:  # was taken as 0, every row, without a word (review R21b)
         raise LoaderConfigError(f"--max-rows {args.max_rows}: give the rows to print, ≥ 1 (0: all)")
     if args.end is not None and not args.hash:  # step --step alone was shown, without a word (RV68c F4)
@@ -121,6 +125,19 @@ def _inspect(args: argparse.Namespace) -> int:
         )
     check_data_seed("--seed", args.seed)
     args.split, args.val_fraction = args.split or "train", args.val_fraction or 0.0
+    # in the flags' words: the loader's own refusals name its arguments ("loader seq_len must be …",
+    # "val_fraction 2.0 must be in [0, 1)")
+    for flag, value in (("--seq-len", args.seq_len), ("--global-batch", args.global_batch)):
+        if value < 1:
+            raise LoaderConfigError(f"{flag} {value}: give the run's value, ≥ 1")
+    if not 0 <= args.val_fraction < 1:  # nan too
+        raise LoaderConfigError(
+            f"--val-fraction {args.val_fraction}: give the run's data.val_fraction, in [0, 1)"
+        )
+    if args.split == "val" and args.val_fraction == 0:
+        raise LoaderConfigError(
+            "--split val holds no document with --val-fraction 0: give the run's data.val_fraction (> 0)"
+        )
     if world < 1 or args.global_batch % world:
         raise LoaderConfigError(
             f"--global-batch {args.global_batch} is not divisible by --world-size {world}"

@@ -697,6 +697,17 @@ def test_inspect_prints_the_batch(text_dataset, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err == "error: --end 6 is --hash's (hash steps --step to --end); add --hash, or " \
         "drop --end to see the documents of step --step\n", err  # fmt: skip
+    # in the flags' words, not the loader's arguments' ("loader rank 2 is outside [0, world_size=2)")
+    for more, said in (
+        (["--rank", "2", "--world-size", "2"], "--rank 2: give a rank from 0 to 1 (--world-size 2)"),
+        (["--rank", "-1"], "--rank -1: give a rank from 0 to 0 (--world-size 1)"),
+        (["--val-fraction", "nan"], "--val-fraction nan: give the run's data.val_fraction, in [0, 1)"),
+        (["--split", "val"], "--split val holds no document with --val-fraction 0: give the run's data.val"),
+        (["--seq-len", "0"], "--seq-len 0: give the run's value, ≥ 1"),
+    ):
+        assert cli(["data", "inspect", *map(str, common), *more]) == 2, more
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"error: {said}") and err.count("\n") == 1, err
 
 
 def test_inspect_without_the_tokenizers_package_prints_ids(text_dataset, capsys, monkeypatch):
