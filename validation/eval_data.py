@@ -1172,12 +1172,13 @@ def build_task_data(
 # hub tasks
 
 
-def check_include_path(include_path: Sequence[str]) -> None:
+def check_include_path(include_path: Sequence[str], key: str = "include_path") -> None:
     """Every entry of `include_path` is a directory (one that is not was looked at only when a task
-    outside the project's own was asked for: eval took a misspelt one without a word)."""
+    outside the project's own was asked for: eval took a misspelt one without a word). `key`: its name
+    where the user gave it (eval's config key, a build's decontaminate.include_path, a --include-path)."""
     for p in include_path:
         if not Path(p).is_dir():
-            raise EvalError(f"include_path {p} is not a directory (of lm-eval task YAML files)")
+            raise EvalError(f"{key} {p} is not a directory (of lm-eval task YAML files)")
 
 
 def check_no_local_names(include_path: Sequence[str]) -> None:

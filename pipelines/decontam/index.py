@@ -67,6 +67,7 @@ from validation.eval_data import (
     EvalError,
     Written,
     check_data_folders,
+    check_include_path,
     checked_task_manager,
     files_sha256,
     local_data_cache,
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    check_include_path(args.include_path, "--include-path")
     try:
         with dataset_lock(Path(args.out), "this command", key="--out"):
             before = _earlier_index(Path(args.out))
@@ -429,6 +431,8 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         return None
     if cfg.ngram < 1:
         raise BuildError(f"decontaminate.ngram = {cfg.ngram}: an n-gram has at least one word (13 is usual)")
+    if cfg.tasks:  # in the recipe's key: its tasks' YAML is read from there (an index given reads none)
+        check_include_path(cfg.include_path, "decontaminate.include_path")
     if cfg.index:
         folder = Path(cfg.index).expanduser().resolve()
         if not folder.exists() and kept is not None and (kept / MANIFEST_JSON).is_file():

@@ -611,6 +611,16 @@ def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys,
     )
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert said.startswith(f"error: cannot read {bad / 'bad.yaml'}: ") and "--include-path" in said, said
+    # a folder that is not there, in the words it was given in: the flag, the recipe's key (it said
+    # "include_path", eval's key, for both: note of the seventieth session)
+    nowhere = tmp_path / "nowhere"
+    argv[argv.index(str(tasks))] = str(nowhere)
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert said == f"error: --include-path {nowhere} is not a directory (of lm-eval task YAML files)\n", said
+    sets = [f"output={tmp_path / 'ds'}", f'decontaminate.include_path=["{nowhere}"]']
+    with pytest.raises(GristmillError, match=f"^decontaminate.include_path {nowhere} is not a directory"):
+        prepare(load_config(DataConfig, config, sets), **QUIET)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     with pytest.raises(BuildError) as e:
         prepare(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}"]), **QUIET)
