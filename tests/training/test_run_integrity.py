@@ -1601,6 +1601,33 @@ def test_checkpoints_out_of_reach_are_refused_not_taken_for_a_new_run(dataset, t
     assert complete_steps(run) == [2, 4]
 
 
+def test_a_run_directory_this_user_may_not_list_is_one_line_before_any_write(dataset, capsys):
+    """A run directory of mode 311 (writable, not listable): each atomic write failed at the sync of the
+    folder after the file was in place, "make it writable", and the checkpoints.jsonl left behind was an
+    earlier run's to the next start (trial RV75e). Refused first, nothing written; as root, without the
+    capability to read any folder (tests/helpers/no_dac.py)."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="gristmill-unlisted-"))
+    try:
+        run = work / "run"
+        run.mkdir(mode=0o311)
+        run.chmod(0o311)  # past the umask
+        argv = ["train", "--config", str(TINY), "--set", *overrides(dataset, run, "run.max_steps=2")]
+        done = forked.run(
+            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *argv], capture_output=True,
+            text=True, cwd=ROOT, env={**ENV, "HOME": str(work)},
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert one_error_line(done.stderr) == (
+            f"error: cannot list {run}: Permission denied; give this user read access to it (a run lists and "
+            "syncs its folder), or write the run somewhere else"
+        ), done.stderr[-3000:]
+        assert os.listdir(run) == []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_a_checkpoint_file_this_user_may_not_read_is_refused_not_passed_over(dataset, capsys):
     """Trial RV67a F16: a file of the newest checkpoint the resuming user may not read was taken for
     damage: `--resume auto` passed over the intact checkpoint, set it and its export aside and trained
