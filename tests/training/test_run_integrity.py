@@ -1624,6 +1624,19 @@ def test_a_run_directory_this_user_may_not_list_is_one_line_before_any_write(dat
             "syncs its folder), or write the run somewhere else"
         ), done.stderr[-3000:]
         assert os.listdir(run) == []
+        # a folder above it that may not be entered: that is the fix, not the run directory's own mode
+        run.chmod(0o755)
+        work.chmod(0o600)
+        done = forked.run(
+            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *argv], capture_output=True,
+            text=True, cwd=ROOT, env={**ENV, "HOME": tempfile.gettempdir()},
+        )  # fmt: skip
+        assert done.returncode == 2 and one_error_line(done.stderr) == (
+            f"error: cannot reach {run}: Permission denied; give this user access to the folders above it, "
+            "or write the run somewhere else"
+        ), done.stderr[-3000:]
+        work.chmod(0o755)
+        assert os.listdir(run) == []
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

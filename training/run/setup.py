@@ -711,6 +711,15 @@ def _listable(run_dir: Path) -> None:
     each file's atomic write, done, failed at the sync of its folder, said "make it writable", and left a
     checkpoints.jsonl that the next start set aside as an earlier run's (trial RV75e)."""
     try:
+        os.stat(run_dir)
+    except PermissionError as e:  # a folder above it this user may not enter: said so, not "list it"
+        raise GristmillError(
+            f"cannot reach {run_dir}: {e.strerror or e}; give this user access to the folders above it, or "
+            "write the run somewhere else"
+        ) from None
+    except OSError:  # missing (made later), a link to nothing: said where it is used
+        return
+    try:
         with os.scandir(run_dir):
             pass
     except PermissionError as e:
@@ -718,7 +727,7 @@ def _listable(run_dir: Path) -> None:
             f"cannot list {run_dir}: {e.strerror or e}; give this user read access to it (a run lists and "
             "syncs its folder), or write the run somewhere else"
         ) from None
-    except OSError:  # missing (made later), not a folder: said where it is used
+    except OSError:  # not a folder: said where it is used
         pass
 
 
