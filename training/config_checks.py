@@ -219,6 +219,32 @@ def check_output_dir(cfg: TrainConfig) -> None:
     if (where := in_a_dataset(cfg.run.output_dir)) is not None:
         error = ConfigError(f"{said} {where}; give the run a directory of its own", "run.output_dir")
         raise naming_override(error, cfg)
+    _listable(Path(cfg.run.output_dir))
+
+
+def _listable(run_dir: Path) -> None:
+    """Refuse a run directory this user may write but not list (mode 311), before anything is written:
+    each file's atomic write, done, failed at the sync of its folder, said "make it writable", and left a
+    checkpoints.jsonl that the next start set aside as an earlier run's (trial RV75e)."""
+    try:
+        os.stat(run_dir)
+    except PermissionError as e:  # a folder above it this user may not enter: said so, not "list it"
+        raise GristmillError(
+            f"cannot reach {run_dir}: {e.strerror or e}; give this user access to the folders above it, or "
+            "write the run somewhere else"
+        ) from None
+    except OSError:  # missing (made later), a link to nothing: said where it is used
+        return
+    try:
+        with os.scandir(run_dir):
+            pass
+    except PermissionError as e:
+        raise GristmillError(
+            f"cannot list {run_dir}: {e.strerror or e}; give this user read access to it (a run lists and "
+            "syncs its folder), or write the run somewhere else"
+        ) from None
+    except OSError:  # not a folder: said where it is used
+        pass
 
 
 def check_training(cfg: TrainConfig, last_step: int) -> None:

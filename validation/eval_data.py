@@ -1177,7 +1177,7 @@ def check_include_path(include_path: Sequence[str], key: str = "include_path") -
     outside the project's own was asked for: eval took a misspelt one without a word). `key`: its name
     where the user gave it (eval's config key, a build's decontaminate.include_path, a --include-path)."""
     for p in include_path:
-        if not Path(p).is_dir():
+        if not Path(p).expanduser().is_dir():  # a recipe's KeptPath keeps its `~` as written (RV77c 1)
             raise EvalError(f"{key} {p} is not a directory (of lm-eval task YAML files)")
 
 

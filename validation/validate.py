@@ -1625,17 +1625,24 @@ def _decontam_record(root: Path, info: dict[str, Any]) -> str | None:
             f"records decontaminate's tasks (or ngram, requested, lm_eval) otherwise than its index, "
             f"{DECONTAM_DIR}/{DECONTAM_MANIFEST}: edited since the build"
         )
-    excluded = (info.get("excluded_by_filter") or {}).get(DECONTAM_FILTER, 0)
+    by_filter = info.get("excluded_by_filter") or {}
+    excluded = by_filter.get(DECONTAM_FILTER, 0) if isinstance(by_filter, dict) else None
     by_task = ", ".join(f"{t.get('name')} {t.get('removed')}" for t in tasks)
     each = [t.get("removed") for t in tasks]
-    if record.get("removed") != excluded or not all(isinstance(n, int) and 0 <= n <= excluded for n in each):
+    if (
+        not isinstance(excluded, int)  # "4" or null: a traceback at the comparison (review RV77c 4)
+        or record.get("removed") != excluded
+        or not all(isinstance(n, int) and 0 <= n <= excluded for n in each)
+    ):
         return (
             f"records {record.get('removed')} documents removed by decontamination (by task: {by_task}), "
             f"but its excluded files hold {excluded}: edited since the build"
         )
     together = json.dumps(record.get("removed_together", []))
     try:
-        again = sum((len(g["tasks"]) - 1) * g["documents"] for g in record.get("removed_together", []))
+        if not isinstance(groups := record.get("removed_together", []), list):  # "" or {}: summed as none
+            raise TypeError(together)
+        again = sum((len(g["tasks"]) - 1) * g["documents"] for g in groups)
     except (KeyError, TypeError):
         shape = '{"tasks": […], "documents": N}'
         return f"records removed_together {together}, not a list of {shape}: edited since the build"

@@ -431,7 +431,8 @@ def stage_index(cfg: DecontaminateConfig, log=print, kept: Path | None = None) -
         return None
     if cfg.ngram < 1:
         raise BuildError(f"decontaminate.ngram = {cfg.ngram}: an n-gram has at least one word (13 is usual)")
-    if cfg.tasks:  # in the recipe's key: its tasks' YAML is read from there (an index given reads none)
+    if cfg.tasks and not cfg.index:  # in the recipe's key: the YAML read to build the index (one given
+        # reads none: built where there is network and copied, its folder may not be here)
         check_include_path(cfg.include_path, "decontaminate.include_path")
     if cfg.index:
         folder = Path(cfg.index).expanduser().resolve()

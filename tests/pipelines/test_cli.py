@@ -89,6 +89,7 @@ def test_a_group_word_cut_short_is_told_the_group_and_its_commands(capsys):
         (["data", "inspect"], "gristmill data inspect: the following arguments are required: DATASET"),
         (["train", "--config"], "gristmill train: argument --config: expected one argument"),
         (["eval", "RUN", "--limit", "5"], "gristmill eval: unrecognized arguments: --limit 5"),
+        (["verify", "RUN", "a\nb"], "gristmill verify: unrecognized arguments: a\\nb"),  # one line (RV77c 5)
     ],
 )
 def test_a_command_line_argparse_refuses_is_one_line(argv, said, capsys):

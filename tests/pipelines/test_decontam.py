@@ -621,6 +621,18 @@ def test_an_index_that_cannot_be_written_is_one_line(decontam, tmp_path, capsys,
     sets = [f"output={tmp_path / 'ds'}", f'decontaminate.include_path=["{nowhere}"]']
     with pytest.raises(GristmillError, match=f"^decontaminate.include_path {nowhere} is not a directory"):
         prepare(load_config(DataConfig, config, sets), **QUIET)
+    # not a recipe's `~/tasks` that is there (its KeptPath keeps the `~`), nor the folder of an index
+    # given, which is not read (review RV77c 1, 2)
+    from pipelines.config import DecontaminateConfig
+    from pipelines.decontam.index import stage_index
+    from validation.eval_data import check_include_path
+
+    monkeypatch.setenv("HOME", str(tasks.parent))
+    check_include_path([f"~/{tasks.name}"], "decontaminate.include_path")
+    given = DecontaminateConfig(
+        ["gm_cloze", "gm_qa"], index=str(decontam[1] / "decontam"), include_path=[nowhere]
+    )
+    assert stage_index(given, log=lambda *a: None) is not None
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     with pytest.raises(BuildError) as e:
         prepare(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}"]), **QUIET)
@@ -895,9 +907,15 @@ def test_validate_checks_what_dataset_json_says_of_its_decontamination(decontam,
         (lambda d: d["removed_together"][0].update(documents=2), '"documents": 2, "tasks": ["gm_cloze", "gm'),
         (lambda d: d.update(removed_together=[]), "up to 5, but its 4 documents removed, each counted again"),
         (lambda d: d.update(removed_together=[1]), "records removed_together [1], not a list of {"),
+        (lambda d: d.update(removed_together=""), 'records removed_together "", not a list of {'),
     ):
         problems = edited(edit)
         assert len(problems) == 1 and "dataset.json" in problems[0] and said in problems[0], problems
+    info = json.loads(kept)  # a count that is no number: a traceback at the comparison (review RV77c 4)
+    info["excluded_by_filter"]["decontaminate"] = info["decontaminate"]["removed"] = "4"
+    (out / "dataset.json").write_text(json.dumps(info, indent=2))
+    problems = [str(p) for p in validate_dataset(out, progress=False, write=False).problems]
+    assert any("excluded_by_filter must map each filter's name to a count" in p for p in problems), problems
     (out / "dataset.json").write_text(kept)
     manifest = out / "decontam" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"gm_qa"', '"gm_qb"', 1))  # the seal no longer holds

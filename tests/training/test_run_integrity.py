@@ -1411,6 +1411,12 @@ def test_a_checkpoint_that_is_not_the_runs_save_of_its_step_is_refused_and_its_e
     assert not re.search(r"batches \d+ DAMAGED|trained through", out), out
     with pytest.raises(ExportError, match="step 5 is not trained yet: the run has reached step 4;"):
         export_checkpoint(a, 5)
+    two = checkpoint_dir(a, 2) / COMPLETE_FILE  # nested past the JSON parser's depth: a RecursionError
+    held = two.read_bytes()  # traceback where every COMPLETE is read (review RV77c 3)
+    two.write_text("[" * 200_000)
+    with pytest.raises(ExportError, match="step 5 is not trained yet: the run has reached step 4;"):
+        export_checkpoint(a, 5)
+    two.write_bytes(held)
     shutil.rmtree(checkpoint_dir(a, 6))
     shutil.rmtree(export_dir(a, 4))
     with pytest.raises(ExportError, match="another run's checkpoint"):
@@ -1609,35 +1615,37 @@ def test_a_run_directory_this_user_may_not_list_is_one_line_before_any_write(dat
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="gristmill-unlisted-"))
+    run = work / "run"
+    argv = ["train", "--config", str(TINY), "--set", *overrides(dataset, run, "run.max_steps=2")]
+
+    def refused(*more: str) -> str:
+        """`gristmill train …` without the capability: its one error line, exit 2, nothing written."""
+        command = [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *argv, *more]
+        env = {**ENV, "HOME": tempfile.gettempdir()}
+        done = forked.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+        assert done.returncode == 2, done.stderr[-3000:]
+        work.chmod(0o755)
+        assert os.listdir(run) == []
+        return one_error_line(done.stderr)
+
     try:
-        run = work / "run"
         run.mkdir(mode=0o311)
         run.chmod(0o311)  # past the umask
-        argv = ["train", "--config", str(TINY), "--set", *overrides(dataset, run, "run.max_steps=2")]
-        done = forked.run(
-            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *argv], capture_output=True,
-            text=True, cwd=ROOT, env={**ENV, "HOME": str(work)},
-        )  # fmt: skip
-        assert done.returncode == 2, done.stderr[-3000:]
-        assert one_error_line(done.stderr) == (
+        said = (
             f"error: cannot list {run}: Permission denied; give this user read access to it (a run lists and "
             "syncs its folder), or write the run somewhere else"
-        ), done.stderr[-3000:]
-        assert os.listdir(run) == []
+        )
+        assert refused() == said
+        assert refused("--plan") == said  # --plan refuses what train refuses (review RV77c 6)
         # a folder above it that may not be entered: that is the fix, not the run directory's own mode
         run.chmod(0o755)
         work.chmod(0o600)
-        done = forked.run(
-            [sys.executable, "-m", "tests.helpers.no_dac", "pipelines.cli", *argv], capture_output=True,
-            text=True, cwd=ROOT, env={**ENV, "HOME": tempfile.gettempdir()},
-        )  # fmt: skip
-        assert done.returncode == 2 and one_error_line(done.stderr) == (
+        assert refused() == (
             f"error: cannot reach {run}: Permission denied; give this user access to the folders above it, "
             "or write the run somewhere else"
-        ), done.stderr[-3000:]
-        work.chmod(0o755)
-        assert os.listdir(run) == []
+        )
     finally:
+        work.chmod(0o755)
         shutil.rmtree(work, ignore_errors=True)
 
 

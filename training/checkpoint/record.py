@@ -50,7 +50,7 @@ def read_complete_record(path: str | Path) -> dict[str, Any]:
         data = json.loads(record.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # nested past the parser's depth ("[" * 200000)
         raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
     if seal_broken(data, RECORD_SHA256):
         raise CheckpointError(f"{record} does not hash to the {RECORD_SHA256} it holds (damaged or edited)")

@@ -215,7 +215,8 @@ class CommandParser(argparse.ArgumentParser):
     ten lines of it for `data inspect`, the refusal last."""
 
     def error(self, message: str) -> typing.NoReturn:
-        raise GristmillError(f"{self.prog}: {message}; `{self.prog} --help` lists its arguments")
+        # its message holds unrecognized arguments as typed: a newline in one printed two lines
+        raise GristmillError(f"{self.prog}: {bytes_shown(message)}; `{self.prog} --help` lists its arguments")
 
 
 class PathArgument(argparse.Action):

@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -706,31 +705,6 @@ def _same_shares(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
     return tuple(same)
 
 
-def _listable(run_dir: Path) -> None:
-    """Refuse a run directory this user may write but not list (mode 311), before anything is written:
-    each file's atomic write, done, failed at the sync of its folder, said "make it writable", and left a
-    checkpoints.jsonl that the next start set aside as an earlier run's (trial RV75e)."""
-    try:
-        os.stat(run_dir)
-    except PermissionError as e:  # a folder above it this user may not enter: said so, not "list it"
-        raise GristmillError(
-            f"cannot reach {run_dir}: {e.strerror or e}; give this user access to the folders above it, or "
-            "write the run somewhere else"
-        ) from None
-    except OSError:  # missing (made later), a link to nothing: said where it is used
-        return
-    try:
-        with os.scandir(run_dir):
-            pass
-    except PermissionError as e:
-        raise GristmillError(
-            f"cannot list {run_dir}: {e.strerror or e}; give this user read access to it (a run lists and "
-            "syncs its folder), or write the run somewhere else"
-        ) from None
-    except OSError:  # not a folder: said where it is used
-        pass
-
-
 @contextlib.contextmanager
 def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
     """Rank 0 holds the run directory's lock for the run; every rank stops if it could not, or if a record
@@ -738,7 +712,6 @@ def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
     lock, problem = None, None
     if env.rank == 0:
         try:
-            _listable(run_dir)
             lock = RunLock(run_dir).acquire()
             if lock.note:
                 say(lock.note)
