@@ -119,7 +119,10 @@ def upload_dataset(
         return (store.head(DATASET_JSON) or {}).get("etag") != committed_etag
 
     files = dataset_files(info)
-    there = store.list()
+    # with their ETags: an object held already (not put again) replaced while the upload ran, its size
+    # kept, is told by its ETag at the commit (trial RV77a 1)
+    listed_first = store.list_etags()
+    there = {rel: size for rel, (size, _) in listed_first.items()}
     # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
     if strays := _strays(there, files):
         raise DatasetError(
@@ -238,7 +241,8 @@ def upload_dataset(
     # (no dataset.json yet), or an object replaced or deleted since it was put, was committed over,
     # exit 0, and the readers refused the bucket (trial RV60a 3). Sizes and strays: not a lock.
     if not in_bucket:
-        listed = store.list()
+        etags = store.list_etags()
+        listed = {rel: size for rel, (size, _) in etags.items()}
         late = _strays(listed, files)
         changed = any(listed.get(rel) != _size(root, rel, spec) for rel, spec in files.items())
         if (late or changed) and another_commit():
@@ -260,6 +264,16 @@ def upload_dataset(
                 f"ran (e.g. {late[0]}: another upload into the prefix): nothing was committed; upload into "
                 "a prefix of its own"
             )
+        for rel in sorted(files):
+            # the ETag of this upload's PUT, or of the object it found holding the file's content: one
+            # replaced since with other bytes of its size was committed, exit 0 (trial RV77a 1)
+            want = put_now.get(rel) or listed_first.get(rel, (0, None))[1]
+            if want and (got := etags[rel][1]) != want:
+                raise DatasetError(
+                    f"{target}/{rel} was replaced while this upload ran (its ETag is {got[:12]}…, not the "
+                    f"{want[:12]}… it had when put or checked): nothing was committed; run `gristmill data "
+                    f"upload {root} {url}` again once no other writes there (it uploads what differs)"
+                )
     if any("etag" in spec for spec in in_bucket.values()):
         # The caller's check of the tasks' objects (pipelines/build.py) is a whole finalize old: looked
         # at again just before the commit (an object replaced meanwhile was committed, and the build's

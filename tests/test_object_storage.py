@@ -158,6 +158,13 @@ def run_env(s3: S3, cache_dir: Path) -> dict[str, str]:
 # the build writes to the bucket from every task; uploads are whole, resumable, dataset.json last
 
 
+def flip_middle(path: Path) -> bytes:
+    """`path`'s bytes with the middle one changed: other content of the same size."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
 def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_bytes(
     s3, build_fixture, built_dataset, tmp_path, capsys
 ):
@@ -619,6 +626,10 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
          r"race2 holds 1 object\(s\) that are not this dataset's, put while this upload ran"),
         ("race3", lambda rel: rel == own and s3.client.delete_object(Bucket=BUCKET, Key=f"race3/{own}"),
          rf"race3/{re.escape(own)} is gone \(another upload into the prefix, or a change"),
+        # other bytes of its size: committed, exit 0, and validate failed the bucket (trial RV77a 1)
+        ("swap1", lambda rel: rel == own and s3.client.put_object(Bucket=BUCKET, Key=f"swap1/{own}",
+                                                                   Body=flip_middle(local / own)),
+         rf"swap1/{re.escape(own)} was replaced while this upload ran \(its ETag is"),
     ):  # fmt: skip
 
         def then(self, path, rel, *args, meanwhile=meanwhile, **kwargs):
@@ -633,7 +644,7 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
         assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/dataset.json")
     # the other's commit between this one's check of dataset.json and its listing, one of its objects
     # over this one's: "run it again once no other writes there", whose rerun refused (trial RV69e 3)
-    listing, seen = ObjectStore.list, []
+    listing, seen = ObjectStore.list_etags, []
 
     def other_commits(self, *args, **kwargs):
         if self.url == ObjectURL.parse(s3.url("race4")):
@@ -642,12 +653,24 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
                 s3.client.put_object(Bucket=BUCKET, Key=f"race4/{own}", Body=b"the other's")
                 committed = (other / DATASET_JSON).read_bytes()
                 s3.client.put_object(Bucket=BUCKET, Key=f"race4/{DATASET_JSON}", Body=committed)
+        if self.url == ObjectURL.parse(s3.url("swap2")) and armed:
+            armed.append(self)  # an object the upload found holding its file's bytes, replaced before the
+            if len(armed) == 3:  # commit with other bytes of its size (trial RV77a 1)
+                s3.client.put_object(Bucket=BUCKET, Key=f"swap2/{own}", Body=flip_middle(local / own))
         return listing(self, *args, **kwargs)
 
-    monkeypatch.setattr(ObjectStore, "list", other_commits)
+    armed: list = []
+
+    monkeypatch.setattr(ObjectStore, "list_etags", other_commits)
     with pytest.raises(DatasetError, match=r"race4/dataset\.json changed while this upload ran"):
         upload_dataset(local, s3.url("race4"), log=lambda *a: None)
-    monkeypatch.setattr(ObjectStore, "list", listing)
+    upload_dataset(local, s3.url("swap2"), log=lambda *a: None)
+    s3.client.delete_object(Bucket=BUCKET, Key=f"swap2/{DATASET_JSON}")
+    armed.append(None)  # then its listing at the start, and the one before the commit
+    with pytest.raises(DatasetError, match=rf"swap2/{re.escape(own)} was replaced while this upload ran"):
+        upload_dataset(local, s3.url("swap2"), log=lambda *a: None)  # its objects held: none put again
+    assert "Contents" not in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=f"swap2/{DATASET_JSON}")
+    monkeypatch.setattr(ObjectStore, "list_etags", listing)
     # Two uploads at once, the other committing first: this one PUT on over it, then advised rerunning
     # either upload, and each rerun refused the prefix (trial RV69b F3). Its HEAD of dataset.json before
     # each PUT stops it; an object it put over the other's is named with the repair (that upload again,
