@@ -355,6 +355,14 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
     assert any("build/tasks/00000.json: its objects are dataset.json's" in line for line in lines), lines
     assert any("nothing to do; 2 of its 2 tasks left no record here" in line for line in lines), lines
+    # ... and a shard of it deleted since: "complete", exit 0, and the run failed at its first read
+    # (trial RV77a 6); the listing shows it gone
+    shard = next(k for k in bucket_objects(s3, "built") if k.startswith("shards/"))
+    held = s3.client.get_object(Bucket=BUCKET, Key=f"built/{shard}")["Body"].read()
+    s3.client.delete_object(Bucket=BUCKET, Key=f"built/{shard}")
+    with pytest.raises(BuildError, match=rf"built/{shard} is missing, which .* in the bucket is damaged"):
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    s3.client.put_object(Bucket=BUCKET, Key=f"built/{shard}", Body=held)
 
 
 def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
