@@ -678,7 +678,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
-        if stages and store is not None and _dedup_done_in_bucket(p, store, log):
+        if stages and store is not None and _dedup_done_in_bucket(p, store, log, stages):
             stages = []
         if p.cfg.build.executor == "slurm":
             status = submit_slurm(p.cfg, p.out, pipeline, log, stages)
@@ -690,13 +690,23 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         return _finish(p.cfg, p.out, record, p.encoder, log)
 
 
-def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
+def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log, stages: list[Stage]) -> bool:
     """Whether every task's output of this config is in the bucket, of one set of dedup decisions and
     no other than the work directory's (a driver elsewhere, or after the work directory was deleted):
     then the dedup stages would read and hash the whole input again for nothing, and their stats are
     fetched from the bucket instead, as that run left them. Records of other decisions than each
     other's (a rerun of the stages cut short while it redid the tasks) run the stages: skipped, a task
-    of the older ones was kept by its record (review RV55d 1)."""
+    of the older ones was kept by its record (review RV55d 1). The `stages`' stats must be there too:
+    the driver's commit puts them, and one killed before it left none, which a skip lost for good
+    (dataset.json short of them, the audit's funnel too: trial RV77a 2)."""
+    listed = store.list(f"{LOGS_DIR}/{DEDUP_DIR}/")
+    stats = (
+        f"{st.logs.relative_to(p.out).as_posix()}/stats/{r:05d}.json"
+        for st in stages
+        for r in range(st.tasks)
+    )
+    if any(rel not in listed for rel in stats):
+        return False
     records = read_records(store, p.cfg.build.tasks, p.sha)
     decided = {record.get(DECISIONS_KEY) for record in records.values()}
     if len(records) < p.cfg.build.tasks or len(decided) != 1 or None in decided:
@@ -712,7 +722,7 @@ def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     if damaged_objects(records, store.list_etags()):
         return False
     log("[dedup] every task's output is in the bucket already: its stages are not run again")
-    for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():
+    for rel, size in listed.items():
         (p.out / rel).parent.mkdir(parents=True, exist_ok=True)
         (p.out / rel).unlink(missing_ok=True)  # download writes a new file
         store.download(rel, p.out / rel, size)
