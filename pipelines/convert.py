@@ -239,10 +239,13 @@ def _converting(new: str) -> Path:
     return Path(new).with_name(f".{Path(new).name}.converting")
 
 
-def _held_already(old: str, new: str, new_json: bytes | None, place: str) -> str:
-    """What to do about a NEW that holds something (`new_json`: its dataset.json, if any): nothing, where
-    that says it is OLD's conversion (its converted_from names OLD's fingerprint: a rerun of one that
-    finished before its kill was told to use another `place`, trial RV60g F3), else another place."""
+def _held_already(
+    old: str, new: str, new_json: bytes | None, place: str, listed: dict[str, int] | None = None
+) -> str:
+    """What to do about a NEW that holds something (`new_json`: its dataset.json, if any; `listed`: a
+    bucket NEW's objects and sizes): nothing, where that says it is OLD's conversion (its converted_from
+    names OLD's fingerprint: a rerun of one that finished before its kill was told to use another
+    `place`, trial RV60g F3), and its shards are there, else another place."""
     done = False
     if new_json is not None:  # OLD read only for a NEW that is a dataset
         try:
@@ -252,9 +255,15 @@ def _held_already(old: str, new: str, new_json: bytes | None, place: str) -> str
             done = isinstance(was, list) and info["fingerprint"] in was
         except (GristmillError, OSError, ValueError, KeyError, TypeError):
             pass
-    # its shards there at their sizes (a local NEW: cheap), or the rerun said "nothing to redo" of a NEW
-    # that lost one since (trial RV67b F6)
-    lost = [] if not done or is_url(new) else _shards_not_there(Path(new), json.loads(new_json))
+    # its shards there at their sizes (a local NEW's files, a bucket's listing), or the rerun said
+    # "nothing to redo" of a NEW that lost one since (trial RV67b F6; of a bucket NEW, RV77a 3)
+    if done and listed is None:
+        listed = {
+            rel: (Path(new) / rel).stat().st_size
+            for rel in (f"{SHARDS_DIR}/{p.name}" for p in Path(new, SHARDS_DIR).glob("*"))
+            if (Path(new) / rel).is_file()
+        }
+    lost = _shards_not_there(listed or {}, json.loads(new_json)) if done else []
     if lost:
         return (
             f"{old}'s conversion, finished, but {new} lacks {', '.join(lost[:3])} (or holds it at another "
@@ -268,14 +277,11 @@ def _held_already(old: str, new: str, new_json: bytes | None, place: str) -> str
     return f"convert into a new {place} (OLD is never changed)"
 
 
-def _shards_not_there(new: Path, info: dict[str, Any]) -> list[str]:
-    """The shards dataset.json `info` of NEW lists that are not in NEW at their recorded sizes."""
-    lost = []
-    for name, spec in sorted((info.get("shard_files") or {}).items()):
-        path = new / SHARDS_DIR / name
-        if not path.is_file() or path.stat().st_size != spec.get("bytes"):
-            lost.append(f"{SHARDS_DIR}/{name}")
-    return lost
+def _shards_not_there(listed: dict[str, int], info: dict[str, Any]) -> list[str]:
+    """The shards dataset.json `info` of NEW lists that are not in NEW (`listed`: its files' sizes) at
+    their recorded sizes."""
+    shards = sorted((info.get("shard_files") or {}).items())
+    return [f"{SHARDS_DIR}/{n}" for n, spec in shards if listed.get(f"{SHARDS_DIR}/{n}") != spec.get("bytes")]
 
 
 def _check_new(old: str, new: str) -> None:
@@ -293,7 +299,7 @@ def _check_new(old: str, new: str) -> None:
             )
         there = ObjectStore(b).list()
         if DATASET_JSON in there:
-            done = _held_already(old, new, ObjectStore(b).get(DATASET_JSON), "prefix")
+            done = _held_already(old, new, ObjectStore(b).get(DATASET_JSON), "prefix", there)
             raise DatasetError(f"{new} already holds a dataset (its {DATASET_JSON}): {done}")
         # what an upload cut short leaves is a dataset's own paths; anything else was refused by the
         # upload only after the whole conversion (review R17f F4)

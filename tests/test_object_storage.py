@@ -3241,6 +3241,14 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     # prefix" (trial RV60g F3)
     assert f": {url}'s conversion, finished (its converted_from records" in str(e.value), e.value
     assert str(e.value).endswith(f"nothing to redo, train from {new_url}"), e.value
+    # ... unless it lost a shard since, as a local NEW's is (trial RV77a 3)
+    prefix = new_url.split("/", 3)[3]
+    shard = min(k for k in s3.keys(prefix) if k.startswith("shards/"))
+    held = s3.client.get_object(Bucket=BUCKET, Key=f"{prefix}/{shard}")["Body"].read()
+    s3.client.delete_object(Bucket=BUCKET, Key=f"{prefix}/{shard}")
+    with pytest.raises(DatasetError, match=rf"finished, but {re.escape(new_url)} lacks {shard} .*delete"):
+        convert_dataset(url, new_url, log=lambda *a: pytest.fail("converted"))
+    s3.client.put_object(Bucket=BUCKET, Key=f"{prefix}/{shard}", Body=held)
     # NEW inside OLD, or holding it, or holding objects no dataset has: one line before any work, not
     # after the whole conversion (reviews R17c M4, R17f F4)
     for new in (f"{url}/sub", f"s3://{BUCKET}"):
