@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -153,7 +154,21 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         if is_url(new):
             _check_leftovers(old, new, recorded)
         with _writing(old, new, out):
-            info = _convert(old, root, out, new, log)
+            try:
+                info = _convert(old, root, out, new, log)
+            except OSError as e:
+                # a write into NEW's folder past the check of its room (a disk filled meanwhile, a quota,
+                # an estimate short): a traceback (trial RV77a 4); what it wrote goes with the refusal
+                # (a write's error names no file; one of OLD's reads is not this one)
+                ours = e.filename is not None and Path(e.filename).resolve().is_relative_to(out.resolve())
+                if not (ours or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
+                    raise
+                where = "TMPDIR on a larger disk (a bucket's NEW is written there first)"
+                where = where if is_url(new) else "NEW on a larger disk"
+                raise DatasetError(
+                    f"cannot write the converted {old} into {out}: {e.strerror or e}; nothing of it was "
+                    f"kept: free some space, or put {where}, and run the conversion again"
+                ) from None
             if is_url(new):
                 # its lines name what was uploaded, not the work folder gone when this ends (RV54a 11),
                 # and its refusals the command to run again, not `data upload` of it (RV55d 6)
@@ -487,6 +502,10 @@ def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
         )
 
 
+PER_DOCUMENT_BYTES = 96  # NEW's bytes per document beyond its ids: its .docs record and index entries
+TAR_END_BYTES = 10240  # a shard's end: tar's end-of-archive blocks, padded to its 10 KiB record
+
+
 def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any]:
     """OLD (its files, but a bucket's shards, at `root`) rewritten into the new directory `out`, to
     become NEW (`target`)."""
@@ -513,10 +532,16 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
     # NEW's size, before any work: a full disk was an OSError traceback after ~170 shards (trial RV54a
-    # 4). Its ids (the token bytes), each 64-document block's tar headers and the manifests: ~1.1×.
+    # 4). Its ids (the token bytes), each 64-document block's tar headers and the manifests: ~1.1×; and
+    # what grows with the documents and shards, not the tokens: each document's .docs record and index
+    # entries, each shard's tar end padding (short documents in small shards: 712 KB against an estimate
+    # of 387 KB, trial RV77a 4).
     check_free(
         out,
-        1.1 * int(info["tokens"]) * dtype.itemsize + sum(p.stat().st_size for p in manifest_files(root)),
+        1.1 * int(info["tokens"]) * dtype.itemsize
+        + sum(p.stat().st_size for p in manifest_files(root))
+        + PER_DOCUMENT_BYTES * int(info["documents"])
+        + TAR_END_BYTES * len(info["shard_files"]),
         what=f"write the converted {old}",
         advice=(
             "free some space, or set TMPDIR to a larger disk (a bucket's NEW is written there first)"

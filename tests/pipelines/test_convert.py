@@ -192,6 +192,22 @@ def test_convert_into_a_mount_point_or_too_small_a_disk_is_one_line_before_any_w
         assert done.returncode == 2 and err.startswith(f"error: {said}") and "\n" not in err, err
 
 
+def test_a_write_that_fails_past_the_check_of_room_is_one_line_and_keeps_nothing(legacy, tmp_path):
+    """The room was checked, and a write failed later (a disk filled meanwhile, a quota, an estimate
+    short: 712 KB against 387 KB of short documents in small shards): an OSError traceback (trial
+    RV77a 4). One line; nothing of NEW is left. Here a file-size limit (`ulimit -f`) fails the write."""
+    new = tmp_path / "new"
+    limited = [sys.executable, "-m", "tests.helpers.fsize_limited", str(16 << 10), "pipelines.cli"]
+    done = forked.run([*limited, "data", "convert", str(legacy), str(new)], cwd=ROOT, env=ENV, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and "\n" not in err, err
+    assert err.startswith(
+        f"error: cannot write the converted {legacy} into {tmp_path / '.new.converting'}: File too large; "
+        "nothing of it was kept"
+    ), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("edit", ["separator", "vocab_size"])
 def test_an_old_dataset_unlike_its_record_is_refused_as_it_is_read_naming_old(legacy, tmp_path, edit):
     """OLD's record edited where its fingerprint does not look (a separator id with the fingerprint
