@@ -523,6 +523,12 @@ def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_p
     assert uploaded and DATASET_JSON not in uploaded  # the commit point is the last PUT
     with pytest.raises(DatasetError, match=r"dataset.json not found: .* holds no complete gristmill dataset"):
         hashes(url, 1, cache=cache(tmp_path))  # a reader sees no dataset, not part of one
+    # its dataset.json named in place of the prefix: it advised building into s3://…/dataset.json, which
+    # a build refuses (trial RV77a 7)
+    with pytest.raises(
+        DatasetError, match=rf"^{re.escape(url)}/dataset.json names a dataset's dataset.json: give"
+    ):
+        hashes(f"{url}/{DATASET_JSON}", 1, cache=cache(tmp_path))
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
     # What the killed upload finished is skipped by its content; a PUT cut off by the kill may have left

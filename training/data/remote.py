@@ -434,6 +434,11 @@ def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[b
     try:
         raw, etag = ObjectStore(url, within_s=within_s).get_versioned(DATASET_JSON, _DATASET_JSONS.get(key))
     except ObjectMissing:
+        if str(url).rstrip("/").endswith(f"/{DATASET_JSON}"):  # the dataset's file, not its prefix: it was
+            # advised to build into s3://…/dataset.json, which a build refuses (trial RV77a 7)
+            prefix = str(url).rstrip("/").removesuffix(f"/{DATASET_JSON}")
+            said = f"{url} names a dataset's {DATASET_JSON}: give the dataset's prefix, {prefix}"
+            raise DatasetError(said) from None
         raise DatasetError(
             f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
             f"there with `gristmill data build … --set output={url}`, or upload one with "
