@@ -25,7 +25,7 @@ from training.config import (
     TrainConfig,
     task_names,
 )
-from training.contract.config_loader import ConfigError, naming_override
+from training.contract.config_loader import ConfigError, given, naming_override
 from training.contract.errors import GristmillError
 from training.contract.run_layout import file_in_the_way, in_a_dataset
 
@@ -329,7 +329,7 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         raise ConfigError(
             f"eval.interval = {e.interval} runs {missing}, or set eval.interval=0", "eval.interval"
         )
-    check_merge(cfg.merge, c.interval)
+    check_merge(cfg.merge, c.interval, {k for k in ("every", "window", "decay") if given(cfg, f"merge.{k}")})
 
 
 # What lm-eval with its HF model imports (pyproject.toml's `eval` extra): lm-eval itself, transformers
@@ -351,16 +351,19 @@ def missing_eval_module() -> str | None:
     return None
 
 
-def _default_said(m: MergeSection, key: str) -> str:
-    """The note `(its default)` where merge.`key` was left out: refused as a value it was given, it named
-    none (trial RV70a 1, review RV70e 9)."""
-    return " (its default)" if getattr(m, key) == getattr(MergeSection, key) else ""
+def _default_said(m: MergeSection, key: str, written: set[str]) -> str:
+    """The note `(its default)` where merge.`key` was left out (not in `written`): refused as a value it
+    was given, it named none (trial RV70a 1, review RV70e 9); a 0 written was called the default too
+    (trial RV77b 2a)."""
+    return " (its default)" if key not in written and getattr(m, key) == getattr(MergeSection, key) else ""
 
 
-def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
+def check_merge(m: MergeSection, checkpoint_interval: int, written: set[str]) -> None:
     """[merge]: a kind with its one setting (window for "window", decay for "ema"), merge points at
     least one step apart, windows that do not overlap, and a checkpoint at every merge point when the
-    merged weights are exported (an export is made from the checkpoint of its step)."""
+    merged weights are exported (an export is made from the checkpoint of its step). `written`: its
+    keys the config gave (the others are its defaults)."""
+    said = lambda key: _default_said(m, key, written)  # noqa: E731
     if m.kind == "none":
         for key, value in (
             ("every", m.every),
@@ -377,8 +380,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
         return
     if not isinstance(m.every, int) or m.every < 1:
         raise ConfigError(
-            f"merge.every = {m.every!r}{_default_said(m, 'every')} must be an integer ≥ 1 (steps between "
-            "merge points)",
+            f"merge.every = {m.every!r}{said('every')} must be an integer ≥ 1 (steps between merge points)",
             "merge.every",
         )
     if m.kind == "window":
@@ -390,7 +392,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
             )
         if m.window < 1:  # 0 is its default: said so, not only as a value given (trial RV70a 1)
             raise ConfigError(
-                f"merge.window = {m.window}{_default_said(m, 'window')} must be ≥ 1: merge.kind = 'window' "
+                f"merge.window = {m.window}{said('window')} must be ≥ 1: merge.kind = 'window' "
                 "averages the steps of "
                 f"merge.window at each merge point (1 to merge.every = {m.every})",
                 "merge.window",
@@ -410,7 +412,7 @@ def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
             )
         if not (math.isfinite(m.decay) and 0.0 < m.decay < 1.0):
             raise ConfigError(
-                f"merge.decay = {m.decay}{_default_said(m, 'decay')} must be in (0, 1): merge.kind = 'ema' "
+                f"merge.decay = {m.decay}{said('decay')} must be in (0, 1): merge.kind = 'ema' "
                 "sets, after each "
                 "step, ema ← decay · ema + (1 − decay) · weights (e.g. 0.999)",
                 "merge.decay",

@@ -516,13 +516,16 @@ def test_a_resume_whose_plan_merges_elsewhere_averages_the_steps_of_its_windows(
 @pytest.mark.parametrize(
     "bad, key, message",
     [
-        ((*W4, "merge.window=0"), "merge.window", "merge.window = 0 (its default) must be ≥ 1"),
+        (W4, "merge.window", "merge.window = 0 (its default) must be ≥ 1"),
+        # given, not "(its default)" (trial RV77b 2a)
+        ((*W4, "merge.window=0"), "merge.window", "merge.window = 0 must be ≥ 1"),
         ((*W4, "merge.window=-1"), "merge.window", "merge.window = -1 must be ≥ 1: merge.kind = 'window'"),
         ((*W4, "merge.window=5"), "merge.window", "merge.window = 5 is more than merge.every = 4"),
         ((*E4, "merge.decay=1.0"), "merge.decay", "merge.decay = 1.0 must be in (0, 1)"),
         (E4, "merge.decay", "merge.decay = 0.0 (its default) must be in (0, 1): merge.kind = 'ema' sets"),
         (("merge.kind='ema'", "merge.every=0", "merge.decay=0.9"), "merge.every",
-         "merge.every = 0 (its default) must be"),
+         "merge.every = 0 must be"),
+        (("merge.kind='ema'", "merge.decay=0.9"), "merge.every", "merge.every = 0 (its default) must be"),
         (("merge.every=4",), "merge.every", "merge.every = 4 is set but merge.kind = 'none'"),
         ((*W4, "merge.window=2", "merge.decay=0.5"), "merge.decay", "merge.decay = 0.5 is the EMA's"),
         ((*E4, "merge.decay=0.9", "merge.export=true", *EVERY3),
