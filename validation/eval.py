@@ -1723,9 +1723,14 @@ def run(args: argparse.Namespace) -> int:
     step = args.step
     if step is None:
         if not steps and merged:
+            # why, by the newest checkpoint's step, as `export --merged` says it: "train with [merge]
+            # first" was said of a run with [merge] whose merge points no checkpoint fell on (RV77b 2b)
+            saves = complete_steps(run_dir)
+            newest = f"step {saves[-1]}: {missing_step_reason(run_dir, saves[-1], True)}" if saves else None
             raise EvalError(
                 f"{run_dir} has no merged weights to evaluate (no exports/merged-step-N, and no checkpoint "
-                "holds its step's merged weights); train with [merge] first"
+                "holds its step's merged weights): "
+                + (f"its newest checkpoint, {newest}" if newest else "it has no complete checkpoint yet")
             )
         if not steps and (saves := complete_steps(run_dir)):  # rewinds' saves of earlier weights only
             raise EvalError(

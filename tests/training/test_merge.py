@@ -620,6 +620,11 @@ def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "skipped" not in out + err and len(err.strip().splitlines()) == 1, (out, err)
     assert "holds no complete checkpoint that holds merged weights (step " in err and "no [merge] in " in err
+    # eval --merged says why as export does: "train with [merge] first" was said of runs with [merge]
+    # whose merge points no checkpoint fell on (trial RV77b 2b)
+    assert gristmill(["eval", str(runs["plain"]), "--merged", "--tasks", "heldout_ppl"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "merged weights): its newest checkpoint, step 8: step 8 was trained with merge.kind" in line, line
     capsys.readouterr()
     assert gristmill(["verify", str(window)]) == 0
     out = capsys.readouterr().out
