@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -85,8 +86,9 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
-    from training.checkpoint.checkpointer import find_resume
-    from training.checkpoint.io import trained_plan
+    from training.checkpoint.checkpointer import find_resume, resume_model_notes
+    from training.checkpoint.io import merge_meta, trained_plan
+    from training.checkpoint.record import read_complete_record
     from training.contract.run_layout import PLAN_PNG
     from training.data.loader import TokenLoader
     from training.data.recipe import (
@@ -99,6 +101,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         recorded_skips,
     )
     from training.data.spec import batch_shapes
+    from training.merge import resume_refusal
     from training.run.preflight import model_for_data
     from training.run.validation import validation_of
 
@@ -111,7 +114,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     tables = open_sources(spec, trained=trained)
     # The trainer's model checks too (a phase longer than max_seq_len, a base's other tokenizer):
     # --plan says what train would.
-    _, base_notes = model_for_data(cfg, spec, tables[0].info, None)
+    model_config, base_notes = model_for_data(cfg, spec, tables[0].info, None)
     plan = build_plan(cfg, spec, tables)
     plan.check_bounded()  # before the table, which walks the plan (RV52b F1: hours)
     shapes = batch_shapes(cfg, spec, nproc)
@@ -124,6 +127,15 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
     room = check_run_room(spec, loader, validation)  # as train checks, from step 0
     resumed = cfg.checkpoint.resume and trained is not None and trained.loader_state is not None
+    model_notes = []
+    if resumed and trained.checkpoint is not None:
+        # the resume's refusals before it loads, and its notes: another model shape or base, [merge]
+        # added or changed (the plan printed, exit 0, and the resume refused: trial RV77b 1)
+        path = trained.checkpoint
+        model_notes = resume_model_notes(path, read_complete_record(path), dataclasses.asdict(model_config))
+        merge = cfg.merge if cfg.merge.kind != "none" else None
+        if (refusal := resume_refusal(merge, merge_meta(path))) is not None:
+            raise refusal
     if resumed:
         # the resume's own check of the plan's past, and its notes on the future: --plan printed a
         # plan of a past the run did not train, which train then refused (trial RV64a 1)
@@ -136,7 +148,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         skips = trained.skips  # records none (re-trial RV74e F2: its table said them trained)
         loader.note_cut_skips(skips)
     base = [n.removeprefix("note: ") for n in base_notes]
-    notes = [n.removeprefix("note: ") for n in loader.resume_notes]  # none unless resumed
+    notes = [n.removeprefix("note: ") for n in [*model_notes, *loader.resume_notes]]  # none unless resumed
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + notes, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched

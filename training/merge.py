@@ -66,6 +66,33 @@ def master_tensor(p: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) and type(t) is not torch.Tensor else t
 
 
+def resume_refusal(settings: MergeSection | None, meta: dict[str, Any] | None = None) -> ConfigError | None:
+    """Why a run's [merge] (`settings`, None without one) cannot resume a checkpoint whose merge state
+    records `meta` (None: it holds none), or None: [merge] added to a run trained without it (its
+    windows and EMA would miss the steps before), or a setting changed (a merge's past is fixed). The
+    trainer's load and `train --plan --resume` ask it (the plan said nothing of it: trial RV77b 1)."""
+    if settings is None:
+        return None
+    if meta is None:
+        return ConfigError(
+            f"merge.kind = '{settings.kind}': [merge] was added on resume, and the checkpoint holds no "
+            "merged weights (it was saved by a run without [merge], so its windows and EMA would miss "
+            "the steps before it); remove [merge] from the recipe to resume this run, or start a new "
+            "run directory with it",
+            "merge.kind",
+        )
+    for key in SETTINGS:
+        now, was = getattr(settings, key), meta.get(key)
+        if now != was:
+            return ConfigError(
+                f"merge.{key} = {json.dumps(now)} differs from the {json.dumps(was)} the run merged "
+                f"with: a merge's past is fixed; resume with --set merge.{key}={json.dumps(was)}, or "
+                "start a new run directory",
+                f"merge.{key}",
+            )
+    return None
+
+
 class MergedWeights:
     """The merge's accumulator and its record (Stateful: in every checkpoint as "merge"). Built by
     the trainer with its settings and merge points; built with neither to read a checkpoint's
@@ -237,14 +264,8 @@ class MergedWeights:
     def expect(self, keys: set[str] | None) -> None:
         """Before a load: the checkpoint's keys ("merge.…"); a trainer's merge refuses a checkpoint of a
         run trained without one. None: after the load."""
-        if keys is not None and f"merge.{META}" not in keys and self.settings is not None:
-            raise ConfigError(
-                f"merge.kind = '{self.kind}': [merge] was added on resume, and the checkpoint holds no "
-                "merged weights (it was saved by a run without [merge], so its windows and EMA would miss "
-                "the steps before it); remove [merge] from the recipe to resume this run, or start a new "
-                "run directory with it",
-                "merge.kind",
-            )
+        if keys is not None and f"merge.{META}" not in keys and (refusal := resume_refusal(self.settings)):
+            raise refusal
 
     def state_dict(self) -> dict[str, Any]:
         meta = {
@@ -261,16 +282,8 @@ class MergedWeights:
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")
-        else:
-            for key in SETTINGS:
-                now, was = getattr(self.settings, key), meta.get(key)
-                if now != was:
-                    raise ConfigError(
-                        f"merge.{key} = {json.dumps(now)} differs from the {json.dumps(was)} the run merged "
-                        f"with: a merge's past is fixed; resume with --set merge.{key}={json.dumps(was)}, or "
-                        "start a new run directory",
-                        f"merge.{key}",
-                    )
+        elif (refusal := resume_refusal(self.settings, meta)) is not None:
+            raise refusal
         self.count, self.first, self.last = meta["count"], meta["first"], meta["last"]
         self.point, self.mean, self.closed, self.merged = (
             meta["point"],

@@ -562,12 +562,17 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         ),
         (window, (*WINDOW, "merge.window=2"), "merge.window = 2 differs from the 3 the run merged with"),
         (window, EMA, 'merge.kind = "ema" differs from the "window" the run merged with'),
+        (plain, ("model.n_layers=7",), "it holds another model (model.n_layers = 2 in the checkpoint, 7"),
     ):
         before = (run / "config.toml").read_text()
         capsys.readouterr()
         assert main(["--config", TINY, "--set", *sets(dataset, run, *extra), "checkpoint.resume='auto'"]) == 2
         line = one_error_line(capsys.readouterr().err)
         assert want in line, line
+        # --plan says what the resume refuses: it printed the plan, exit 0 (trial RV77b 1)
+        plan = ["train", "--config", TINY, "--set", *sets(dataset, run, *extra), "--resume", "auto", "--plan"]
+        assert gristmill(plan) == 2
+        assert want in one_error_line(capsys.readouterr().err)
         assert (run / "config.toml").read_text() == before
     # removing [merge] is allowed: the checkpoint's average is no longer read (steps 7-8 trained again)
     for step in (7, 8):

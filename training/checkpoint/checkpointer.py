@@ -377,6 +377,74 @@ class _Pending:
     write_end: float | None = None
 
 
+def resume_model_notes(path: Path, record: dict[str, Any], model_config: dict[str, Any] | None) -> list[str]:
+    """Before loading `path` (rank 0's, and `train --plan --resume`'s: trial RV77b 1), with this config's
+    `model_config` (its init_from set to the run's recorded base, as the checkpoints record it): a
+    checkpoint of another model shape is refused in one line
+    (DCP would load a 2-layer checkpoint into a 1-layer model without a word, or fail with
+    torch's size mismatch); other model settings that changed get a note. Checkpoints without a
+    model record (written before gristmill kept one) are not checked."""
+    source = run_of_checkpoint(path)
+    if (source / CONFIG_TOML).is_file():  # its run's RUN/base/ (a volume's path: no run to tell)
+        try:  # as it recorded it: else the next checkpoints record none (review R22f S2)
+            check_kept_base(source, path)
+        except GristmillError as e:
+            raise CheckpointError(f"cannot resume from {path}: {e}") from None
+    recorded = recorded_model(record)
+    if recorded is None or model_config is None:
+        return []
+    diffs = model_differences(recorded, model_config)
+    base = [d for d in diffs if d[0] == "init_from_sha256"]
+    if "init_from_sha256" not in recorded and model_config.get("init_from_sha256"):
+        base = [("init_from_sha256", "", model_config["init_from_sha256"])]  # older: random init
+    if base:  # continued pretraining from another base ([model] init_from): other weights entirely
+        was = recorded.get("init_from") or "random initialisation"
+        now = model_config.get("init_from") or "random initialisation"
+        if was == now:  # the same base, read as another model: its files changed since the start
+            raise CheckpointError(
+                f"cannot resume from {path}: the base {now} reads as another model than the run started "
+                f"from (sha256 {base[0][2] or '-'} now, {base[0][1] or '-'} then): its files changed "
+                "since; restore them, or move the folder away (a resume reads the base's shape from the "
+                "checkpoint, never its weights)"
+            )
+        raise CheckpointError(
+            f"cannot resume from {path}: it continues from another base model ({was}, sha256 "
+            f"{base[0][1] or '-'}; this config: {now}, sha256 {base[0][2] or '-'}); set model.init_from "
+            "to the run's base, or start a new run directory (another run.output_dir)"
+        )
+    moved = any(d[0] == "init_from" for d in diffs)
+    # the base of the checkpoint's run: another run's, resumed from by path, has its own record
+    run, now = run_of_checkpoint(path), model_config.get("init_from")
+    kept = read_base_record(run)
+    # Held to the run's record whenever this config names another base, not only on a move: a run an
+    # earlier gristmill resumed with another commit's directory records that directory since (R25e 2)
+    why = other_base_reason(run, now) if now else None
+    if why is None and moved and kept is None:  # a volume's path: nothing records the base's weights
+        why = unrecorded_base_reason(path, str(recorded.get("init_from")), now)
+    if why:
+        raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
+            f"cannot resume from {path}: {why}, or start a new run directory (another run.output_dir)"
+        )
+    if now and kept is not None and kept.get("init_from"):
+        # The checkpoints record the run's base, not the place a resume read it from (a directory
+        # holding a hub base's commit): the next resume pins the hub id from it (review R25e 3)
+        model_config["init_from"] = kept["init_from"]
+    diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
+    shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]
+    if shape:
+        sets = " ".join(f"model.{k}={json.dumps(a)}" for k, a, _ in shape)
+        raise CheckpointError(
+            f"cannot resume from {path}: it holds another model "
+            f"({describe_differences(shape, 'in the checkpoint', 'in this config')}); resume with the "
+            f"config it was written with ({path.parent.parent / CONFIG_TOML} of its run, or --set "
+            f"{sets}), or start a new run directory (another run.output_dir)"
+        )
+    if not diffs:
+        return []
+    changed = describe_differences(diffs, "in the checkpoint", "now")
+    return [f"note: model settings differ from {path.name}'s ({changed}); continuing with this config's"]
+
+
 class Checkpointer:
     """Saves, resumes, prunes and exports for one run; every rank holds one, rank 0 does the files.
 
@@ -766,69 +834,8 @@ class Checkpointer:
         )
 
     def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
-        """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line
-        (DCP would load a 2-layer checkpoint into a 1-layer model without a word, or fail with
-        torch's size mismatch); other model settings that changed get a note. Checkpoints without a
-        model record (written before gristmill kept one) are not checked."""
-        source = run_of_checkpoint(path)
-        if (source / CONFIG_TOML).is_file():  # its run's RUN/base/ (a volume's path: no run to tell)
-            try:  # as it recorded it: else the next checkpoints record none (review R22f S2)
-                check_kept_base(source, path)
-            except GristmillError as e:
-                raise CheckpointError(f"cannot resume from {path}: {e}") from None
-        recorded = recorded_model(record)
-        if recorded is None or self.model_config is None:
-            return []
-        diffs = model_differences(recorded, self.model_config)
-        base = [d for d in diffs if d[0] == "init_from_sha256"]
-        if "init_from_sha256" not in recorded and self.model_config.get("init_from_sha256"):
-            base = [("init_from_sha256", "", self.model_config["init_from_sha256"])]  # older: random init
-        if base:  # continued pretraining from another base ([model] init_from): other weights entirely
-            was = recorded.get("init_from") or "random initialisation"
-            now = self.model_config.get("init_from") or "random initialisation"
-            if was == now:  # the same base, read as another model: its files changed since the start
-                raise CheckpointError(
-                    f"cannot resume from {path}: the base {now} reads as another model than the run started "
-                    f"from (sha256 {base[0][2] or '-'} now, {base[0][1] or '-'} then): its files changed "
-                    "since; restore them, or move the folder away (a resume reads the base's shape from the "
-                    "checkpoint, never its weights)"
-                )
-            raise CheckpointError(
-                f"cannot resume from {path}: it continues from another base model ({was}, sha256 "
-                f"{base[0][1] or '-'}; this config: {now}, sha256 {base[0][2] or '-'}); set model.init_from "
-                "to the run's base, or start a new run directory (another run.output_dir)"
-            )
-        moved = any(d[0] == "init_from" for d in diffs)
-        # the base of the checkpoint's run: another run's, resumed from by path, has its own record
-        run, now = run_of_checkpoint(path), self.model_config.get("init_from")
-        kept = read_base_record(run)
-        # Held to the run's record whenever this config names another base, not only on a move: a run an
-        # earlier gristmill resumed with another commit's directory records that directory since (R25e 2)
-        why = other_base_reason(run, now) if now else None
-        if why is None and moved and kept is None:  # a volume's path: nothing records the base's weights
-            why = unrecorded_base_reason(path, str(recorded.get("init_from")), now)
-        if why:
-            raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
-                f"cannot resume from {path}: {why}, or start a new run directory (another run.output_dir)"
-            )
-        if now and kept is not None and kept.get("init_from"):
-            # The checkpoints record the run's base, not the place a resume read it from (a directory
-            # holding a hub base's commit): the next resume pins the hub id from it (review R25e 3)
-            self.model_config["init_from"] = kept["init_from"]
-        diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
-        shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]
-        if shape:
-            sets = " ".join(f"model.{k}={json.dumps(a)}" for k, a, _ in shape)
-            raise CheckpointError(
-                f"cannot resume from {path}: it holds another model "
-                f"({describe_differences(shape, 'in the checkpoint', 'in this config')}); resume with the "
-                f"config it was written with ({path.parent.parent / CONFIG_TOML} of its run, or --set "
-                f"{sets}), or start a new run directory (another run.output_dir)"
-            )
-        if not diffs:
-            return []
-        changed = describe_differences(diffs, "in the checkpoint", "now")
-        return [f"note: model settings differ from {path.name}'s ({changed}); continuing with this config's"]
+        """resume_model_notes with this run's model config."""
+        return resume_model_notes(path, record, self.model_config)
 
     def _check_start(self, path: Path, record: dict[str, Any]) -> None:
         """Rank 0, before loading `path`: a setting that only decides how a run starts (START_SETTINGS)

@@ -435,7 +435,7 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
             if (states := _loader_state(path, timeline=True)) is not None:
                 state, skips = states
                 where, plan = f"checkpoint {path}{which}", json.loads(state["data_plan"])
-                return TrainedPlan.of(where, plan, state, skips=skips)
+                return TrainedPlan.of(where, plan, state, skips=skips, checkpoint=path)
         except Exception:  # damaged: --resume auto passes over it (find_resume)
             unreadable.append(path)
     # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it
@@ -447,11 +447,17 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
 def merged_step(path: str | Path) -> int | None:
     """The merge point whose merged weights checkpoint `path` holds ([merge], training/merge.py: 0 for
     none at its step), or None when it holds no merge state (a run without [merge])."""
+    meta = merge_meta(path)
+    return None if meta is None else int(meta["merged"])
+
+
+def merge_meta(path: str | Path) -> dict[str, Any] | None:
+    """The merge state checkpoint `path` records (training/merge.py's "merge.meta"), None without one."""
     if "merge.meta" not in checkpoint_keys(path):
         return None
     box = {"merge": {"meta": ""}}
     load_or_raise(box, path, CheckpointError, "read the merge state of", no_dist=True)
-    return int(json.loads(box["merge"]["meta"])["merged"])
+    return json.loads(box["merge"]["meta"])
 
 
 def _recorded_skips_and_end(run_dir: Path) -> tuple[tuple[Any, ...], int] | None:

@@ -70,6 +70,8 @@ class TrainedPlan:
     """The rewinds' skips a resume from the checkpoint has (its timeline's): `train --plan --resume`'s
     table and notes on skips cut at the plan's end are of these, not of the run directory's record,
     whose skips another checkpoint may not have (review RV74d 4, re-trial RV74e F2)."""
+    checkpoint: Path | None = None
+    """That checkpoint, whose model and [merge] `train --plan --resume` checks as the resume does."""
 
     @classmethod
     def of(
@@ -78,9 +80,10 @@ class TrainedPlan:
         description: dict[str, Any],
         loader_state: dict[str, Any] | None = None,
         skips: tuple[data_plan.Skip, ...] = (),
+        checkpoint: Path | None = None,
     ) -> TrainedPlan:
         fingerprints = {s["name"]: s["fingerprint"] for s in description.get("sources", [])}
-        return cls(where, fingerprints, loader_state=loader_state, skips=skips)
+        return cls(where, fingerprints, loader_state=loader_state, skips=skips, checkpoint=checkpoint)
 
     @classmethod
     def unknown(cls, where: str) -> TrainedPlan:
