@@ -88,7 +88,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
 
     from training.checkpoint.checkpointer import find_resume, resume_model_notes
     from training.checkpoint.io import merge_meta, trained_plan
-    from training.checkpoint.record import read_complete_record
+    from training.checkpoint.record import CheckpointError, read_complete_record
     from training.contract.run_layout import PLAN_PNG
     from training.data.loader import TokenLoader
     from training.data.recipe import (
@@ -133,9 +133,13 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         # added or changed (the plan printed, exit 0, and the resume refused: trial RV77b 1)
         path = trained.checkpoint
         model_notes = resume_model_notes(path, read_complete_record(path), dataclasses.asdict(model_config))
-        merge = cfg.merge if cfg.merge.kind != "none" else None
-        if (refusal := resume_refusal(merge, merge_meta(path))) is not None:
-            raise refusal
+        if cfg.merge.kind != "none":
+            try:
+                refusal = resume_refusal(cfg.merge, merge_meta(path))
+            except CheckpointError:  # damaged: the resume, which checks its files, passes over it
+                refusal = None
+            if refusal is not None:
+                raise refusal
     if resumed:
         # the resume's own check of the plan's past, and its notes on the future: --plan printed a
         # plan of a past the run did not train, which train then refused (trial RV64a 1)

@@ -574,6 +574,13 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         assert gristmill(plan) == 2
         assert want in one_error_line(capsys.readouterr().err)
         assert (run / "config.toml").read_text() == before
+    # the newest checkpoint's COMPLETE damaged: the resume passes over it, and --plan too, which refused
+    # the resume over it as "unreadable" (review RV77d 1)
+    (checkpoint_dir(plain, 8) / "COMPLETE").write_text("{ damaged")
+    assert (
+        gristmill(["train", "--config", TINY, "--set", *sets(dataset, plain), "--resume", "auto", "--plan"])
+        == 0
+    )
     # removing [merge] is allowed: the checkpoint's average is no longer read (steps 7-8 trained again)
     for step in (7, 8):
         shutil.rmtree(checkpoint_dir(window, step))

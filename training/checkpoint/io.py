@@ -433,6 +433,7 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     for path in candidates:
         try:
             if (states := _loader_state(path, timeline=True)) is not None:
+                read_complete_record(path)  # one the resume cannot read it passes over (review RV77d 1)
                 state, skips = states
                 where, plan = f"checkpoint {path}{which}", json.loads(state["data_plan"])
                 return TrainedPlan.of(where, plan, state, skips=skips, checkpoint=path)
