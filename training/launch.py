@@ -86,7 +86,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
-    from training.checkpoint.checkpointer import find_resume, resume_model_notes
+    from training.checkpoint.checkpointer import check_resume_optimizer, find_resume, resume_model_notes
     from training.checkpoint.io import merge_meta, trained_plan
     from training.checkpoint.record import CheckpointError, read_complete_record
     from training.contract.run_layout import PLAN_PNG
@@ -129,10 +129,12 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     resumed = cfg.checkpoint.resume and trained is not None and trained.loader_state is not None
     model_notes = []
     if resumed and trained.checkpoint is not None:
-        # the resume's refusals before it loads, and its notes: another model shape or base, [merge]
-        # added or changed (the plan printed, exit 0, and the resume refused: trial RV77b 1)
+        # the resume's refusals before it loads, and its notes: another model shape or base, another
+        # optimizer, [merge] added or changed (the plan printed, exit 0, and the resume refused: trial
+        # RV77b 1)
         path = trained.checkpoint
         model_notes = resume_model_notes(path, read_complete_record(path), dataclasses.asdict(model_config))
+        check_resume_optimizer(path, cfg.optim.name)
         if cfg.merge.kind != "none":
             try:
                 refusal = resume_refusal(cfg.merge, merge_meta(path))

@@ -563,6 +563,7 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         (window, (*WINDOW, "merge.window=2"), "merge.window = 2 differs from the 3 the run merged with"),
         (window, EMA, 'merge.kind = "ema" differs from the "window" the run merged with'),
         (plain, ("model.n_layers=7",), "it holds another model (model.n_layers = 2 in the checkpoint, 7"),
+        (plain, ("optim.name='muon'",), "it holds the state of optim.name = 'adamw', and this config has"),
     ):
         before = (run / "config.toml").read_text()
         capsys.readouterr()

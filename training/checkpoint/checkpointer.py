@@ -377,6 +377,19 @@ class _Pending:
     write_end: float | None = None
 
 
+def check_resume_optimizer(path: Path, now: str) -> None:
+    """Another optim.name (`now`) than checkpoint `path`'s is refused in one line before any load (the
+    trainer's, and `train --plan --resume`'s): the state of one optimizer does not fit the other (DCP
+    would stop on a missing momentum_buffer)."""
+    saved = saved_optimizer(checkpoint_keys(path))
+    if saved is not None and saved != now:
+        raise CheckpointError(
+            f"cannot resume from {path}: it holds the state of optim.name = '{saved}', and this config has "
+            f"optim.name = '{now}'; resume with --set optim.name={saved}, or train with {now} in a new run "
+            "directory (another run.output_dir)"
+        )
+
+
 def resume_model_notes(path: Path, record: dict[str, Any], model_config: dict[str, Any] | None) -> list[str]:
     """Before loading `path` (rank 0's, and `train --plan --resume`'s: trial RV77b 1), with this config's
     `model_config` (its init_from set to the run's recorded base, as the checkpoints record it): a
@@ -820,18 +833,9 @@ class Checkpointer:
         return self.states["train_state"].step
 
     def _check_optimizer(self, path: Path) -> None:
-        """Another optim.name than the checkpoint's is refused in one line before any load: the
-        state of one optimizer does not fit the other (DCP would stop on a missing momentum_buffer)."""
-        optimizer = getattr(self.states.get("optimizer"), "optimizer", None)
-        saved = saved_optimizer(checkpoint_keys(path))
-        if optimizer is None or saved is None or saved == optimizer_name(optimizer):
-            return
-        now = optimizer_name(optimizer)
-        raise CheckpointError(
-            f"cannot resume from {path}: it holds the state of optim.name = '{saved}', and this config has "
-            f"optim.name = '{now}'; resume with --set optim.name={saved}, or train with {now} in a new run "
-            "directory (another run.output_dir)"
-        )
+        """check_resume_optimizer with this run's optimizer."""
+        if (optimizer := getattr(self.states.get("optimizer"), "optimizer", None)) is not None:
+            check_resume_optimizer(path, optimizer_name(optimizer))
 
     def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
         """resume_model_notes with this run's model config."""
