@@ -86,7 +86,12 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
-    from training.checkpoint.checkpointer import check_resume_optimizer, find_resume, resume_model_notes
+    from training.checkpoint.checkpointer import (
+        check_resume_optimizer,
+        check_resume_start,
+        find_resume,
+        resume_model_notes,
+    )
     from training.checkpoint.io import merge_meta, trained_plan
     from training.checkpoint.record import CheckpointError, read_complete_record
     from training.contract.run_layout import PLAN_PNG
@@ -100,9 +105,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         recipe_notes,
         recorded_skips,
     )
-    from training.data.spec import batch_shapes
+    from training.data.spec import applied_config, batch_shapes
     from training.merge import resume_refusal
     from training.run.preflight import model_for_data
+    from training.run.setup import identity_config
     from training.run.validation import validation_of
 
     spec = check_config(cfg, nproc)
@@ -133,7 +139,9 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         # optimizer, [merge] added or changed (the plan printed, exit 0, and the resume refused: trial
         # RV77b 1)
         path = trained.checkpoint
-        model_notes = resume_model_notes(path, read_complete_record(path), dataclasses.asdict(model_config))
+        record, model = read_complete_record(path), dataclasses.asdict(model_config)
+        model_notes = resume_model_notes(path, record, model)
+        check_resume_start(path, record, model, identity_config(applied_config(cfg, spec)))
         check_resume_optimizer(path, cfg.optim.name)
         if cfg.merge.kind != "none":
             try:

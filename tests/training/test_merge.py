@@ -564,6 +564,7 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         (window, EMA, 'merge.kind = "ema" differs from the "window" the run merged with'),
         (plain, ("model.n_layers=7",), "it holds another model (model.n_layers = 2 in the checkpoint, 7"),
         (plain, ("optim.name='muon'",), "it holds the state of optim.name = 'adamw', and this config has"),
+        (plain, ("run.seed=5",), "run.seed = 5 in this config, "),
     ):
         before = (run / "config.toml").read_text()
         capsys.readouterr()

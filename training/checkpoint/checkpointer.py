@@ -377,6 +377,27 @@ class _Pending:
     write_end: float | None = None
 
 
+def check_resume_start(
+    path: Path, record: dict[str, Any], model_config: dict[str, Any] | None, config: dict[str, Any] | None
+) -> None:
+    """Before loading `path` (rank 0's, and `train --plan --resume`'s), with this run's model config and
+    identity config (what COMPLETE records): a setting that only decides how a run starts (START_SETTINGS)
+    changed since the checkpoint is refused in one line: the checkpoint's weights replace what it
+    decides, so it changed nothing while the resume called it in effect and recorded it."""
+    started = start_changes(record, model_config, config)
+    if not started:
+        return
+    changed = "; ".join(f"{k} = {json.dumps(now)} in this config, {json.dumps(then)} in the checkpoint"
+                        for k, then, now in started)  # fmt: skip
+    sets = " ".join(f"{k}={json.dumps(then)}" for k, then, _ in started)
+    raise CheckpointError(
+        f"cannot resume from {path}: {changed}; {'it decides' if len(started) == 1 else 'they decide'} "
+        "only the weights a run starts from, and a resume continues the checkpoint's: drop the "
+        f"override (or --set {sets}), or, for another start, train without --resume (a new run "
+        "directory: another run.output_dir)"
+    )
+
+
 def check_resume_optimizer(path: Path, now: str) -> None:
     """Another optim.name (`now`) than checkpoint `path`'s is refused in one line before any load (the
     trainer's, and `train --plan --resume`'s): the state of one optimizer does not fit the other (DCP
@@ -842,21 +863,8 @@ class Checkpointer:
         return resume_model_notes(path, record, self.model_config)
 
     def _check_start(self, path: Path, record: dict[str, Any]) -> None:
-        """Rank 0, before loading `path`: a setting that only decides how a run starts (START_SETTINGS)
-        changed since the checkpoint is refused in one line: the checkpoint's weights replace what it
-        decides, so it changed nothing while the resume called it in effect and recorded it."""
-        started = start_changes(record, self.model_config, self.config)
-        if not started:
-            return
-        changed = "; ".join(f"{k} = {json.dumps(now)} in this config, {json.dumps(then)} in the checkpoint"
-                            for k, then, now in started)  # fmt: skip
-        sets = " ".join(f"{k}={json.dumps(then)}" for k, then, _ in started)
-        raise CheckpointError(
-            f"cannot resume from {path}: {changed}; {'it decides' if len(started) == 1 else 'they decide'} "
-            "only the weights a run starts from, and a resume continues the checkpoint's: drop the "
-            f"override (or --set {sets}), or, for another start, train without --resume (a new run "
-            "directory: another run.output_dir)"
-        )
+        """check_resume_start with this run's model and identity configs."""
+        check_resume_start(path, record, self.model_config, self.config)
 
     def _set_aside_newer(self, step: int, what: str) -> list[int]:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)
