@@ -1706,10 +1706,11 @@ def run(args: argparse.Namespace) -> int:
         poll = 30.0 if args.poll is None else args.poll
         idle_exit = 0.0 if args.idle_exit is None else args.idle_exit
         if not 0 < poll < math.inf:
-            raise EvalError(f"--poll {args.poll}: seconds between looks at the run; give a number > 0")
+            # as typed (`--poll 0` was echoed as 0.0)
+            raise EvalError(f"--poll {args.poll:g}: seconds between looks at the run; give a number > 0")
         if not 0 <= idle_exit < math.inf:  # -1 stopped after the first look, exit 0 (review R22a A6)
             raise EvalError(
-                f"--idle-exit {args.idle_exit}: seconds with nothing new before the watch stops; give a "
+                f"--idle-exit {args.idle_exit:g}: seconds with nothing new before the watch stops; give a "
                 "number ≥ 0 (0: never)"
             )
         return watch(run_dir, cfg, poll, idle_exit, args.verbose)

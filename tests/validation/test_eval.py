@@ -2372,8 +2372,10 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
         # -1 stopped after the first look, exit 0; without --watch both were ignored (review R22a A6)
         (
             ["--watch", "--idle-exit", "-1"],
-            "--idle-exit -1.0: seconds with nothing new before the watch stops",
+            "--idle-exit -1: seconds with nothing new before the watch stops",
         ),
+        # as typed, not 0.0
+        (["--watch", "--poll", "0"], "--poll 0: seconds between looks at the run; give a number > 0"),
         (["--poll", "5", "--idle-exit", "9"], "--poll and --idle-exit pace --watch, which this eval is not"),
         (["--idle-exit", "5"], "error: --idle-exit paces --watch, which this eval is not"),  # trial RV75b 2
     ],
