@@ -144,6 +144,7 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
     for where in (old, new):
         if is_url(where):  # a wrong bucket is one line before any work
             ObjectStore(ObjectURL.parse(where)).check_bucket()
+    _refuse_current(old)
     _check_new(old, new)
     with _work_folder() as work:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
@@ -460,6 +461,26 @@ def _size(old: str, root: Path, rel: str) -> int | None:
         raise _shard_error(old, root, rel, e.strerror or type(e).__name__) from None
 
 
+def _already_current(old: str) -> DatasetError:
+    return DatasetError(f"{old} is already a {FORMAT} dataset, the current layout: nothing to convert")
+
+
+def _refuse_current(old: str) -> None:
+    """OLD already in the current layout, refused first, from its dataset.json alone: NEW's checks came
+    first ("NEW already holds a dataset" of a NEW that did), and a bucket OLD's manifests were fetched
+    before (trial RV77a 7). One that cannot be read here is the conversion's own reads' to name."""
+    try:
+        if is_url(old):
+            raw = ObjectStore(ObjectURL.parse(old)).get(DATASET_JSON)
+        else:
+            raw = Path(old, DATASET_JSON).read_bytes()
+        fmt = json.loads(raw).get("format")
+    except Exception:  # noqa: BLE001 - said by the reads that follow
+        return
+    if fmt == FORMAT:
+        raise _already_current(old)
+
+
 def _bucket_copy(url: str, dest: Path) -> Path:
     """A bucket dataset's dataset.json and recorded files but its shards and index (the shards are
     read one at a time, `_shard_bytes`); `_check_recorded` then checks them."""
@@ -512,7 +533,7 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     info = read_dataset_info(root)
     check_fingerprint(old, info)
     if info["format"] == FORMAT:
-        raise DatasetError(f"{old} is already a {FORMAT} dataset, the current layout: nothing to convert")
+        raise _already_current(old)
     if not is_url(old):  # a bucket's validation.json is the bucket's own, never the copy's
         check_last_validation(root, info)
         if why := tokenizer_problem(root, info):  # one dropped in beside a dataset that records none too
