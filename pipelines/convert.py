@@ -164,8 +164,11 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
                 ours = e.filename is not None and Path(e.filename).resolve().is_relative_to(out.resolve())
                 if not (ours or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
                     raise
-                where = "TMPDIR on a larger disk (a bucket's NEW is written there first)"
-                where = where if is_url(new) else "NEW on a larger disk"
+                where = (
+                    "TMPDIR on a larger disk (a bucket's NEW is written there first)"
+                    if is_url(new)
+                    else "NEW on a larger disk"
+                )
                 raise DatasetError(
                     f"cannot write the converted {old} into {out}: {e.strerror or e}; nothing of it was "
                     f"kept: free some space, or put {where}, and run the conversion again"
@@ -274,11 +277,8 @@ def _held_already(
     # its shards there at their sizes (a local NEW's files, a bucket's listing), or the rerun said
     # "nothing to redo" of a NEW that lost one since (trial RV67b F6; of a bucket NEW, RV77a 3)
     if done and listed is None:
-        listed = {
-            rel: (Path(new) / rel).stat().st_size
-            for rel in (f"{SHARDS_DIR}/{p.name}" for p in Path(new, SHARDS_DIR).glob("*"))
-            if (Path(new) / rel).is_file()
-        }
+        shards = (p for p in Path(new, SHARDS_DIR).glob("*") if p.is_file())
+        listed = {f"{SHARDS_DIR}/{p.name}": p.stat().st_size for p in shards}
     lost = _shards_not_there(listed or {}, json.loads(new_json)) if done else []
     if lost:
         return (

@@ -86,12 +86,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
-    from training.checkpoint.checkpointer import (
-        check_resume_optimizer,
-        check_resume_start,
-        find_resume,
-        resume_model_notes,
-    )
+    from training.checkpoint.checkpointer import find_resume, resume_checks
     from training.checkpoint.io import merge_meta, trained_plan
     from training.checkpoint.record import CheckpointError, read_complete_record
     from training.contract.run_layout import PLAN_PNG
@@ -139,10 +134,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         # optimizer, [merge] added or changed (the plan printed, exit 0, and the resume refused: trial
         # RV77b 1)
         path = trained.checkpoint
-        record, model = read_complete_record(path), dataclasses.asdict(model_config)
-        model_notes = resume_model_notes(path, record, model)
-        check_resume_start(path, record, model, identity_config(applied_config(cfg, spec)))
-        check_resume_optimizer(path, cfg.optim.name)
+        identity = identity_config(applied_config(cfg, spec))
+        model_notes = resume_checks(
+            path, read_complete_record(path), dataclasses.asdict(model_config), identity, cfg.optim.name
+        )
         if cfg.merge.kind != "none":
             try:
                 refusal = resume_refusal(cfg.merge, merge_meta(path))

@@ -377,6 +377,24 @@ class _Pending:
     write_end: float | None = None
 
 
+def resume_checks(
+    path: Path,
+    record: dict[str, Any],
+    model_config: dict[str, Any] | None,
+    config: dict[str, Any] | None,
+    optimizer: str | None,
+) -> list[str]:
+    """Every refusal of a resume from checkpoint `path` (COMPLETE `record`) before anything loads, and
+    its notes, with this run's model config, identity config and optim.name (None: no optimizer state):
+    another model or base, a start setting changed, another optimizer. Rank 0's resume and `train --plan
+    --resume` both ask it: the plan printed, exit 0, where the resume refused (trial RV77b 1)."""
+    notes = resume_model_notes(path, record, model_config)  # another model is refused before any load
+    check_resume_start(path, record, model_config, config)
+    if optimizer is not None:
+        check_resume_optimizer(path, optimizer)
+    return notes
+
+
 def check_resume_start(
     path: Path, record: dict[str, Any], model_config: dict[str, Any] | None, config: dict[str, Any] | None
 ) -> None:
@@ -647,9 +665,9 @@ class Checkpointer:
                 path, notes = find_resume(self.run_dir, spec)
                 if path is not None:
                     record = read_complete_record(path)
-                    notes += self._model_notes(path, record)  # another model is refused before any load
-                    self._check_start(path, record)
-                    self._check_optimizer(path)
+                    optimizer = getattr(self.states.get("optimizer"), "optimizer", None)
+                    name = None if optimizer is None else optimizer_name(optimizer)
+                    notes += resume_checks(path, record, self.model_config, self.config, name)
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
                     self.log(line)
@@ -852,19 +870,6 @@ class Checkpointer:
                 f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
             )
         return self.states["train_state"].step
-
-    def _check_optimizer(self, path: Path) -> None:
-        """check_resume_optimizer with this run's optimizer."""
-        if (optimizer := getattr(self.states.get("optimizer"), "optimizer", None)) is not None:
-            check_resume_optimizer(path, optimizer_name(optimizer))
-
-    def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
-        """resume_model_notes with this run's model config."""
-        return resume_model_notes(path, record, self.model_config)
-
-    def _check_start(self, path: Path, record: dict[str, Any]) -> None:
-        """check_resume_start with this run's model and identity configs."""
-        check_resume_start(path, record, self.model_config, self.config)
 
     def _set_aside_newer(self, step: int, what: str) -> list[int]:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)

@@ -651,7 +651,7 @@ def _changes_since(
     name = checkpoint.resolve().name  # not a link's (`latest`)
     if config is not None:
         # the settings that only decide how a run starts: a resume that changed them was refused
-        # (Checkpointer._check_start); one that spells the same value otherwise (init_std unset →
+        # (checkpointer.check_resume_start); one that spells the same value otherwise (init_std unset →
         # 0.02, the preset's) changed nothing, and "in effect" would say it did (review R25h 6)
         now = identity_config(applied)
         changes = [
