@@ -850,9 +850,11 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
     worker killed (the OOM killer) was a BrokenProcessPool traceback (RV62b 4)."""
     config, out = recipe(tmp_path, long_sources), tmp_path / "search"
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
-    # a process of its own, in a session of its own: a Ctrl-C reaches the whole group, as from a terminal
-    # (a forked child exits through multiprocessing's bootstrap, which a command never does)
-    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    # a process of its own, in a session of its own: a Ctrl-C reaches the whole group, as from a terminal.
+    # Forked, as each search below (21 of the test's 35 CPU s were six fresh interpreters' imports): a
+    # KeyboardInterrupt or Terminated the command let out would end in multiprocessing's bootstrap with a
+    # traceback and exit 1, which the assertions refuse as they refused a fresh interpreter's
+    proc = forked.popen(argv, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
         _started_training(proc, out)
         os.killpg(proc.pid, signal.SIGINT)
@@ -869,7 +871,7 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
     # proxies at a time: each proxy started costs its start (~0.8 CPU s)
     out = tmp_path / "terminated"
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=2"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked.popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _started_training(proc, out)
         workers = _children(proc.pid)
@@ -887,7 +889,7 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
                                             (signal.SIGINT, 130, False))):  # fmt: skip
         out = tmp_path / f"group{n}"
         argv = [*command(config, out), "--set", "proxy.tokens=150000", f"proxy.parallel={5 if group else 2}"]
-        proc = subprocess.Popen(
+        proc = forked.popen(
             argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
         try:
@@ -906,7 +908,7 @@ def test_a_ctrl_c_trains_no_queued_proxy_and_a_killed_worker_is_one_line(tmp_pat
         assert not any("292/292" in log for log in logs), logs  # none trained to its end
     out = tmp_path / "again"
     argv = [*command(config, out), "--set", "proxy.tokens=150000", "proxy.parallel=1"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked.popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _started_training(proc, out)
         for pid in _children(proc.pid):
