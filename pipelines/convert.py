@@ -523,8 +523,24 @@ def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
         )
 
 
-PER_DOCUMENT_BYTES = 96  # NEW's bytes per document beyond its ids: its .docs record and index entries
-TAR_END_BYTES = 10240  # a shard's end: tar's end-of-archive blocks, padded to its 10 KiB record
+# NEW's bytes beyond its ids, measured on 600 documents of 3 tokens, one to a shard (test_convert): per
+# document its .docs record, index entries and manifest row (~102); per shard tar's end-of-archive
+# blocks, padded to its 10 KiB record, and its entries in dataset.json and validation.json (~236)
+PER_DOCUMENT_BYTES = 128
+PER_SHARD_BYTES = 10240 + 512
+
+
+def converted_size(root: Path, info: dict[str, Any]) -> float:
+    """The bytes NEW will take, at least: its ids (the token bytes), each 64-document block's tar headers
+    and the manifests: ~1.1×; and what grows with the documents and shards, not the tokens: each
+    document's and each shard's records and each shard's tar end padding (short documents in small
+    shards: 712 KB against an estimate of 387 KB without them, trial RV77a 4)."""
+    return (
+        1.1 * int(info["tokens"]) * numpy_dtype(info["dtype"]).itemsize
+        + sum(p.stat().st_size for p in manifest_files(root))
+        + PER_DOCUMENT_BYTES * int(info["documents"])
+        + PER_SHARD_BYTES * len(info["shard_files"])
+    )
 
 
 def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any]:
@@ -552,17 +568,10 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
-    # NEW's size, before any work: a full disk was an OSError traceback after ~170 shards (trial RV54a
-    # 4). Its ids (the token bytes), each 64-document block's tar headers and the manifests: ~1.1×; and
-    # what grows with the documents and shards, not the tokens: each document's .docs record and index
-    # entries, each shard's tar end padding (short documents in small shards: 712 KB against an estimate
-    # of 387 KB, trial RV77a 4).
+    # NEW's size, before any work: a full disk was an OSError traceback after ~170 shards (trial RV54a 4)
     check_free(
         out,
-        1.1 * int(info["tokens"]) * dtype.itemsize
-        + sum(p.stat().st_size for p in manifest_files(root))
-        + PER_DOCUMENT_BYTES * int(info["documents"])
-        + TAR_END_BYTES * len(info["shard_files"]),
+        converted_size(root, info),
         what=f"write the converted {old}",
         advice=(
             "free some space, or set TMPDIR to a larger disk (a bucket's NEW is written there first)"
