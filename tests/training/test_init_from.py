@@ -1225,7 +1225,19 @@ def test_step_0_of_a_run_whose_base_directory_moved_names_the_resume_that_points
     assert export_checkpoint(run, 0) == export_dir(run, 0)
 
 
-def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
+def _plan_line(sets: list[str], capsys) -> str:
+    """`train --plan`'s one line where the resume of `sets` refuses (it printed the plan, exit 0, for a
+    resume refused before any load: trial RV77b 1)."""
+    from pipelines.cli import main as gristmill
+
+    capsys.readouterr()
+    assert gristmill(["train", "--config", str(TINY), "--set", *sets, "--plan"]) == 2
+    return one_error_line(capsys.readouterr().err)
+
+
+def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(
+    tmp_path, data, base, straight, capsys
+):
     # This test edits its base's config.json for a while, so it trains from a copy: the same base (one
     # identity, the same losses as `straight`). An edit of the shared one, even undone, was copied by a
     # test on another xdist worker in that window, which then trained another model (a CI failure).
@@ -1246,8 +1258,10 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     sets = overrides(data, run, "schedule.steps=8", "checkpoint.resume=auto")
     line = one_error_line(_run([*sets, f"model.init_from={json.dumps(str(other))}"]).stderr)
     assert "continues from another base model" in line and str(other.resolve()) in line, line
+    assert _plan_line([*sets, f"model.init_from={json.dumps(str(other))}"], capsys) == line
     line = one_error_line(_run(sets).stderr)  # a resume without init_from: another model too
     assert "continues from another base model" in line and "random initialisation" in line, line
+    assert _plan_line(sets, capsys) == line
     config, original = base / "config.json", (base / "config.json").read_text()
     try:  # the same base folder, changed since the start: said so, not "another base" named twice
         config.write_text(json.dumps({**json.loads(original), "rms_norm_eps": 1e-3}))
@@ -1255,6 +1269,11 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     finally:
         config.write_text(original)
     assert f"the base {base.resolve()} reads as another model than the run started from" in line, line
+    config.write_text(json.dumps({**json.loads(original), "rms_norm_eps": 1e-3}))
+    try:
+        assert _plan_line([*sets, init], capsys) == line
+    finally:
+        config.write_text(original)
     # Another base that reads as the same model (its config and weights index: two exports of one
     # run) was taken for the same base moved, and the run's record named it (review R17b S4); the
     # same base moved is still the same base.
@@ -1268,6 +1287,7 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     save_file(weights, str(retrained / "model.safetensors"), metadata={"format": "pt"})
     line = one_error_line(_run([*sets, _init(retrained)]).stderr)
     assert f"the weights of model.init_from = {retrained.resolve()} are not the run's base's" in line, line
+    assert _plan_line([*sets, _init(retrained)], capsys) == line
     # ... and from a new run directory resuming the run's checkpoint by path, whose own record was not
     # written yet (review R17c S2)
     by_path = f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000004'))}"
