@@ -279,23 +279,27 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             "does; to train past that end, add a [[phase]] after the last: docs/checkpoints.md, Resuming "
             "with changed settings)"
         )
-    if r.max_skipped < 1 or r.spike_window < 2:
-        raise ConfigError(
-            f"need run.max_skipped ≥ 1 and run.spike_window ≥ 2; got {r.max_skipped}, {r.spike_window}"
-        )
+    # one key each: a line naming two keys and two values (one of them a default the user never wrote)
+    # said neither which one failed nor the --set that gave it (trial RV78a 3)
+    for key, value, least, what in (
+        ("run.max_skipped", r.max_skipped, 1, "consecutive non-finite steps skip passes over"),
+        ("run.spike_window", r.spike_window, 2, "the losses before it each loss is compared with"),
+        ("run.log_every", r.log_every, 1, "steps between printed and recorded lines"),
+        ("run.val_every", r.val_every, 0, "steps between validations; 0: none"),
+        ("run.val_batches", r.val_batches, 1, "batches per validation"),
+    ):
+        if value < least:
+            raise ConfigError(f"{key} = {value} must be ≥ {least} ({what})", key)
     check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike detection)")
-    if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
-        raise ConfigError(
-            f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
-            f"{r.val_every}, {r.val_batches}"
-        )
     trackers_of(cfg.metrics)  # an unknown tracker or a missing package fails before any work
     c = cfg.checkpoint
-    if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0:
-        raise ConfigError(
-            f"checkpoint.interval ({c.interval}), keep_last ({c.keep_last}) and export_interval "
-            f"({c.export_interval}) must be ≥ 0"
-        )
+    for key, value, what in (
+        ("checkpoint.interval", c.interval, "save every N steps; 0: only at a SIGTERM or SIGINT"),
+        ("checkpoint.keep_last", c.keep_last, "the newest N complete checkpoints kept; 0: all"),
+        ("checkpoint.export_interval", c.export_interval, "export every N steps; 0: none"),
+    ):
+        if value < 0:
+            raise ConfigError(f"{key} = {value} must be ≥ 0 ({what})", key)
     check_number("checkpoint.min_free_factor", c.min_free_factor, note=" (0: no free-space check)")
     check_rewind(cfg)  # after checkpoint.interval's own check: a negative one is not "saves none"
     if c.export_interval and not c.interval:  # "a multiple of 0" is no fix (trial RV70a 2)

@@ -225,11 +225,23 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),
         ("run.threads=-3", r"run.threads \(-3\) must be ≥ 0"),
         ("data.num_workers=-1", r"data.num_workers \(-1\) .* must be ≥ 0"),
-        # the interval's own check, not a rewind's "saves none" (trial RV63a)
+        # the interval's own check, not a rewind's "saves none" (trial RV63a); one key, the --set that gave
+        # it (a line of two keys and values, one the default, named neither: trial RV78a 3)
         (
             "run.on_nonfinite=rewind checkpoint.interval=-5",
-            r"checkpoint.interval \(-5\), keep_last .* must be ≥ 0",
+            r"checkpoint.interval = -5 must be ≥ 0 \(save every N steps; 0: .*\) "
+            r"\(--set checkpoint.interval=-5\)$",
         ),
+        (
+            "checkpoint.keep_last=-1",
+            r"^error: checkpoint.keep_last = -1 must be ≥ 0 \(.*\) \(--set checkpoint",
+        ),
+        (
+            "run.spike_window=1",
+            r"^error: run.spike_window = 1 must be ≥ 2 \(.*\) \(--set run.spike_window=1\)$",
+        ),
+        ("run.max_skipped=0", r"^error: run.max_skipped = 0 must be ≥ 1 \(consecutive non-finite"),
+        ("run.val_every=-1", r"^error: run.val_every = -1 must be ≥ 0 \(.*\) \(--set run.val_every=-1\)$"),
     ],
 )
 def test_bad_config_fails_before_any_work(dataset, tmp_path, capsys, override, message):
