@@ -2181,6 +2181,41 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
     (blob.parent / "pytorch_model.bin").symlink_to(os.path.relpath(other, blob.parent))
     done = start(tmp_path / "other-files", env | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
+    # a snapshot's file that is no link had no blob name to be held to, and was trained on and recorded
+    # as the hub commit's (trial RV78b 1-3): held to the commit's listing (trees/<commit>.json) now. A
+    # cache copied with its links followed (`cp -rL`, to an offline node) is the hub's as it was ...
+    copied = tmp_path / "copied"
+    shutil.copytree(tmp_path / "hf-home", copied, symlinks=False)
+    offline = env | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(copied)}
+    assert start(tmp_path / "copied-run", offline).returncode == 0
+    (snapshot,) = (copied / "hub").glob("models--*/snapshots/*")
+    assert not (snapshot / "config.json").is_symlink() and list((snapshot.parent.parent / "trees").iterdir())
+    # ... but not with one of its files edited in place (`sed -i`), nor with a file the commit lacks
+    (snapshot / "config.json").write_text(json.dumps(edited))
+    done = start(tmp_path / "edited", offline)
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = one_error_line(done.stderr)
+    assert line.startswith(
+        f"error: {snapshot / 'config.json'}: the hub cache's copy is damaged (git blob "
+    ), line
+    (snapshot / "config.json").write_bytes(files["config.json"])
+    (snapshot / "tokenizer.json").write_text("{}")  # the base has none: its check of the data's passed
+    done = start(tmp_path / "planted", offline)
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = one_error_line(done.stderr)
+    assert (
+        f"{snapshot / 'tokenizer.json'}: the hub's commit {snapshot.name[:12]}… holds no tokenizer.json"
+        in line
+    )
+    # without the listing (a cache that keeps none), an unlinked file is held to the blobs fetched
+    (snapshot / "tokenizer.json").unlink()
+    shutil.rmtree(snapshot.parent.parent / "trees")
+    assert start(tmp_path / "no-listing", offline).returncode == 0
+    (snapshot / "config.json").write_text(json.dumps(edited))
+    done = start(tmp_path / "no-listing-edited", offline)
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = one_error_line(done.stderr)
+    assert line.startswith(f"error: {snapshot / 'config.json'}: the hub cache's copy is no link into "), line
 
 
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:

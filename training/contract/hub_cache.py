@@ -5,11 +5,18 @@ to it. The etag is the hub's digest of the file: an LFS file's sha256 (weights, 
 file's git blob sha1 (config.json, tokenizer.json). A copy damaged in the cache, or altered on its
 way in, keeps the name of the bytes the hub holds: the name is a claim beside the data, and here
 the data is compared with it before it is used (reviews R25k 1, RV62c S1).
+
+A snapshot's file that is no link (edited in place by `sed -i`, copied in, or a cache copied with its
+links followed: `cp -rL`, `rsync -L`) has no such name: it is held to the hub's digest in the commit's
+listing, which snapshot_download keeps as trees/<commit>.json, and without one to the name of a blob
+the cache holds. A file the listing lacks was never the commit's. Unchecked, such a copy was trained
+on and recorded as the hub commit's (trial RV78b 1-3).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -31,25 +38,61 @@ def git_blob_sha1(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 def hub_copy_damage(path: str | Path, sha256: str | None = None) -> str | None:
-    """The one line that says a hub cache snapshot's file `path` is not the bytes its blob is named
-    by (and how to fetch it anew), or None: it is, or `path` is no link to a named blob (a local
-    directory's file, a cache that copies instead of linking). `sha256`: the file's, where the caller
-    hashed it already."""
+    """The one line that says a hub cache snapshot's file `path` is not the bytes the hub holds under
+    its name (and how to fetch it anew), or None: it is, or `path` is no file of a hub cache snapshot
+    (a local directory's). `sha256`: the file's, where the caller hashed it already."""
     path = Path(path)
-    if not path.is_symlink():
+    snapshot = _snapshot_of(path)
+    if snapshot is None:
         return None
-    blob = Path(os.readlink(path))
-    if blob.parent.name != "blobs":
+    repo, commit, name = snapshot
+    listed = _listing(repo, commit)
+    fix = f"delete {path.resolve()} and run again with network (HF_HUB_OFFLINE unset): it is fetched anew"
+    if listed is not None:
+        if not isinstance(entry := listed.get(name), dict):
+            return (
+                f"{path}: the hub's commit {commit[:12]}… holds no {name} (its listing in the cache, "
+                f"{repo / 'trees' / (commit + '.json')}): it was put into the snapshot by hand; {fix}"
+            )
+        want = entry.get("lfs_sha256") or entry.get("blob_id")  # an LFS file's blob_id is its pointer's
+    elif path.is_symlink() and Path(os.readlink(path)).parent.name == "blobs":
+        want = Path(os.readlink(path)).name
+    else:  # no listing, no link: its bytes are one of the blobs the cache fetched, or unknown
+        digests = (sha256 or file_sha256(path), git_blob_sha1(path))
+        if any((repo / "blobs" / d).is_file() for d in digests):
+            return None
+        return (
+            f"{path}: the hub cache's copy is no link into {repo / 'blobs'} and its bytes are none of the "
+            f"files fetched there (edited in place, or copied in), so nothing holds them to the hub's; {fix}"
+        )
+    if not isinstance(want, str):
         return None
-    if _SHA256.fullmatch(blob.name):
+    if _SHA256.fullmatch(want):
         kind, got = "sha256", sha256 or file_sha256(path)
-    elif _SHA1.fullmatch(blob.name):
+    elif _SHA1.fullmatch(want):
         kind, got = "git blob sha1", git_blob_sha1(path)
     else:
         return None
-    if got == blob.name:
+    if got == want:
         return None
-    return (
-        f"{path}: the hub cache's copy is damaged ({kind} {got[:12]}…, the hub's is {blob.name[:12]}…); "
-        f"delete {path.resolve()} and run again with network (HF_HUB_OFFLINE unset): it is fetched anew"
-    )
+    return f"{path}: the hub cache's copy is damaged ({kind} {got[:12]}…, the hub's is {want[:12]}…); {fix}"
+
+
+def _snapshot_of(path: Path) -> tuple[Path, str, str] | None:
+    """(the repo's cache folder, the commit, the file's name in the repo) of a file under
+    `<cache>/models--ORG--NAME/snapshots/<commit>/` (datasets--, spaces-- too), else None."""
+    parts = path.absolute().parts
+    for i in range(len(parts) - 3, 0, -1):
+        if parts[i] == "snapshots" and _SHA1.fullmatch(parts[i + 1]) and "--" in parts[i - 1]:
+            return Path(*parts[:i]), parts[i + 1], "/".join(parts[i + 2 :])
+    return None
+
+
+def _listing(repo: Path, commit: str) -> dict | None:
+    """The commit's files as the hub listed them (huggingface_hub's trees/<commit>.json: each one's
+    blob_id and, for LFS, lfs_sha256), or None where the cache keeps none."""
+    try:
+        files = json.loads((repo / "trees" / f"{commit}.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None
