@@ -373,6 +373,15 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, 
     assert f"delete {copy.resolve()} and run again with network" in line
     copy.resolve().unlink()  # as the line says: fetched anew
     assert resolve(f"{repo}@{first}") == good
+    # no link (edited in place, or copied in at the same size): built with it, recorded as the pinned
+    # commit's (trial RV78b 3); the same bytes unlinked (a cache copied with `cp -rL`) are the hub's still
+    copy.unlink()
+    copy.write_bytes(good + b"\n")  # valid, and read alike
+    with pytest.raises(TokenizerError) as unlinked:
+        resolve(f"{repo}@{first}")
+    assert str(unlinked.value).startswith(f"{copy}: the hub cache's copy is no link into "), unlinked.value
+    copy.write_bytes(good)
+    assert resolve(f"{repo}@{first}") == good
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "another-machine"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(TokenizerError) as offline:
