@@ -144,7 +144,7 @@ def train_commands(train_config: str, run_dir: Path, stop_step: int) -> list[lis
     if max(complete_steps(run_dir), default=0) >= stop_step:
         stop = []
     return [
-        ["train", "--config", train_config, "--plan"],
+        ["train", "--config", train_config, "--resume", "auto", "--plan"],  # a rerun's: the run's plan
         *stop,
         train,
         ["data", "audit", str(run_dir), "--sql", CONSUMPTION_SQL],
@@ -223,7 +223,7 @@ def _run(args: argparse.Namespace, stages: Stages) -> int:
     stop = f"--resume auto --set run.max_steps={STOP_STEP}"
     stages.start("train", f"train a small Llama on the mixture (CPU) in three phases, stop at step "
                  f"{STOP_STEP}, resume from the checkpoint",
-                 f"gristmill train --config {args.train_config} --plan\n"
+                 f"gristmill train --config {args.train_config} --resume auto --plan\n"
                  f"    $ gristmill train --config {args.train_config} {stop}\n"
                  f"    $ gristmill train --config {args.train_config} --resume auto\n"
                  f"    $ gristmill data audit {run_dir} --sql \"{CONSUMPTION_SQL}\"\n"

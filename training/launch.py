@@ -98,7 +98,6 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         open_sources,
         plot_plan,
         recipe_notes,
-        recorded_skips,
     )
     from training.data.spec import applied_config, batch_shapes
     from training.merge import resume_refusal
@@ -108,8 +107,11 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
 
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
-    if cfg.checkpoint.resume not in (None, "", "auto"):  # a path: what train refuses (a dataset, none
-        find_resume(run_dir, cfg.checkpoint.resume, checksums=False)  # there) --plan refuses (RV74c 5)
+    # what train refuses --plan refuses: a path's checks (a dataset, none there: RV74c 5), and a start
+    # over a run's checkpoints, where it showed the run's rewinds over this config's plan, their tokens
+    # counted in a plan the run never had (trial RV78a 1)
+    if cfg.checkpoint.resume != "auto":
+        find_resume(run_dir, cfg.checkpoint.resume, checksums=False)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     trained = trained_plan(run_dir, cfg.checkpoint.resume)
     tables = open_sources(spec, trained=trained)
@@ -152,7 +154,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
             loader.load_state_dict(trained.loader_state)
         except GristmillError as e:
             raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
-    skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
+    skips = ()  # a plan from step 0 has none
     if resumed:  # as train has them: the resumed checkpoint's, a fork's too, whose new directory
         skips = trained.skips  # records none (re-trial RV74e F2: its table said them trained)
         loader.note_cut_skips(skips)

@@ -96,6 +96,11 @@ def test_a_demo_rerun_skips_the_stop_its_run_is_already_past(tmp_path):
     train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))  # a checkpoint at step 4
     assert stops(2) == [] and stops(4) == [] and len(stops(8)) == 1
     assert train_commands(cfg, run, 2)[-3] == ["train", "--config", cfg, "--resume", "auto"]
+    # its plan, on a rerun too: --plan refuses a start over a run's checkpoints, as train does (trial RV78a 1)
+    from pipelines.cli import main as gristmill
+
+    plan = train_commands(str(TINY), run, 2)[0]
+    assert gristmill([*plan, "--set", *overrides(dataset, run)]) == 0
 
 
 def test_the_demo_shows_the_batch_record_verified_and_a_tampered_copy_caught(tmp_path, capsys):

@@ -306,7 +306,8 @@ def test_merge_points_no_checkpoint_keeps_are_named_at_the_start_and_in_the_plan
     assert f"  plan    {note}" in capsys.readouterr().out
     assert gristmill(["export", str(run), "--step", "3", "--merged"]) == 2
     assert "step 3 has no checkpoint" in one_error_line(capsys.readouterr().err)
-    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets(dataset, run, *merge, *W4)]) == 0
+    other = tmp_path / "other"  # not the run's directory: a plan that starts over it is refused
+    assert gristmill(["train", "--config", TINY, "--plan", "--set", *sets(dataset, other, *merge, *W4)]) == 0
     assert "note: [merge]" not in capsys.readouterr().out
 
 

@@ -405,8 +405,9 @@ def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, mo
     monkeypatch.setenv(NAN_LOSS, "13")
     assert main(["--config", TINY, "--set", *sets, "run.max_steps=20"]) == 0
     out = capsys.readouterr().out
-    # what was not finite, not "loss or gradient" beside a finite loss (trial RV63a)
-    assert "rewind 1/3: non-finite loss and gradient norm (loss NaN); back to step 10" in out, out
+    # what was not finite, not "loss or gradient" beside a finite loss (trial RV63a), and at which step
+    # (trial RV78a 4)
+    assert "rewind 1/3: non-finite loss and gradient norm (loss NaN) at step 13; back to step 10" in out, out
     assert metrics(run)[-1]["step"] == 20  # trains on past the skip (11–18)
     # nowhere to go back to: it stops as on_nonfinite = "stop" does, with its advice (it gave the cause
     # alone: review R17d M2)
@@ -596,6 +597,14 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
     )
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *longer]) == 0
     assert note in capsys.readouterr().out.splitlines()
+    # without --resume train refuses to start over the run's checkpoints, and --plan now too: it printed
+    # the run's rewinds over this config's plan, their tokens counted in a plan the run never had, exit 0
+    # (trial RV78a 1)
+    assert main(["--config", str(config)]) == 2
+    refused = one_error_line(capsys.readouterr().err)
+    assert "of an earlier run; continue that run with --resume auto" in refused, refused
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 2
+    assert one_error_line(capsys.readouterr().err) == refused
     # a fork's plan: of the checkpoint's timeline, not of the new directory's record (review RV74d 4)
     fork = [
         f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000030'))}",

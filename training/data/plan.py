@@ -728,7 +728,7 @@ def _first_difference(
                 mixes = [
                     {n: str(Fraction(w, sum(ph[name]))) for n, w in zip(names, ph[name])} for ph in (a, b)
                 ]
-                return where(p, key), *map(_mix_shown, mixes)
+                return where(p, key), *_mixes_shown(*mixes)
             return where(p, key), a[name], b[name]
         lrs = [ph["lr"] or {} for ph in (a, b)]
         for name in sorted(set(lrs[0]) | set(lrs[1])):
@@ -825,7 +825,7 @@ def check_resume(
             what.append(f"{plan.key_of(p, 'global_batch')} {a.global_batch * a.seq_len:,} → "
                         f"{b.global_batch * b.seq_len:,} tokens per step")  # fmt: skip
         if _mix(old, a) != _mix(plan, b):
-            what.append(f"{plan.key_of(p, 'mix')} {_mix_shown(_mix(old, a))} → {_mix_shown(_mix(plan, b))}")
+            what.append(f"{plan.key_of(p, 'mix')} {' → '.join(_mixes_shown(_mix(old, a), _mix(plan, b)))}")
         if a.lr != b.lr:
             what.append(f"its LR {_lr_text(a.lr)} → {_lr_text(b.lr)}")
         return f"phase {b.name!r}: " + ", ".join(what) if what else None
@@ -906,9 +906,10 @@ def check_resume(
         mix_old = _mix(old, a)
         mix_new = _mix(plan, b)
         if mix_old != mix_new:
+            theirs, ours = _mixes_shown(mix_old, mix_new)
             raise PlanError(
-                f"the checkpoint's plan has {plan.key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
-                f"{_mix_shown(mix_new)}; the plan's past is immutable ({drawn}) — "
+                f"the checkpoint's plan has {plan.key_of(p, 'mix')} = {theirs} but this run has {ours}; the "
+                f"plan's past is immutable ({drawn}) — "
                 "set it back, or start a new run " + rule
             )
         if p < p_old and (a.steps != b.steps or a.lr != b.lr):
@@ -987,9 +988,19 @@ def _mix(plan: Plan, ph: Phase) -> dict[str, str]:
     return {s.name: str(Fraction(a, total)) for s, a in zip(plan.sources, ph.weights) if a}
 
 
-def _mix_shown(mix: dict[str, str]) -> str:
-    """A mix as the user writes it: `{ web = 0.6, code = 0.4 }` (not the exact fractions compared)."""
-    return "{ " + ", ".join(f"{n} = {_shown(Fraction(f))}" for n, f in mix.items()) + " }"
+def _mixes_shown(a: dict[str, str], b: dict[str, str]) -> tuple[str, str]:
+    """Two mixes that differ as the user writes them, `{ web = 0.6, code = 0.4 }` (not the exact
+    fractions compared), a share in both with the digits that tell it apart (0.1 and 0.1000001 both
+    read `math = 0.1`: trial RV78a 2)."""
+
+    def shown(mix: dict[str, str], other: dict[str, str]) -> str:
+        shares = [
+            _shown_apart(Fraction(f), Fraction(other[n]))[0] if other.get(n, f) != f else _shown(Fraction(f))
+            for n, f in mix.items()
+        ]
+        return "{ " + ", ".join(f"{n} = {share}" for n, share in zip(mix, shares)) + " }"
+
+    return shown(a, b), shown(b, a)
 
 
 def _shown(v: Any) -> str:

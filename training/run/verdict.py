@@ -284,7 +284,8 @@ class Judge:
         if tally["skipped"]:
             if on_nonfinite == "rewind":
                 # every step is read under a rewind: the tally's first step is this one
-                return self._rewind(seen, f"non-finite {tally['what']} ({_fmt(loss)})")
+                # its step, as a spike's reason names it (trial RV78a 4)
+                return self._rewind(seen, f"non-finite {tally['what']} ({_fmt(loss)}) at step {step:,}")
             if on_nonfinite == "stop" or tally["consecutive"] >= self.run.max_skipped:
                 why = (
                     f"step {tally['first_step']}: the {tally['what']} is not finite (NaN or inf)"

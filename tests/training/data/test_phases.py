@@ -581,7 +581,7 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
 
 def test_plan_inspect_and_consumption(reference, sources, tmp_path, capsys):
     run_dir, config = reference
-    assert gristmill(["train", "--config", str(config), "--plan"]) == 0
+    assert gristmill(["train", "--config", str(config), "--resume", "auto", "--plan"]) == 0
     out = capsys.readouterr().out
     assert "main   1-6" in out and "long   7-11" in out and "seq_len" in out
     assert gristmill(["data", "inspect", str(run_dir), "--step", "7", "--max-rows", "0"]) == 0
@@ -753,6 +753,10 @@ def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources,
         (True, "web = 0.6, code = 0.3", "web = 0.5, code = 0.4",
          "phase[0].mix = { web = 0.6, code = 0.3, math = 0.1 } but this run has "
          "{ web = 0.5, code = 0.4, math = 0.1 }"),
+        # a share that tells them apart with its digits (both sides read math = 0.1: trial RV78a 2)
+        (True, "code = 0.3, math = 0.1 }", "code = 0.3, math = 0.1000001 }",
+         "phase[0].mix = { web = 0.6, code = 0.3, math = 0.1 } but this run has "
+         "{ web = 0.5999999, code = 0.29999997, math = 0.1000001 }"),
     ]  # fmt: skip
     for phased, old, new, says in cases:
         srcs = sources if phased else one

@@ -254,7 +254,7 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
     commands = {
         "inspect": ["data", "inspect", str(run), "--step", "1", "--max-rows", "0"],
         "verify": ["verify", str(run)],
-        "plan": ["train", "--config", str(config), "--plan"],
+        "plan": ["train", "--config", str(config), "--resume", "auto", "--plan"],
         "resume": [
             "train",
             "--config",
@@ -291,7 +291,7 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
         'mix = { web = 0.2, code = 0.4, more = 0.4 }\nlr = { shape = "linear", to = 3e-4 }\n'
     )
     added = write_recipe(tmp_path / "added.toml", {"web": a, "code": b, "more": more}, run, phases=grown)
-    for argv in (["--plan"], ["--resume", "auto"]):  # a source added at a resume: never trained
+    for argv in (["--resume", "auto", "--plan"], ["--resume", "auto"]):  # a source added at a resume
         assert gristmill(["train", "--config", str(added), *argv, "--set", *sets[1:]]) == 2
         out, err = capsys.readouterr()
         assert f"sources 'web' and 'more' {refused.format(f'{a} and {more}')}" in err, (argv, out, err)
