@@ -117,6 +117,7 @@ from tokenization.tokenizer_io import (
     hub_tokenizer,
     load_tokenizer,
     names_local_file,
+    stale_hub_note,
     tokenizer_file,
 )
 from training.contract.atomic_write import write_atomic
@@ -532,6 +533,8 @@ def resolve_tokenizer(
             "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
         )
     path = tokenizer_file(at, spec) if at else tokenizer_file(spec)
+    if at is None and (note := stale_hub_note(spec, path)) is not None:
+        log(note)
     tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
     encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}", path=path, building=True)

@@ -124,6 +124,37 @@ def hub_pin(spec: str | Path, path: Path) -> str | None:
     return f"{hub[0]}@{commit}" if hub and re.fullmatch(r"[0-9a-f]{40}", commit) else None
 
 
+def stale_hub_note(spec: str | Path, path: Path) -> str | None:
+    """A note for a hub tokenizer.path read by a branch (main) or tag, online, whose file `path` came
+    from a commit the hub did not name just after: hf_hub_download reads the cache's ref without a word
+    when the hub is not reached (build.json recorded the cached commit as what main named: trial RV78b
+    4), as model.init_from's note says of a base. None offline (the cache's, as asked), for a commit, a
+    local file, or the commit the hub names."""
+    hub = hub_tokenizer(spec)
+    if hub is None or re.fullmatch(r"[0-9a-f]{40}", hub[1] or ""):
+        return None
+    from huggingface_hub import HfApi, constants  # here: a local tokenizer.json never imports the hub's stack
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    (repo, revision), commit, ref = hub, path.parent.name, hub[1] or "main"
+    try:  # bounded as huggingface_hub bounds its own metadata requests
+        now = HfApi().model_info(repo, revision=revision, timeout=constants.HF_HUB_ETAG_TIMEOUT).sha
+    except Exception as e:  # noqa: BLE001 - refused, timed out, 401/403/404, 5xx: no commit named
+        return (
+            f"note: tokenizer.path = {str(spec)!r}: the Hugging Face hub did not say which commit {ref} "
+            f"names ({type(e).__name__}); the tokenizer read is commit {commit}, the one the hub cache "
+            f"{constants.HF_HUB_CACHE} holds for {ref}: the hub's may be newer (build.json records this "
+            "commit)"
+        )
+    if now == commit:
+        return None
+    return (
+        f"note: tokenizer.path = {str(spec)!r}: the tokenizer read is commit {commit}, while the hub's {ref} "
+        f"named {now} a moment after (pushed to meanwhile); build.json records {commit}"
+    )
+
+
 def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.

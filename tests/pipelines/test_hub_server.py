@@ -393,6 +393,40 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, 
     assert f"(`hf download {repo} tokenizer.json --revision {first}`)" in line, line
 
 
+def test_a_hub_tokenizer_read_from_the_cache_s_main_with_the_hub_not_reached_is_said(
+    hub, hub_env, corpus, monkeypatch
+):
+    """The hub not reached (not offline), hf_hub_download reads the cache's main without a word: a
+    build recorded that commit as what main named, where the hub's main had moved (trial RV78b 4).
+    Said as model.init_from says it of a base; nothing when the hub names the commit read."""
+    import huggingface_hub.constants as hf_constants
+
+    repo = "gristmill-test/tokenizer-moved"
+    first = hub.add_repo(repo, {"tokenizer.json": corpus.tokenizer.read_bytes()}, "model")
+
+    def notes() -> list[str]:
+        lines: list[str] = []
+        cfg = load_config(DataConfig, corpus.config, [f"tokenizer.path={repo}"])
+        pinned = resolve_tokenizer(cfg, None, log=lines.append)[2]
+        return [pinned, *(line for line in lines if line.startswith("note: "))]
+
+    assert notes() == [f"{repo}@{first}"]  # cached, and the hub's main
+    hub.push(repo, {"tokenizer.json": older_serialisation(corpus.tokenizer)}, "model")
+    dead = "http://127.0.0.1:9"  # discard: nothing listens
+    monkeypatch.setattr(hf_constants, "ENDPOINT", dead)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    pinned, *said = notes()
+    assert pinned == f"{repo}@{first}" and len(said) == 1, said
+    assert said[0].startswith(
+        f"note: tokenizer.path = {repo!r}: the Hugging Face hub did not say which commit main names ("
+    ), said
+    assert f"the tokenizer read is commit {first}, the one the hub cache " in said[0], said
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)  # the cache's, as asked: nothing to say
+    assert notes() == [f"{repo}@{first}"]
+
+
 def test_offline_a_hub_tokenizer_the_cache_records_as_absent_is_said_to_be_absent(
     hub, hub_env, corpus, monkeypatch
 ):
