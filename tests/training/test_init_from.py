@@ -2056,6 +2056,14 @@ def test_a_hub_base_resumed_from_another_commit_is_refused_in_its_run_and_from_a
             in (line)
         ), line
         assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing  # refused before any write
+        # without --resume: refused as a start over the run's checkpoints, before the base is fetched (it
+        # downloaded the whole base first, or offline with nothing cached said to fetch it: trial RV78b 9)
+        elsewhere = offline | {"HF_HOME": str(tmp_path / "empty-home")}
+        done = forked.run(_hub_train_cmd(*sets), cwd=ROOT, env=elsewhere, timeout=300)
+        line = one_error_line(done.stderr)
+        assert done.returncode == 2 and "of an earlier run; continue that run with --resume auto" in line, (
+            line
+        )
 
         # A run started before: nothing to compare a directory with, so it is refused naming its base;
         # with that (no download), it resumes; its step 0 is the commit it pinned, whatever directory
