@@ -153,10 +153,28 @@ def list_source_files(
             df = get_datafolder(folder)
             entries = df.find("", detail=True)
         except Exception as e:  # connection errors, offline mode, missing repo: one message
-            if isinstance(e, FileNotFoundError):
+            if isinstance(e, FileNotFoundError) and pinned is not None:  # as tokenizer.path's (trial RV78b 7)
                 raise SourceError(
-                    f"the hub source {folder} does not exist; check source.path and source.subset "
+                    f"the hub source {pinned}, the commit this build started from (its build.json), is gone "
+                    "from the hub (a force-push, or its branch deleted) and is not in the hub cache here: "
+                    "restore that commit on the hub, or build into a new output directory (which reads "
+                    "source.path anew)"
+                ) from None
+            if isinstance(e, FileNotFoundError):  # the revision named too: it was not (RV78b 8)
+                named = re.match(r"^hf://datasets/([^/@]+/[^/@]+)(?:@([^/]+))?", folder)
+                parts = [f"the repository {named[1]}", *([f"its revision {named[2]!r}"] if named[2] else [])]
+                raise SourceError(
+                    f"the hub source {folder} does not exist ({', '.join(parts)} or the folder "
+                    f"{cfg.subset or '/'}); check source.path and source.subset "
                     '(e.g. subset = "sample/10BT" or "data/CC-MAIN-2024-10")'
+                ) from None
+            if type(e).__name__ in (
+                "HfUriError",
+                "HFValidationError",
+            ):  # no network asked: not "unreachable",
+                raise SourceError(  # and no download of an id that cannot be one (RV78b 8)
+                    f"source.path {cfg.path!r} is not a hub dataset path, hf://datasets/ORG/NAME or "
+                    f"hf://datasets/ORG/NAME@REV ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                 ) from None
             raise SourceError(offline_message(folder, cfg, e)) from None
         pattern = default_glob(cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -326,6 +327,23 @@ def test_tasks_read_the_commit_the_driver_listed(hub, hub_env, corpus):
         list_source_files(replace(cfg, subset="sample/350BT"))
     with pytest.raises(SourceError, match="hf://datasets/gristmill-test/missing/sample/10BT does not exist"):
         list_source_files(replace(cfg, path="hf://datasets/gristmill-test/missing"))
+    # a revision the repository lacks named; an id the hub cannot hold said to be one, not "unreachable"
+    # with a download advised of it; a begun build's commit gone, said as tokenizer.path's (trial RV78b 7, 8)
+    with pytest.raises(SourceError) as e:
+        list_source_files(replace(cfg, path=f"hf://datasets/{repo}@v9"))
+    assert f"(the repository {repo}, its revision 'v9' or the folder {SUBSET})" in str(e.value), e.value
+    with pytest.raises(SourceError) as e:
+        list_source_files(replace(cfg, path="hf://datasets/t--x/fw"))
+    said = str(e.value)
+    assert (
+        said.startswith("source.path 'hf://datasets/t--x/fw' is not a hub dataset path")
+        and "download" not in said
+    )
+    gone = f"hf://datasets/{repo}@{'0' * 40}/{SUBSET}"
+    with pytest.raises(
+        SourceError, match=f"^the hub source {re.escape(gone)}, the commit this build started"
+    ):
+        list_source_files(cfg, pinned=gone)
 
 
 def test_a_hub_tokenizer_is_recorded_as_the_hub_serves_it(hub, hub_env, corpus):
