@@ -86,7 +86,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     walks the plan), and so are the model's checks against the data (a base's tokenizer too)."""
     import torch
 
-    from training.checkpoint.checkpointer import find_resume, resume_checks
+    from training.checkpoint.checkpointer import check_auto_reach, find_resume, resume_checks
     from training.checkpoint.io import merge_meta, trained_plan
     from training.checkpoint.record import CheckpointError, read_complete_record
     from training.contract.run_layout import PLAN_PNG
@@ -112,6 +112,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     # counted in a plan the run never had (trial RV78a 1)
     if cfg.checkpoint.resume != "auto":
         find_resume(run_dir, cfg.checkpoint.resume, checksums=False)
+    else:
+        check_auto_reach(run_dir)
     # the plan a train of this config continues: a pair of one corpus it trained is a warning there
     trained = trained_plan(run_dir, cfg.checkpoint.resume)
     tables = open_sources(spec, trained=trained)

@@ -605,6 +605,15 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
     assert "of an earlier run; continue that run with --resume auto" in refused, refused
     assert gristmill(["train", "--config", str(config), "--plan"]) == 2
     assert one_error_line(capsys.readouterr().err) == refused
+    # ... and with --resume auto, the run's checkpoints out of reach (deleted, checkpoints.jsonl kept):
+    # a plan from step 0, exit 0, where the resume refused (review RV78c 4)
+    (run / "checkpoints").rename(tmp_path / "aside")
+    assert main(["--config", str(config), "--set", *longer]) == 2
+    refused = one_error_line(capsys.readouterr().err)
+    assert refused.startswith("error: --resume auto: "), refused
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *longer]) == 2
+    assert one_error_line(capsys.readouterr().err) == refused
+    (tmp_path / "aside").rename(run / "checkpoints")
     # a fork's plan: of the checkpoint's timeline, not of the new directory's record (review RV74d 4)
     fork = [
         f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000030'))}",

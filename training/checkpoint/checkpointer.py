@@ -157,6 +157,14 @@ def _earlier_run(run_dir: str | Path) -> str | None:
     return f"{newest.parent} already holds {newest.name}" + (f" ({', '.join(details)})" if details else "")
 
 
+def check_auto_reach(run_dir: str | Path) -> None:
+    """`--resume auto` refused where the run's checkpoints are out of reach (RUN/checkpoints a link to
+    an unmounted disk; deleted while checkpoints.jsonl records saves): `train --resume auto --plan`
+    asks it too, where it printed a plan from step 0, exit 0 (review RV78c 4)."""
+    if (away := checkpoints_out_of_reach(run_dir)) is not None:
+        raise CheckpointError(f"--resume auto: {away}")
+
+
 def find_resume(run_dir: str | Path, spec: str, checksums: bool = True) -> tuple[Path | None, list[str]]:
     """The checkpoint `--resume spec` means ("auto", a path, or "": none) and lines explaining the
     choice. One run directory holds one run's checkpoints: a new run (no --resume), or a resume from
@@ -226,8 +234,7 @@ def find_resume(run_dir: str | Path, spec: str, checksums: bool = True) -> tuple
                 f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"
             ) from None
         return path, [f"resuming from {path} (given by --resume)", *([note] if note else [])]
-    if (away := checkpoints_out_of_reach(run_dir)) is not None:
-        raise CheckpointError(f"--resume auto: {away}")
+    check_auto_reach(run_dir)
     path, note, passed_over = newest_verified(run_dir)
     notes = [f"  skipped {p.name}: {reason}" for p, reason in passed_over]
     if path is not None:
