@@ -216,10 +216,28 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        _keep_listing(repo, Path(local).parent.name)
     # damaged in the cache, or altered on its way in: built with as the pinned commit's (trial RV62c S1)
     if (damage := hub_copy_damage(local)) is not None:
         raise TokenizerError(damage)
     return Path(local)
+
+
+def _keep_listing(repo: str, commit: str) -> None:
+    """The commit's listing kept in the hub cache (trees/<commit>.json: the hub's digest of each file),
+    which hf_hub_download writes none of and snapshot_download does: the cached tokenizer.json is held
+    to it offline too. Without it, a copy of another commit's tokenizer put in this commit's place
+    passed as one of the cache's blobs, and a cache written without links was refused (review RV78c 1,
+    3). Best effort: where the hub does not answer, the blobs' names stand."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo, revision=commit, allow_patterns=["tokenizer.json"])
+    except Exception:  # noqa: BLE001 - a hub not reached: hub_copy_damage falls back to the blobs' names
+        pass
 
 
 def _recorded_absent(repo: str, revision: str | None) -> bool:

@@ -392,12 +392,20 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, 
     copy.resolve().unlink()  # as the line says: fetched anew
     assert resolve(f"{repo}@{first}") == good
     # no link (edited in place, or copied in at the same size): built with it, recorded as the pinned
-    # commit's (trial RV78b 3); the same bytes unlinked (a cache copied with `cp -rL`) are the hub's still
+    # commit's (trial RV78b 3); nor another commit's tokenizer, one of the cache's blobs, in its place
+    # (review RV78c 1): held to the commit's listing, which the fetch keeps; the same bytes unlinked (a
+    # cache copied with `cp -rL`) are the hub's still
+    assert (copy.parent.parent.parent / "trees" / f"{first}.json").is_file()
+    (main,) = (p for p in copy.parent.parent.iterdir() if p.name != first)
+    for other in (good + b"\n", (main / "tokenizer.json").read_bytes()):
+        copy.unlink()
+        copy.write_bytes(other)
+        with pytest.raises(TokenizerError) as unlinked:
+            resolve(f"{repo}@{first}")
+        assert str(unlinked.value).startswith(f"{copy}: the hub cache's copy is damaged (git blob sha1 "), (
+            unlinked.value
+        )
     copy.unlink()
-    copy.write_bytes(good + b"\n")  # valid, and read alike
-    with pytest.raises(TokenizerError) as unlinked:
-        resolve(f"{repo}@{first}")
-    assert str(unlinked.value).startswith(f"{copy}: the hub cache's copy is no link into "), unlinked.value
     copy.write_bytes(good)
     assert resolve(f"{repo}@{first}") == good
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "another-machine"))

@@ -2145,8 +2145,9 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
         sets = overrides(data, run, _init(REPO), "run.max_steps=1")
         return forked.run(_hub_train_cmd(*sets), cwd=ROOT, env=env, timeout=300)
 
+    templates = {"chat_template.jinja": b"{{ m }}", "additional_chat_templates/tool.jinja": b"{{ t }}"}
     with HubServer() as hub:
-        hub.add_repo(REPO, files, repo_type="model")
+        hub.add_repo(REPO, files | templates, repo_type="model")
         env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
         first = start(tmp_path / "first", env)  # fetched into the cache
         assert first.returncode == 0, first.stderr[-3000:]
@@ -2215,15 +2216,23 @@ def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
         f"{snapshot / 'tokenizer.json'}: the hub's commit {snapshot.name[:12]}… holds no tokenizer.json"
         in line
     )
-    # without the listing (a cache that keeps none), an unlinked file is held to the blobs fetched
+    # the files the run keeps and ships too: its chat templates (review RV78c 2)
     (snapshot / "tokenizer.json").unlink()
+    for kept in templates:
+        (snapshot / kept).write_bytes(b"{{ evil }}")
+        done = start(tmp_path / "kept", offline)
+        line = one_error_line(done.stderr)
+        assert line.startswith(f"error: {snapshot / kept}: the hub cache's copy is damaged (git blob "), line
+        (snapshot / kept).write_bytes(templates[kept])
+    # without the listing (a cache that keeps none), an unlinked file is held to the blobs fetched
     shutil.rmtree(snapshot.parent.parent / "trees")
     assert start(tmp_path / "no-listing", offline).returncode == 0
     (snapshot / "config.json").write_text(json.dumps(edited))
     done = start(tmp_path / "no-listing-edited", offline)
     assert done.returncode == 2, done.stdout[-2000:]
     line = one_error_line(done.stderr)
-    assert line.startswith(f"error: {snapshot / 'config.json'}: the hub cache's copy is no link into "), line
+    said = f"error: {snapshot / 'config.json'}: nothing in the hub cache holds its bytes to the hub's: "
+    assert line.startswith(said) and "run once with network (HF_HUB_OFFLINE unset)" in line, line
 
 
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:

@@ -442,7 +442,10 @@ def fetch_hub_base(
     # or altered on its way in, trained with another rms_norm_eps, exit 0 (trial RV62c S1). Those it
     # fetches alone, not another tool's in the same snapshot (a pytorch_model.bin: GBs the run never
     # reads, review RV62e 4); the weights where they are hashed (base_record.hub_weights_sha256).
-    for file in (n for n in HUB_FILES if "*" not in n):
+    # The files the run keeps too (RUN/base, shipped by every export): its chat templates, default and
+    # named, edited in the cache were kept and recorded as the hub commit's (review RV78c 2).
+    templates = sorted(str(t.relative_to(path)) for t in (path / TEMPLATES_DIR).glob("*.jinja"))
+    for file in dict.fromkeys([*(n for n in HUB_FILES if "*" not in n), *KEPT_FILES, *templates]):
         if (path / file).exists() and (damage := hub_copy_damage(path / file)) is not None:
             raise BaseModelError(damage)
     if named is not None and named[0] != commit:

@@ -50,20 +50,25 @@ def hub_copy_damage(path: str | Path, sha256: str | None = None) -> str | None:
     fix = f"delete {path.resolve()} and run again with network (HF_HUB_OFFLINE unset): it is fetched anew"
     if listed is not None:
         if not isinstance(entry := listed.get(name), dict):
-            return (
+            return (  # nothing fetches it anew: the commit has none (review RV78c 5a)
                 f"{path}: the hub's commit {commit[:12]}… holds no {name} (its listing in the cache, "
-                f"{repo / 'trees' / (commit + '.json')}): it was put into the snapshot by hand; {fix}"
+                f"{repo / 'trees' / (commit + '.json')}): it was put into the snapshot by hand; delete it"
             )
         want = entry.get("lfs_sha256") or entry.get("blob_id")  # an LFS file's blob_id is its pointer's
     elif path.is_symlink() and Path(os.readlink(path)).parent.name == "blobs":
         want = Path(os.readlink(path)).name
-    else:  # no listing, no link: its bytes are one of the blobs the cache fetched, or unknown
-        digests = (sha256 or file_sha256(path), git_blob_sha1(path))
-        if any((repo / "blobs" / d).is_file() for d in digests):
+    else:  # no listing, no link: its bytes are one of the blobs the cache fetched, or unknown (the
+        # sha1 only where the sha256 names none: a weights file is not read twice, review RV78c 5b)
+        blobs = repo / "blobs"
+        if (blobs / (sha256 or file_sha256(path))).is_file() or (blobs / git_blob_sha1(path)).is_file():
             return None
+        # a cache written without links (HF_HUB_DISABLE_SYMLINKS, a filesystem without them) keeps no
+        # blobs: the listing a run with network fetches holds the hub's digests (review RV78c 3)
         return (
-            f"{path}: the hub cache's copy is no link into {repo / 'blobs'} and its bytes are none of the "
-            f"files fetched there (edited in place, or copied in), so nothing holds them to the hub's; {fix}"
+            f"{path}: nothing in the hub cache holds its bytes to the hub's: no listing of commit "
+            f"{commit[:12]}… ({repo / 'trees'}) and no blob of them in {blobs} (a cache written without "
+            "links, or the file edited in place or copied in); run once with network (HF_HUB_OFFLINE unset), "
+            f"which fetches the commit's listing, or delete {path}: it is fetched anew"
         )
     if not isinstance(want, str):
         return None
