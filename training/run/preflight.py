@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from training.checkpoint.base_record import base_tokenizer_changed, base_weights, is_export, with_run_base
 from training.checkpoint.base_source import BaseSource, locate_base
-from training.checkpoint.checkpointer import find_resume
 from training.checkpoint.hf_import import BaseModelError, check_base_data
 from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
@@ -100,9 +99,12 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
     info = dataset_info(dataset, spec.cache.timeout_s)  # a bucket's: one GET, within data.fetch_timeout_s
-    if cfg.model.init_from and not cfg.checkpoint.resume:
+    if cfg.model.init_from and not cfg.checkpoint.resume and complete_steps(cfg.run.output_dir):
         # a start over a run's checkpoints, refused at the resume's choice, refused before a hub base is
-        # fetched: it downloaded the whole base first, or offline said to fetch it (trial RV78b 9)
+        # fetched: it downloaded the whole base first, or offline said to fetch it (trial RV78b 9). The
+        # refusal's own line, imported on its path alone: the launcher's checks import no trainer (DCP)
+        from training.checkpoint.checkpointer import find_resume
+
         find_resume(cfg.run.output_dir, "", checksums=False)
     source = _locate_base(cfg, env) if cfg.model.init_from else None
     model_config, notes = model_for_data(cfg, spec, info, source)
