@@ -1288,11 +1288,24 @@ def checked_task_manager(
     names: list[str], include_path: Sequence[str] = (), local_hint: str | None = None
 ) -> Any:
     """hub_task_manager(names, include_path), with check_hub_tasks run on the names that are not
-    the user's own YAML tasks (those of `include_path`)."""
+    the user's own YAML tasks (those of `include_path`), and on those of them that read their dataset
+    from the hub: skipped, such a task failed offline after the model loaded, `Dataset … is not cached
+    in None` (trial RV78b 6)."""
     own = local_yaml_tasks(include_path) if include_path else set()
     tm = hub_task_manager(names, include_path, own)
-    check_hub_tasks(tm, [n for n in names if n not in own], local_hint, include_path)
+    checked = [n for n in names if n not in own or any(_on_hub(p) for _, p, _ in hub_datasets(tm, n))]
+    check_hub_tasks(tm, checked, local_hint, include_path)
     return tm
+
+
+def _on_hub(dataset_path: str) -> bool:
+    """Whether an own task's dataset_path names a hub dataset (ORG/NAME), not a builder (json, csv) or
+    a folder here."""
+    return (
+        "/" in dataset_path
+        and not dataset_path.startswith((".", "/", "~"))
+        and not Path(dataset_path).expanduser().exists()
+    )
 
 
 def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | None]]:

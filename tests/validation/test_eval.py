@@ -1244,6 +1244,17 @@ def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, 
     assert "task hellaswag needs dataset Rowan/hellaswag from the hub" in err
     assert "HF_DATASETS_CACHE" in err and "Traceback" not in err and "safetensors" not in err
     assert not (run / "eval").exists()  # nothing built, nothing evaluated
+    # one's own task whose dataset is on the hub too: it failed after the model loaded, "Dataset … is not
+    # cached in None" (trial RV78b 6); one of a local json file is not the hub's
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    task = "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_target: 0\ndoc_to_choice: [a, b]\n"
+    (tasks / "hub_mc.yaml").write_text(f"task: hub_mc\ndataset_path: gristmill-test/evalmc\n{task}")
+    (tasks / "json_mc.yaml").write_text(f"task: json_mc\ndataset_path: json\n{task}")
+    assert main(["eval", str(run), "--tasks", "hub_mc,json_mc", "--set", f'include_path=["{tasks}"]']) == 2
+    err = capsys.readouterr().err
+    assert "task hub_mc needs dataset gristmill-test/evalmc from the hub" in err and "json_mc" not in err, err
+    assert not (run / "eval").exists()
 
 
 def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
