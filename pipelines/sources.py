@@ -101,14 +101,22 @@ def default_glob(cfg: SourceConfig) -> str:
     return "**/*.jsonl*" if cfg.kind == "jsonl" else "**/*.parquet"
 
 
+# hf://datasets/ORG/NAME[@REV][/FOLDER]: the repository, its revision, and where the folder starts
+_HUB_FOLDER = re.compile(r"^hf://datasets/(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?/?")
+# huggingface_hub's errors for an id it cannot hold, by name: HfUriError is newer than the oldest
+# huggingface_hub the project takes
+_NOT_A_HUB_ID = ("HfUriError", "HFValidationError")
+
+
 def offline_message(folder: str, cfg: SourceConfig, err: BaseException) -> str:
     detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     # the source's repository, at the commit a begun build pinned: without --repo the command fetched
     # FineWeb-Edu's files whatever the source was (trial RV57d F3)
     # (and the folder under it: a source.path below the repository's root, RV57e)
-    repo = re.match(r"^hf://datasets/([^/]+/[^/]+)/?", folder)
-    subset = folder[repo.end() :].strip("/") if repo else cfg.subset
-    fetch = f"gristmill data download{f' --repo {repo[1]}' if repo else ''} --subset {subset} --to DIR"
+    named = _HUB_FOLDER.match(folder)
+    repo = named and named["repo"] + (f"@{named['rev']}" if named["rev"] else "")
+    subset = folder[named.end() :].strip("/") if named else cfg.subset
+    fetch = f"gristmill data download{f' --repo {repo}' if repo else ''} --subset {subset} --to DIR"
     return (
         f"the hub source {folder} is unreachable ({detail}). To build without network, fetch the "
         f"files where there is network with `{fetch}`, copy DIR here, and build from it with `--set "
@@ -161,18 +169,16 @@ def list_source_files(
                     "source.path anew)"
                 ) from None
             if isinstance(e, FileNotFoundError):  # the revision named too: it was not (RV78b 8)
-                named = re.match(r"^hf://datasets/([^/@]+/[^/@]+)(?:@([^/]+))?", folder)
-                parts = [f"the repository {named[1]}", *([f"its revision {named[2]!r}"] if named[2] else [])]
+                named = _HUB_FOLDER.match(folder)  # None for a name without its ORG/
+                parts = [f"the repository {named['repo']}"] if named else []
+                parts += [f"its revision {named['rev']!r}"] if named and named["rev"] else []
+                what = ", ".join(parts) + (" or " if parts else "") + f"the folder {cfg.subset or '/'}"
                 raise SourceError(
-                    f"the hub source {folder} does not exist ({', '.join(parts)} or the folder "
-                    f"{cfg.subset or '/'}); check source.path and source.subset "
+                    f"the hub source {folder} does not exist ({what}); check source.path and source.subset "
                     '(e.g. subset = "sample/10BT" or "data/CC-MAIN-2024-10")'
                 ) from None
-            if type(e).__name__ in (
-                "HfUriError",
-                "HFValidationError",
-            ):  # no network asked: not "unreachable",
-                raise SourceError(  # and no download of an id that cannot be one (RV78b 8)
+            if type(e).__name__ in _NOT_A_HUB_ID:  # no network asked: not "unreachable", and no download
+                raise SourceError(  # of an id that cannot be one (RV78b 8)
                     f"source.path {cfg.path!r} is not a hub dataset path, hf://datasets/ORG/NAME or "
                     f"hf://datasets/ORG/NAME@REV ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                 ) from None

@@ -158,7 +158,7 @@ def stale_hub_note(spec: str | Path, path: Path) -> str | None:
 def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
         HFValidationError,
@@ -216,8 +216,6 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
-    from huggingface_hub import constants
-
     if not constants.HF_HUB_OFFLINE:
         _keep_listing(repo, Path(local).parent.name)
     # damaged in the cache, or altered on its way in: built with as the pinned commit's (trial RV62c S1)

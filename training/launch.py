@@ -156,10 +156,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
             loader.load_state_dict(trained.loader_state)
         except GristmillError as e:
             raise GristmillError(f"cannot resume from {trained.where}: {e}") from None
-    skips = ()  # a plan from step 0 has none
-    if resumed:  # as train has them: the resumed checkpoint's, a fork's too, whose new directory
-        skips = trained.skips  # records none (re-trial RV74e F2: its table said them trained)
-        loader.note_cut_skips(skips)
+        # as train has them: the resumed checkpoint's, a fork's too, whose new directory records none
+        # (re-trial RV74e F2: its table said them trained)
+        loader.note_cut_skips(trained.skips)
+    skips = trained.skips if resumed else ()  # a plan from step 0 has none
     base = [n.removeprefix("note: ") for n in base_notes]
     notes = [n.removeprefix("note: ") for n in [*model_notes, *loader.resume_notes]]  # none unless resumed
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room + base + notes, skips):

@@ -1304,7 +1304,7 @@ def _on_hub(dataset_path: str) -> bool:
     return (
         "/" in dataset_path
         and not dataset_path.startswith((".", "/", "~"))
-        and not Path(dataset_path).expanduser().exists()
+        and not Path(dataset_path).exists()
     )
 
 

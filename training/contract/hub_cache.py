@@ -55,8 +55,8 @@ def hub_copy_damage(path: str | Path, sha256: str | None = None) -> str | None:
                 f"{repo / 'trees' / (commit + '.json')}): it was put into the snapshot by hand; delete it"
             )
         want = entry.get("lfs_sha256") or entry.get("blob_id")  # an LFS file's blob_id is its pointer's
-    elif path.is_symlink() and Path(os.readlink(path)).parent.name == "blobs":
-        want = Path(os.readlink(path)).name
+    elif path.is_symlink() and (blob := Path(os.readlink(path))).parent.name == "blobs":
+        want = blob.name
     else:  # no listing, no link: its bytes are one of the blobs the cache fetched, or unknown (the
         # sha1 only where the sha256 names none: a weights file is not read twice, review RV78c 5b)
         blobs = repo / "blobs"
